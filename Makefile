@@ -1,0 +1,35 @@
+# Two commands on a fresh machine:  `make train` (the default experiment)  and  `make test`.
+# Each creates .venv and installs what it needs the first time.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+ARGS ?=
+
+.PHONY: install train test test-fast lint clean
+
+install: $(VENV)/.installed
+
+# torch first, pinned: `pip install torch==2.13.0` takes the local CPU build; an unpinned torch pulls CUDA wheels.
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $@
+
+train: install  ## the default experiment: GRPO on the embedded SmolLM2-135M, offline arithmetic (~10 min on 2 cores)
+	$(PY) -m grpo_exp.train $(ARGS)
+
+test: install  ## the whole suite, slow tests included (the CI command)
+	$(PY) -m ruff check src tests
+	$(PY) -m pytest $(ARGS)
+
+test-fast: install  ## without the tests that run the embedded model
+	$(PY) -m pytest -m "not slow" $(ARGS)
+
+lint: install
+	$(PY) -m ruff check src tests
+	$(PY) -m ruff format --check src tests
+
+clean:
+	rm -rf outputs multirun .pytest_cache

@@ -1,0 +1,74 @@
+"""Config -> TRL's GRPOConfig, with batch sizes derived so that any group size is valid."""
+
+import dataclasses
+import difflib
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from grpo_exp.errors import UserError
+
+# TrainerSchema keys that are grpo_exp's own, not GRPOConfig fields.
+OWN_KEYS = {"prompts_per_step", "extra"}
+
+
+def check_trainer(trainer_cfg: DictConfig) -> None:
+    """The checks GRPOConfig would make later (after the model loaded), made early and naming our keys."""
+    from trl import GRPOConfig
+
+    if trainer_cfg.num_generations < 2:
+        raise UserError(
+            f"trainer.num_generations={trainer_cfg.num_generations}: GRPO needs a group of at least 2 "
+            "completions per prompt to compute advantages"
+        )
+    positive = ("prompts_per_step", "max_steps", "max_completion_length", "num_iterations", "logging_steps")
+    for key in positive:
+        if trainer_cfg[key] < 1:
+            raise UserError(f"trainer.{key}={trainer_cfg[key]} must be at least 1")
+    if trainer_cfg.temperature <= 0:
+        raise UserError(f"trainer.temperature={trainer_cfg.temperature} must be positive (GRPO samples)")
+    known = {f.name for f in dataclasses.fields(GRPOConfig)}
+    for key in trainer_cfg.extra:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=3)
+            raise UserError(f"trainer.extra.{key} is not a GRPOConfig field" + (f"; did you mean {close}?" if close else ""))
+        if key in trainer_cfg:
+            raise UserError(f"trainer.extra.{key}: set it as trainer.{key}")
+        if key in DERIVED:
+            raise UserError(
+                f"trainer.extra.{key} is derived from trainer.prompts_per_step and trainer.num_generations; "
+                "set those instead"
+            )
+
+
+# Batch fields grpo_exp derives: one generation batch of prompts_per_step groups per optimisation step.
+DERIVED = {"per_device_train_batch_size", "gradient_accumulation_steps", "generation_batch_size", "steps_per_generation"}
+
+
+def grpo_config(
+    trainer_cfg: DictConfig, output_dir: Path, report_to: str, reward_weights: list[float], bf16: bool
+):
+    """GRPOConfig: every trainer.* knob under its own name, batch sizes derived, our logging conventions."""
+    from trl import GRPOConfig
+
+    knobs = OmegaConf.to_container(trainer_cfg, enum_to_str=True)
+    extra = knobs.pop("extra")
+    for key in OWN_KEYS:
+        knobs.pop(key, None)
+    completions_per_step = trainer_cfg.prompts_per_step * trainer_cfg.num_generations
+    try:
+        return GRPOConfig(
+            output_dir=str(output_dir),
+            per_device_train_batch_size=completions_per_step,
+            gradient_accumulation_steps=1,
+            reward_weights=reward_weights,
+            report_to=report_to,
+            save_strategy="no",
+            disable_tqdm=False,
+            bf16=bf16,  # mixed precision only for a bfloat16 model (TRL's default assumes a GPU)
+            **knobs,
+            **extra,
+        )
+    except ValueError as err:  # GRPOConfig's own consistency checks
+        raise UserError(f"trainer: {err}") from err
+

@@ -1,0 +1,157 @@
+"""Config -> (train, held-out) datasets of chat prompts with a reference answer.
+
+Every source yields rows {"prompt": [chat messages], "solution": reference answer, "question": text};
+TRL passes `solution` on to the reward functions.
+"""
+
+import difflib
+import inspect
+import logging
+from pathlib import Path
+
+from datasets import Dataset, load_dataset
+from omegaconf import DictConfig, OmegaConf
+
+from grpo_exp.errors import UserError
+from grpo_exp.schema import AnswerFormat, DataSource
+
+log = logging.getLogger(__name__)
+
+FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+
+
+def gsm8k_final_answer(solution: str) -> str:
+    """GSM8K's reference answer: what follows the last '####', without thousands separators."""
+    return solution.split("####")[-1].strip().replace(",", "")
+
+
+def chat_prompt(question: str, prompt_cfg: DictConfig) -> list[dict[str, str]]:
+    # str.replace, not str.format: templates hold literal braces such as \boxed{}.
+    messages = [{"role": "user", "content": prompt_cfg.template.replace("{question}", question)}]
+    if prompt_cfg.system:
+        messages.insert(0, {"role": "system", "content": prompt_cfg.system})
+    return messages
+
+
+def _rows(questions: list[str], answers: list[str], data_cfg: DictConfig) -> list[dict]:
+    if data_cfg.answer_format is AnswerFormat.gsm8k:
+        answers = [gsm8k_final_answer(a) for a in answers]
+    return [
+        {"prompt": chat_prompt(q, data_cfg.prompt), "solution": str(a), "question": q}
+        for q, a in zip(questions, answers, strict=True)
+    ]
+
+
+def _reasoning_gym_task(data_cfg: DictConfig):
+    import reasoning_gym
+    from reasoning_gym.factory import DATASETS
+
+    task = data_cfg.task
+    if task not in DATASETS:
+        close = difflib.get_close_matches(str(task), DATASETS, n=5)
+        raise UserError(
+            f"dataset.task='{task}' is not a reasoning-gym task"
+            + (f"; did you mean one of {close}?" if close else "")
+            + f" ({len(DATASETS)} tasks: python -c 'import reasoning_gym.factory as f; print(sorted(f.DATASETS))')"
+        )
+    size = (data_cfg.train_size or 1000) + data_cfg.eval_size
+    task_config = OmegaConf.to_container(data_cfg.task_config)
+    try:
+        return reasoning_gym.create_dataset(task, size=size, seed=data_cfg.seed, **task_config)
+    except (TypeError, AssertionError, ValueError) as err:
+        allowed = [p for p in inspect.signature(DATASETS[task][1]).parameters if p not in ("seed", "size")]
+        raise UserError(f"dataset.task_config for '{task}' is invalid ({err}); its settings are: {allowed}") from err
+
+
+def _reasoning_gym_splits(data_cfg: DictConfig) -> tuple[list[dict], list[dict]]:
+    """One seeded stream: the first eval_size distinct questions are held out, the rest (minus repeats) train."""
+    items = list(_reasoning_gym_task(data_cfg))
+    held_out: dict[str, str] = {}
+    train: list[tuple[str, str]] = []
+    for item in items:
+        question, answer = item["question"], str(item["answer"])
+        if len(held_out) < data_cfg.eval_size:
+            held_out.setdefault(question, answer)
+        elif question not in held_out:
+            train.append((question, answer))
+    if data_cfg.train_size:
+        train = train[: data_cfg.train_size]
+    return (
+        _rows([q for q, _ in train], [a for _, a in train], data_cfg),
+        _rows(list(held_out), list(held_out.values()), data_cfg),
+    )
+
+
+def _load_file(path: str, key: str) -> Dataset:
+    _check_exists(path, key)
+    file = Path(path).expanduser()
+    builder = FILE_BUILDERS.get(file.suffix)
+    if builder is None:
+        raise UserError(f"{key}='{path}': unsupported file type; use one of {sorted(FILE_BUILDERS)}")
+    return load_dataset(builder, data_files=str(file), split="train")
+
+
+def _load_hub(data_cfg: DictConfig, split: str) -> Dataset:
+    try:
+        return load_dataset(data_cfg.path, data_cfg.hub_config, split=split)
+    except Exception as err:  # datasets raises many types (ConnectionError, DatasetNotFoundError, ValueError...)
+        raise UserError(
+            f"dataset.path='{data_cfg.path}' (split '{split}') could not be loaded from the Hugging Face Hub: "
+            f"{str(err).splitlines()[0]}. Without the hub, point dataset.path (and dataset.eval_path) at local "
+            "jsonl/parquet files."
+        ) from err
+
+
+def _table_rows(table: Dataset, data_cfg: DictConfig, limit: int | None) -> list[dict]:
+    for key in ("question_field", "answer_field"):
+        if data_cfg[key] not in table.column_names:
+            raise UserError(f"dataset.{key}='{data_cfg[key]}' is not a column; columns: {table.column_names}")
+    if limit is not None:
+        table = table.select(range(min(limit, len(table))))
+    return _rows(
+        [str(q) for q in table[data_cfg.question_field]], [str(a) for a in table[data_cfg.answer_field]], data_cfg
+    )
+
+
+def _table_splits(data_cfg: DictConfig) -> tuple[list[dict], list[dict]]:
+    local = data_cfg.path and Path(data_cfg.path).expanduser().suffix in FILE_BUILDERS
+    if data_cfg.source is DataSource.hub and not local:
+        train, held_out = _load_hub(data_cfg, data_cfg.train_split), _load_hub(data_cfg, data_cfg.eval_split)
+    elif data_cfg.eval_path:
+        train = _load_file(data_cfg.path, "dataset.path")
+        held_out = _load_file(data_cfg.eval_path, "dataset.eval_path")
+    else:
+        table = _load_file(data_cfg.path, "dataset.path").shuffle(seed=data_cfg.seed)
+        if len(table) <= data_cfg.eval_size:
+            raise UserError(
+                f"dataset.path='{data_cfg.path}' has {len(table)} rows, not enough to hold out "
+                f"dataset.eval_size={data_cfg.eval_size} and still train; lower dataset.eval_size or set "
+                "dataset.eval_path"
+            )
+        held_out = table.select(range(data_cfg.eval_size))
+        train = table.select(range(data_cfg.eval_size, len(table)))
+    return _table_rows(train, data_cfg, data_cfg.train_size), _table_rows(held_out, data_cfg, data_cfg.eval_size)
+
+
+def check_data_files(data_cfg: DictConfig) -> None:
+    """Fail before any model loads when a local data file is missing."""
+    if data_cfg.source is DataSource.files or (data_cfg.path and Path(data_cfg.path).suffix in FILE_BUILDERS):
+        _check_exists(data_cfg.path, "dataset.path")
+    if data_cfg.eval_path:
+        _check_exists(data_cfg.eval_path, "dataset.eval_path")
+
+
+def _check_exists(path: str, key: str) -> None:
+    if not Path(path).expanduser().is_file():
+        raise UserError(f"{key}='{path}' does not exist")
+
+
+def load_splits(data_cfg: DictConfig) -> tuple[Dataset, Dataset]:
+    if data_cfg.source is DataSource.reasoning_gym:
+        train, held_out = _reasoning_gym_splits(data_cfg)
+    else:
+        train, held_out = _table_splits(data_cfg)
+    if not train or not held_out:
+        raise UserError(f"dataset '{data_cfg.name}' gave {len(train)} training and {len(held_out)} held-out rows")
+    log.info("Dataset %s: %d training prompts, %d held-out", data_cfg.name, len(train), len(held_out))
+    return Dataset.from_list(train), Dataset.from_list(held_out)

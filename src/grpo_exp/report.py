@@ -1,0 +1,53 @@
+"""The end-of-run summary: a pure function from what happened to a dict, and its printed form."""
+
+import json
+import math
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+
+def reward_trend(metrics: list[dict], key: str = "reward") -> tuple[float, float]:
+    """Mean training reward over the first and the last quarter of the logged steps (at least one step each)."""
+    values = [m[key] for m in metrics if key in m and isinstance(m[key], int | float)]
+    if not values:
+        return math.nan, math.nan
+    window = max(1, len(values) // 4)
+    return sum(values[:window]) / window, sum(values[-window:]) / window
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+
+
+def print_summary(summary: dict, console: Console | None = None) -> None:
+    console = console or Console(width=max(Console().width, 120))
+    table = Table(title=f"grpo_exp run: {summary['name']}", show_header=False, title_justify="left")
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")
+    table.add_row("model", summary["model"])
+    table.add_row("dataset", f"{summary['dataset']} ({summary['train_size']} train / {summary['eval_size']} held out)")
+    table.add_row("reward", summary["reward"])
+    table.add_row(
+        "training",
+        f"{summary['steps']} steps x {summary['prompts_per_step']} prompts x G={summary['num_generations']}, "
+        f"beta={summary['beta']}, lr={summary['learning_rate']:g}, {summary['train_seconds']:.0f} s "
+        f"({summary['seconds_per_step']:.1f} s/step)",
+    )
+    table.add_row(
+        "train reward",
+        f"{_fmt(summary['reward_first'])} -> {_fmt(summary['reward_last'])} (first vs last quarter of steps)",
+    )
+    before, after = summary.get("heldout_accuracy_before"), summary.get("heldout_accuracy_after")
+    table.add_row("held-out accuracy", f"{_fmt(before)} -> {_fmt(after)} (greedy, {summary['eval_size']} problems)")
+    for key in ("run_dir", "config", "metrics", "log", "checkpoint", "wandb"):
+        if summary.get(key):
+            table.add_row(key.replace("_", " "), str(summary[key]))
+    if summary.get("wandb_sync"):
+        table.add_row("sync to W&B", summary["wandb_sync"])
+    console.print(table)
+
+
+def write_summary(summary: dict, path: Path) -> None:
+    path.write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")

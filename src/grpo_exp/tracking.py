@@ -1,0 +1,128 @@
+"""Experiment tracking: W&B run identity and lifecycle, and a local metrics file readable without W&B."""
+
+import json
+import logging
+import netrc
+import os
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from grpo_exp.schema import LoggerBackend, WandbMode
+
+log = logging.getLogger(__name__)
+
+SECRET_MARKERS = ("api_key", "apikey", "token", "secret", "password")
+REDACTED = "***redacted***"
+METRICS_FILE = "metrics.jsonl"
+
+
+def redact(node: Any) -> Any:
+    """A copy of a config container with secret-looking values masked (`*_env` keys name a variable: kept)."""
+    if isinstance(node, dict):
+        return {
+            key: REDACTED
+            if value is not None and _is_secret_key(key) and not isinstance(value, dict | list)
+            else redact(value)
+            for key, value in node.items()
+        }
+    if isinstance(node, list):
+        return [redact(value) for value in node]
+    return node
+
+
+def _is_secret_key(key: Any) -> bool:
+    key = str(key).lower()
+    return any(marker in key for marker in SECRET_MARKERS) and not key.endswith("_env")
+
+
+def run_name(task_overrides: list[str]) -> str:
+    """A run is named by what differs from the defaults: its command-line overrides."""
+    return ",".join(o.lstrip("+~") for o in task_overrides if not o.lstrip("+~").startswith("hydra.")) or "defaults"
+
+
+def has_wandb_credentials() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    try:
+        return netrc.netrc().authenticators("api.wandb.ai") is not None
+    except (FileNotFoundError, netrc.NetrcParseError):
+        return False
+
+
+def resolve_wandb_mode(mode: WandbMode) -> str:
+    if mode is WandbMode.auto:
+        return "online" if has_wandb_credentials() else "offline"
+    return mode.value
+
+
+class MetricsFileCallback(TrainerCallback):
+    """Appends every log event of the trainer to <run dir>/metrics.jsonl (flushed: nothing lost on a crash)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if state.is_world_process_zero and logs:
+            record = {"step": state.global_step, **{k: v for k, v in logs.items() if _is_scalar(v)}}
+            with self.path.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+
+
+def _is_scalar(value: Any) -> bool:
+    return isinstance(value, int | float | str | bool) or value is None
+
+
+def read_metrics(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def report_to(logger_cfg) -> str:
+    """The `report_to` of TRL's config: its W&B callback logs into the run the Tracker opened."""
+    if logger_cfg.backend is LoggerBackend.none or logger_cfg.mode is WandbMode.disabled:
+        return "none"
+    return "wandb"
+
+
+class Tracker:
+    """The W&B run of one training job (a no-op with logger=none)."""
+
+    def __init__(self, logger_cfg, run_dir: Path, name: str, group: str | None, tags: list[str], config: dict):
+        self.run = None
+        self.mode = "disabled"
+        if report_to(logger_cfg) == "none":
+            return
+        import wandb
+
+        self.mode = resolve_wandb_mode(logger_cfg.mode)
+        os.environ.setdefault("WANDB_SILENT", "true")
+        self.run = wandb.init(
+            project=logger_cfg.project,
+            entity=logger_cfg.entity,
+            name=name,
+            group=group,
+            job_type="train",
+            tags=[*logger_cfg.tags, *tags],
+            config=redact(config),
+            mode=self.mode,
+            dir=str(run_dir),
+        )
+        log.info("W&B run %s (%s mode) in %s", name, self.mode, self.run_path)
+
+    @property
+    def run_path(self) -> Path | None:
+        return None if self.run is None else Path(self.run.dir).parent
+
+    def summary(self, values: dict) -> None:
+        if self.run is not None:
+            self.run.summary.update(values)
+
+    def sync_command(self) -> str | None:
+        return f"wandb sync {self.run_path}" if self.run is not None and self.mode == "offline" else None
+
+    def finish(self, failed: bool) -> None:
+        if self.run is not None:
+            self.run.finish(exit_code=1 if failed else 0)

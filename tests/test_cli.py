@@ -1,0 +1,43 @@
+"""The command line as users meet it: Hydra's flags, and one clear message (no stack trace) for user errors."""
+
+import pytest
+import yaml
+
+from tests.conftest import TINY_RUN, run_cli
+
+
+def test_cfg_job_composes_a_reward_mix():
+    result = run_cli("--cfg", "job", "reward=math+format")
+    assert result.returncode == 0, result.stderr
+    components = yaml.safe_load(result.stdout)["reward"]["components"]
+    assert list(components) == ["math", "format"]
+
+
+def test_help_lists_groups_and_options():
+    result = run_cli("--help")
+    assert result.returncode == 0
+    for line in ["model: pretrained, smollm2_135m, tiny", "reward: format, judge, length, math", "'+'-joined mix"]:
+        assert line in result.stdout
+
+
+@pytest.mark.parametrize(
+    "overrides,expected",
+    [
+        (["model=nope"], "Could not find 'model/nope'"),
+        (["trainer.beta=abc"], "full_key: trainer.beta"),
+        (["reward=math+nope"], "known components: format, judge, length, math"),
+        (["reward=math+format+judge"], "reward component 'judge' is not available yet"),
+        (["trainer.num_generations=1"], "trainer.num_generations=1: GRPO needs a group of at least 2"),
+        (["dataset=files", "dataset.path=/nope/train.jsonl"], "dataset.path='/nope/train.jsonl' does not exist"),
+        (["model=pretrained", "model.name_or_path=Qwen/Qwen2.5-1.5B-Instruct"], "model.name_or_path='Qwen/Qwen"),
+        (["+trainer.extra.per_device_train_batch_size=3"], "derived from trainer.prompts_per_step"),
+        (["+trainer.extra.num_generatoins=3"], "did you mean ['num_generations'"),
+    ],
+)
+def test_user_errors_are_one_message_before_any_model_loads(overrides, expected, tmp_path):
+    result = run_cli(*TINY_RUN, "logger=none", f"hydra.run.dir={tmp_path}", *overrides)
+    assert result.returncode != 0
+    assert expected in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "Loading model" not in result.stderr + result.stdout
+    assert not (tmp_path / "checkpoint-final").exists()

@@ -1,0 +1,114 @@
+"""Reward components on hand-written cases: correct, wrong, unparseable, adversarial."""
+
+import pytest
+from omegaconf import OmegaConf
+
+from grpo_exp.errors import UserError
+from grpo_exp.rewards import build_rewards
+from grpo_exp.rewards.format import make_format_reward
+from grpo_exp.rewards.length import make_length_reward
+from grpo_exp.rewards.math import make_math_reward
+from grpo_exp.rewards.text import boxed_content, completion_text, last_boxed_span
+
+
+def chat(text: str) -> list[dict]:
+    return [{"role": "assistant", "content": text}]
+
+
+@pytest.mark.parametrize(
+    "text,reference,expected",
+    [
+        ("So the answer is \\boxed{14}.", "14", 1.0),
+        ("5 - 3 = 2", "2", 1.0),  # a plain final number counts
+        ("#### 72", "72", 1.0),
+        ("\\boxed{\\frac{1}{2}}", "0.5", 1.0),
+        ("First 12, then \\boxed{13}", "12", 0.0),  # the boxed answer wins over earlier numbers
+        ("I don't know", "3", 0.0),
+        ("", "3", 0.0),
+    ],
+)
+def test_math_reward(text, reference, expected):
+    assert make_math_reward()([chat(text)], [reference]) == [expected]
+
+
+def test_math_reward_skips_unparseable_reference():
+    assert make_math_reward()([chat("\\boxed{1}")], ["no number here"]) == [None]
+
+
+def test_math_reward_on_a_huge_completion_scores_zero():
+    assert make_math_reward()([chat("9" * 100_000)], ["1"]) == [0.0]
+
+
+@pytest.mark.parametrize(
+    "text,strict,expected",
+    [
+        ("Work. \\boxed{7}.", True, 1.0),
+        ("Work. \\boxed{7}", False, 1.0),
+        ("\\boxed{7} and then more words", True, 0.0),
+        ("\\boxed{7} and then more words", False, 0.5),
+        ("\\boxed{1} \\boxed{2}", False, 0.5),
+        ("\\boxed{}", False, 0.0),
+        ("no answer", False, 0.0),
+        ("\\boxed{\\frac{1}{2}}", True, 1.0),
+    ],
+)
+def test_format_boxed(text, strict, expected):
+    assert make_format_reward("boxed", strict)([chat(text)]) == [expected]
+
+
+@pytest.mark.parametrize(
+    "text,strict,expected",
+    [
+        ("<think>hmm</think><answer>7</answer>", True, 1.0),
+        ("<think>hmm</think>\n<answer>7</answer>\n", True, 1.0),
+        ("<think>hmm</think>7", True, 0.0),
+        ("<think>hmm</think>7", False, 0.5),
+        ("<answer>7</answer>", False, 0.5),
+        ("plain", False, 0.0),
+    ],
+)
+def test_format_think_answer(text, strict, expected):
+    assert make_format_reward("think_answer", strict)([chat(text)]) == [expected]
+
+
+@pytest.mark.parametrize(
+    "text,strict,expected",
+    [("a\n#### 72", True, 1.0), ("#### 72\nmore", True, 0.0), ("#### 72\nmore", False, 0.5), ("72", False, 0.0)],
+)
+def test_format_hash(text, strict, expected):
+    assert make_format_reward("hash", strict)([chat(text)]) == [expected]
+
+
+def test_length_reward_is_linear_and_clipped():
+    reward = make_length_reward(target_chars=100)
+    assert reward([chat(""), chat("x" * 50), chat("x" * 500)]) == [1.0, 0.5, 0.0]
+
+
+def test_boxed_span_handles_nesting_and_unbalanced_input_in_linear_time():
+    assert boxed_content("a \\boxed{\\frac{1}{2}} b") == "\\frac{1}{2}"
+    assert boxed_content("\\boxed{1} then \\boxed{2") == "1"
+    assert last_boxed_span("\\boxed{" * 50_000) is None  # would be quadratic without the scan limit
+    assert completion_text("plain") == "plain"
+
+
+def test_build_rewards_keeps_the_order_names_and_weights():
+    cfg = OmegaConf.create({"components": {"format": {"weight": 0.2, "style": "hash"}, "math": {"weight": 1.0}}})
+    functions, weights = build_rewards(cfg)
+    assert [f.__name__ for f in functions] == ["format", "math"]
+    assert weights == [0.2, 1.0]
+
+
+@pytest.mark.parametrize(
+    "components,message",
+    [
+        ({"judge": {"weight": 1.0}}, "not available yet"),
+        ({"nope": {"weight": 1.0}}, "known components"),
+        ({"format": {"weight": 1.0, "style": "xml"}}, "reward.components.format"),
+        ({"format": {"weight": 1.0, "colour": "red"}}, "its settings are"),
+        ({"math": {}}, "reward.components.math.weight"),
+    ],
+)
+def test_build_rewards_rejects_bad_components(components, message):
+    with pytest.raises(UserError) as err:
+        build_rewards(OmegaConf.create({"components": components}))
+    assert message in str(err.value)

@@ -1,0 +1,40 @@
+"""Run identity, secret redaction, the local metrics file and the end-of-run summary's pure parts."""
+
+import math
+
+from grpo_exp.report import reward_trend
+from grpo_exp.tracking import REDACTED, MetricsFileCallback, read_metrics, redact, run_name
+
+
+def test_redact_masks_secrets_but_keeps_env_var_names():
+    config = {"judge": {"api_key": "sk-123", "api_key_env": "OPENAI_API_KEY", "nested": [{"token": "t"}]}, "x": 1}
+    assert redact(config) == {
+        "judge": {"api_key": REDACTED, "api_key_env": "OPENAI_API_KEY", "nested": [{"token": REDACTED}]},
+        "x": 1,
+    }
+
+
+def test_run_name_comes_from_the_overrides():
+    assert run_name(["trainer.num_generations=8", "trainer.beta=0.04", "hydra.run.dir=x"]) == (
+        "trainer.num_generations=8,trainer.beta=0.04"
+    )
+    assert run_name(["+experiment=foo"]) == "experiment=foo"
+    assert run_name([]) == "defaults"
+
+
+class State:
+    is_world_process_zero = True
+    global_step = 3
+
+
+def test_metrics_file_appends_scalar_logs(tmp_path):
+    callback = MetricsFileCallback(tmp_path / "metrics.jsonl")
+    callback.on_log(None, State(), None, logs={"reward": 0.5, "table": object()})
+    callback.on_log(None, State(), None, logs={"reward": 0.7})
+    assert read_metrics(tmp_path / "metrics.jsonl") == [{"step": 3, "reward": 0.5}, {"step": 3, "reward": 0.7}]
+
+
+def test_reward_trend_compares_first_and_last_quarter():
+    metrics = [{"reward": r} for r in [0.0, 0.0, 0.5, 0.5, 0.5, 0.5, 1.0, 1.0]] + [{"loss": 1.0}]
+    assert reward_trend(metrics) == (0.0, 1.0)
+    assert all(math.isnan(v) for v in reward_trend([]))
