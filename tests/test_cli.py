@@ -16,7 +16,11 @@ def test_cfg_job_composes_a_reward_mix():
 def test_help_lists_groups_and_options():
     result = run_cli("--help")
     assert result.returncode == 0
-    for line in ["model: pretrained, smollm2_135m, tiny", "reward: format, judge, length, math", "'+'-joined mix"]:
+    for line in [
+        "model: pretrained, smollm2_135m, tiny",
+        "reward: format, judge, length, math",
+        "'+'-joined mix",
+    ]:
         assert line in result.stdout
 
 
@@ -28,8 +32,16 @@ def test_help_lists_groups_and_options():
         (["reward=math+nope"], "known components: format, judge, length, math"),
         (["reward=math+format+judge"], "reward component 'judge' is not available yet"),
         (["trainer.num_generations=1"], "trainer.num_generations=1: GRPO needs a group of at least 2"),
-        (["dataset=files", "dataset.path=/nope/train.jsonl"], "dataset.path='/nope/train.jsonl' does not exist"),
-        (["model=pretrained", "model.name_or_path=Qwen/Qwen2.5-1.5B-Instruct"], "model.name_or_path='Qwen/Qwen"),
+        (
+            ["dataset=files", "dataset.path=/nope/train.jsonl"],
+            "dataset.path='/nope/train.jsonl' does not exist",
+        ),
+        (
+            ["model=pretrained", "model.name_or_path=Qwen/Qwen2.5-1.5B-Instruct"],
+            "model.name_or_path='Qwen/Qwen",
+        ),
+        (["dataset=files"], "dataset.path is required with dataset=files"),
+        (["model=pretrained"], "model.name_or_path is required with model=pretrained"),
         (["+trainer.extra.per_device_train_batch_size=3"], "derived from trainer.prompts_per_step"),
         (["+trainer.extra.num_generatoins=3"], "did you mean ['num_generations'"),
     ],

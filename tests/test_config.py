@@ -6,14 +6,17 @@ import pytest
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf.errors import ValidationError
 
-from grpo_exp.paths import CONF_DIR, reward_components
+from grpo_exp.paths import CONF_DIR, experiment_presets, reward_components
 from grpo_exp.rewards import COMPONENTS, NOT_AVAILABLE_YET
 from grpo_exp.schema import DataSource, LossType, ModelSource
 from tests.conftest import compose_config
 
 GROUPS = ["model", "dataset", "reward", "verifier", "trainer", "logger"]
 # Options that need a value from the user.
-REQUIRED = {("model", "pretrained"): ["model.name_or_path=some/model"], ("dataset", "files"): ["dataset.path=x.jsonl"]}
+REQUIRED = {
+    ("model", "pretrained"): ["model.name_or_path=some/model"],
+    ("dataset", "files"): ["dataset.path=x.jsonl"],
+}
 
 
 def options(group: str) -> list[str]:
@@ -68,8 +71,12 @@ def test_unknown_option_lists_the_available_ones():
 
 @pytest.mark.parametrize(
     "override,key",
-    [("trainer.beta=abc", "trainer.beta"), ("trainer.loss_type=foo", "trainer.loss_type"),
-     ("model.dtype=int3", "model.dtype"), ("trainer.num_generations=four", "trainer.num_generations")],
+    [
+        ("trainer.beta=abc", "trainer.beta"),
+        ("trainer.loss_type=foo", "trainer.loss_type"),
+        ("model.dtype=int3", "model.dtype"),
+        ("trainer.num_generations=four", "trainer.num_generations"),
+    ],
 )
 def test_wrong_types_fail_at_composition_naming_the_key(override, key):
     with pytest.raises(ConfigCompositionException) as err:
@@ -88,3 +95,16 @@ def test_enum_error_lists_allowed_values():
 def test_every_reward_file_has_an_implementation_and_back():
     files = set(reward_components())
     assert files == set(COMPONENTS) | set(NOT_AVAILABLE_YET)
+
+
+@pytest.mark.parametrize("preset", experiment_presets())
+def test_every_experiment_preset_composes(preset):
+    cfg = compose_config([f"+experiment={preset}"])
+    assert cfg.model.name and cfg.reward.components
+
+
+def test_smoke_preset_overrides_groups():
+    cfg = compose_config(["+experiment=smoke"])
+    assert cfg.model.source is ModelSource.tiny
+    assert list(cfg.reward.components) == ["math", "format", "length"]
+    assert cfg.dataset.eval_size == 4

@@ -73,7 +73,12 @@ def test_format_think_answer(text, strict, expected):
 
 @pytest.mark.parametrize(
     "text,strict,expected",
-    [("a\n#### 72", True, 1.0), ("#### 72\nmore", True, 0.0), ("#### 72\nmore", False, 0.5), ("72", False, 0.0)],
+    [
+        ("a\n#### 72", True, 1.0),
+        ("#### 72\nmore", True, 0.0),
+        ("#### 72\nmore", False, 0.5),
+        ("72", False, 0.0),
+    ],
 )
 def test_format_hash(text, strict, expected):
     assert make_format_reward("hash", strict)([chat(text)]) == [expected]

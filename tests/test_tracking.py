@@ -7,7 +7,10 @@ from grpo_exp.tracking import REDACTED, MetricsFileCallback, read_metrics, redac
 
 
 def test_redact_masks_secrets_but_keeps_env_var_names():
-    config = {"judge": {"api_key": "sk-123", "api_key_env": "OPENAI_API_KEY", "nested": [{"token": "t"}]}, "x": 1}
+    config = {
+        "judge": {"api_key": "sk-123", "api_key_env": "OPENAI_API_KEY", "nested": [{"token": "t"}]},
+        "x": 1,
+    }
     assert redact(config) == {
         "judge": {"api_key": REDACTED, "api_key_env": "OPENAI_API_KEY", "nested": [{"token": REDACTED}]},
         "x": 1,
@@ -31,7 +34,10 @@ def test_metrics_file_appends_scalar_logs(tmp_path):
     callback = MetricsFileCallback(tmp_path / "metrics.jsonl")
     callback.on_log(None, State(), None, logs={"reward": 0.5, "table": object()})
     callback.on_log(None, State(), None, logs={"reward": 0.7})
-    assert read_metrics(tmp_path / "metrics.jsonl") == [{"step": 3, "reward": 0.5}, {"step": 3, "reward": 0.7}]
+    assert read_metrics(tmp_path / "metrics.jsonl") == [
+        {"step": 3, "reward": 0.5},
+        {"step": 3, "reward": 0.7},
+    ]
 
 
 def test_reward_trend_compares_first_and_last_quarter():

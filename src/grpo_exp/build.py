@@ -31,7 +31,9 @@ def check_trainer(trainer_cfg: DictConfig) -> None:
     for key in trainer_cfg.extra:
         if key not in known:
             close = difflib.get_close_matches(key, known, n=3)
-            raise UserError(f"trainer.extra.{key} is not a GRPOConfig field" + (f"; did you mean {close}?" if close else ""))
+            raise UserError(
+                f"trainer.extra.{key} is not a GRPOConfig field" + (f"; did you mean {close}?" if close else "")
+            )
         if key in trainer_cfg:
             raise UserError(f"trainer.extra.{key}: set it as trainer.{key}")
         if key in DERIVED:
@@ -42,12 +44,15 @@ def check_trainer(trainer_cfg: DictConfig) -> None:
 
 
 # Batch fields grpo_exp derives: one generation batch of prompts_per_step groups per optimisation step.
-DERIVED = {"per_device_train_batch_size", "gradient_accumulation_steps", "generation_batch_size", "steps_per_generation"}
+DERIVED = {
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "generation_batch_size",
+    "steps_per_generation",
+}
 
 
-def grpo_config(
-    trainer_cfg: DictConfig, output_dir: Path, report_to: str, reward_weights: list[float], bf16: bool
-):
+def grpo_config(trainer_cfg: DictConfig, output_dir: Path, report_to: str, reward_weights: list[float], bf16: bool):
     """GRPOConfig: every trainer.* knob under its own name, batch sizes derived, our logging conventions."""
     from trl import GRPOConfig
 
@@ -71,4 +76,3 @@ def grpo_config(
         )
     except ValueError as err:  # GRPOConfig's own consistency checks
         raise UserError(f"trainer: {err}") from err
-

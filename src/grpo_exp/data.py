@@ -109,7 +109,9 @@ def _table_rows(table: Dataset, data_cfg: DictConfig, limit: int | None) -> list
     if limit is not None:
         table = table.select(range(min(limit, len(table))))
     return _rows(
-        [str(q) for q in table[data_cfg.question_field]], [str(a) for a in table[data_cfg.answer_field]], data_cfg
+        [str(q) for q in table[data_cfg.question_field]],
+        [str(a) for a in table[data_cfg.answer_field]],
+        data_cfg,
     )
 
 
@@ -135,6 +137,8 @@ def _table_splits(data_cfg: DictConfig) -> tuple[list[dict], list[dict]]:
 
 def check_data_files(data_cfg: DictConfig) -> None:
     """Fail before any model loads when a local data file is missing."""
+    if data_cfg.source is not DataSource.reasoning_gym and not data_cfg.path:
+        raise UserError(f"dataset.path is required with dataset={data_cfg.name} (dataset.path=...)")
     if data_cfg.source is DataSource.files or (data_cfg.path and Path(data_cfg.path).suffix in FILE_BUILDERS):
         _check_exists(data_cfg.path, "dataset.path")
     if data_cfg.eval_path:

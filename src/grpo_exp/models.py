@@ -57,9 +57,7 @@ def materialise_embedded(model_cfg: DictConfig, cache_dir: str, with_weights: bo
     directory, file = gguf_location(model_cfg)
     kind = "models" if with_weights else "tokenizers"
     target = Path(cache_dir).expanduser() / kind / Path(file).stem
-    if (target / "tokenizer_config.json").is_file() and (
-        not with_weights or (target / "config.json").is_file()
-    ):
+    if (target / "tokenizer_config.json").is_file() and (not with_weights or (target / "config.json").is_file()):
         return target
     log.info("Materialising %s from %s into %s (once)", kind[:-1], directory / file, target)
     build_dir = target.with_name(f"{target.name}.building-{os.getpid()}")
@@ -85,6 +83,8 @@ def check_reachable(model_cfg: DictConfig) -> None:
     if model_cfg.source is not ModelSource.pretrained:
         return
     name = model_cfg.name_or_path
+    if not name:
+        raise UserError(f"model.name_or_path is required with model={model_cfg.name} (a hub id or a local directory)")
     if Path(name).expanduser().exists():
         if not (Path(name).expanduser() / "config.json").is_file():
             raise UserError(f"model.name_or_path='{name}' is a local path without a config.json")
@@ -142,9 +142,7 @@ def load_model(model_cfg: DictConfig, tokenizer: PreTrainedTokenizerBase, cache_
         source = materialise_embedded(model_cfg, cache_dir)
     else:
         source = model_cfg.name_or_path
-    return AutoModelForCausalLM.from_pretrained(
-        source, dtype=dtype, trust_remote_code=model_cfg.trust_remote_code
-    )
+    return AutoModelForCausalLM.from_pretrained(source, dtype=dtype, trust_remote_code=model_cfg.trust_remote_code)
 
 
 def lora_config(model_cfg: DictConfig):

@@ -3,6 +3,7 @@
 Heavy libraries are imported inside `train` so that `--help` and `--cfg job` stay fast.
 """
 
+import json
 import logging
 import time
 import warnings
@@ -13,6 +14,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from grpo_exp.errors import UserError
 from grpo_exp.paths import CONF_DIR
 from grpo_exp.schema import register_schemas
 
@@ -33,7 +35,14 @@ def train(cfg: DictConfig) -> dict:
 
     from grpo_exp.build import check_trainer, grpo_config
     from grpo_exp.data import check_data_files, load_splits
-    from grpo_exp.models import check_reachable, describe, load_model, load_tokenizer, lora_config, torch_dtype
+    from grpo_exp.models import (
+        check_reachable,
+        describe,
+        load_model,
+        load_tokenizer,
+        lora_config,
+        torch_dtype,
+    )
     from grpo_exp.report import print_summary, reward_trend, write_summary
     from grpo_exp.rewards import build_rewards
     from grpo_exp.tracking import (
@@ -53,6 +62,9 @@ def train(cfg: DictConfig) -> dict:
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     # Everything that can be wrong in the config fails here, before any model loads.
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        raise UserError(f"required value(s) not set: {', '.join(missing)} (add e.g. {missing[0]}=...)")
     reward_funcs, reward_weights = build_rewards(cfg.reward)
     verifier = build_verifier(cfg.verifier.name)
     check_trainer(cfg.trainer)
@@ -85,11 +97,24 @@ def train(cfg: DictConfig) -> dict:
         result = heldout_accuracy(
             policy, tokenizer, heldout, verifier, eval_tokens, cfg.eval.batch_size, f"held-out eval ({when})"
         )
-        log.info("Held-out accuracy %s training: %.3f (%d/%d)", when, result.accuracy, result.correct, result.scored)
+        log.info(
+            "Held-out accuracy %s training: %.3f (%d/%d)",
+            when,
+            result.accuracy,
+            result.correct,
+            result.scored,
+        )
+        with (run_dir / f"eval_{when}.jsonl").open("w", encoding="utf-8") as f:
+            f.writelines(json.dumps(sample) + "\n" for sample in result.samples)
         return result
 
     tracker = Tracker(
-        cfg.logger, run_dir, name, group, [f"{k}:{v}" for k, v in choices.items()], {**resolved, "choices": choices}
+        cfg.logger,
+        run_dir,
+        name,
+        group,
+        [f"{k}:{v}" for k, v in choices.items()],
+        {**resolved, "choices": choices},
     )
     failed = True
     try:

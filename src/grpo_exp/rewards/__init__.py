@@ -48,4 +48,3 @@ def build_component(name: str, settings: DictConfig) -> Callable:
     except (TypeError, ValueError) as err:
         allowed = ["weight", *inspect.signature(factory).parameters]
         raise UserError(f"reward.components.{name}: {err}; its settings are {allowed}") from err
-

