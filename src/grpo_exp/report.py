@@ -7,6 +7,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from grpo_exp.tracking import read_metrics
+
 
 def reward_trend(metrics: list[dict], key: str = "reward") -> tuple[float, float]:
     """Mean training reward over the first and the last quarter of the logged steps (at least one step each)."""
@@ -15,6 +17,43 @@ def reward_trend(metrics: list[dict], key: str = "reward") -> tuple[float, float
         return math.nan, math.nan
     window = max(1, len(values) // 4)
     return sum(values[:window]) / window, sum(values[-window:]) / window
+
+
+def build_summary(
+    cfg,
+    name: str,
+    model: str,
+    sizes: tuple[int, int],
+    steps: int,
+    train_seconds: float,
+    accuracy: tuple[float | None, float | None],
+    paths: dict,
+    wandb_sync: str | None,
+) -> dict:
+    """What was trained, how it went, and where everything is: summary.json, W&B summary, printed table."""
+    components = cfg.reward.components
+    reward_first, reward_last = reward_trend(read_metrics(paths["metrics"]))
+    return {
+        "name": name,
+        "model": model,
+        "dataset": cfg.dataset.name,
+        "train_size": sizes[0],
+        "eval_size": sizes[1],
+        "reward": " + ".join(f"{components[n].weight:g}*{n}" for n in components),
+        "steps": steps,
+        "prompts_per_step": cfg.trainer.prompts_per_step,
+        "num_generations": cfg.trainer.num_generations,
+        "beta": cfg.trainer.beta,
+        "learning_rate": cfg.trainer.learning_rate,
+        "train_seconds": train_seconds,
+        "seconds_per_step": train_seconds / max(steps, 1),
+        "reward_first": reward_first,
+        "reward_last": reward_last,
+        "heldout_accuracy_before": accuracy[0],
+        "heldout_accuracy_after": accuracy[1],
+        **paths,
+        "wandb_sync": wandb_sync,
+    }
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:
