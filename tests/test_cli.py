@@ -30,7 +30,8 @@ def test_help_lists_groups_and_options():
         (["model=nope"], "Could not find 'model/nope'"),
         (["trainer.beta=abc"], "full_key: trainer.beta"),
         (["reward=math+nope"], "known components: format, judge, length, math"),
-        (["reward=math+format+judge"], "reward component 'judge' is not available yet"),
+        (["reward=math+judge", "judge=openai"], "judge.model is required with judge=openai"),
+        (["reward=math+judge", "judge.model=nobody/no-such-judge"], "model.name_or_path='nobody/no-such-judge'"),
         (["trainer.num_generations=1"], "trainer.num_generations=1: GRPO needs a group of at least 2"),
         (
             ["dataset=files", "dataset.path=/nope/train.jsonl"],

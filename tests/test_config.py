@@ -7,7 +7,7 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf.errors import ValidationError
 
 from grpo_exp.paths import CONF_DIR, experiment_presets, reward_components
-from grpo_exp.rewards import COMPONENTS, NOT_AVAILABLE_YET
+from grpo_exp.rewards import COMPONENTS
 from grpo_exp.schema import DataSource, LossType, ModelSource
 from tests.conftest import compose_config
 
@@ -94,7 +94,7 @@ def test_enum_error_lists_allowed_values():
 
 def test_every_reward_file_has_an_implementation_and_back():
     files = set(reward_components())
-    assert files == set(COMPONENTS) | set(NOT_AVAILABLE_YET)
+    assert files == set(COMPONENTS)
 
 
 @pytest.mark.parametrize("preset", experiment_presets())

@@ -89,6 +89,13 @@ def test_length_reward_is_linear_and_clipped():
     assert reward([chat(""), chat("x" * 50), chat("x" * 500)]) == [1.0, 0.5, 0.0]
 
 
+def test_repetition_reward_uses_token_ngrams():
+    from grpo_exp.rewards.repetition import make_repetition_reward
+
+    reward = make_repetition_reward(ngram_size=2, max_penalty=-1.0)
+    assert reward(completion_ids=[[1, 2, 3, 4], [5, 5, 5, 5], [1]]) == [0.0, -1.0 * (1 - 1 / 3), 0.0]
+
+
 def test_boxed_span_handles_nesting_and_unbalanced_input_in_linear_time():
     assert boxed_content("a \\boxed{\\frac{1}{2}} b") == "\\frac{1}{2}"
     assert boxed_content("\\boxed{1} then \\boxed{2") == "1"
@@ -106,7 +113,6 @@ def test_build_rewards_keeps_the_order_names_and_weights():
 @pytest.mark.parametrize(
     "components,message",
     [
-        ({"judge": {"weight": 1.0}}, "not available yet"),
         ({"nope": {"weight": 1.0}}, "known components"),
         ({"format": {"weight": 1.0, "style": "xml"}}, "reward.components.format"),
         ({"format": {"weight": 1.0, "colour": "red"}}, "its settings are"),

@@ -18,24 +18,26 @@ class EvalResult:
 
 
 @torch.no_grad()
-def greedy_completions(model, tokenizer, prompts: list, max_new_tokens: int, batch_size: int, desc: str) -> list[str]:
-    """Greedy completions for chat prompts, batched with left padding."""
+def generate_completions(
+    model, tokenizer, prompts: list, max_new_tokens: int, batch_size: int, desc: str | None, temperature: float = 0.0
+) -> list[str]:
+    """Completions for chat prompts, batched with left padding: greedy at temperature 0, else sampled."""
     was_training, padding_side = model.training, tokenizer.padding_side
     model.eval()
     tokenizer.padding_side = "left"
     texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
     completions: list[str] = []
     try:
-        for start in tqdm(range(0, len(texts), batch_size), desc=desc, unit="batch"):
+        for start in tqdm(range(0, len(texts), batch_size), desc=desc, unit="batch", disable=desc is None):
             batch = tokenizer(
                 texts[start : start + batch_size], return_tensors="pt", padding=True, add_special_tokens=False
             ).to(model.device)
             output = model.generate(
                 **batch,
-                do_sample=False,
+                do_sample=temperature > 0,
                 max_new_tokens=max_new_tokens,
                 pad_token_id=tokenizer.pad_token_id,
-                temperature=None,
+                temperature=temperature or None,
                 top_p=None,
                 top_k=None,
             )
@@ -50,7 +52,7 @@ def greedy_completions(model, tokenizer, prompts: list, max_new_tokens: int, bat
 def heldout_accuracy(
     model, tokenizer, dataset: Dataset, verifier: Verifier, max_new_tokens: int, batch_size: int, desc: str
 ) -> EvalResult:
-    completions = greedy_completions(model, tokenizer, dataset["prompt"], max_new_tokens, batch_size, desc)
+    completions = generate_completions(model, tokenizer, dataset["prompt"], max_new_tokens, batch_size, desc)
     labels = verifier(completions, dataset["solution"])
     scored = [label for label in labels if label is not None]
     samples = [

@@ -26,16 +26,20 @@ from grpo_exp.verification import Verifier, build_verifier
 log = logging.getLogger("grpo_exp.train")
 
 
-def check_config(cfg: DictConfig) -> None:
-    """Everything in the config that can be wrong fails here, before any model loads."""
+def check_and_build(cfg: DictConfig):
+    """Everything in the config that can be wrong fails here, before any model loads.
+
+    Returns the reward functions, their weights and the verifier (all cheap to build).
+    """
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise UserError(f"required value(s) not set: {', '.join(missing)} (add e.g. {missing[0]}=...)")
-    build_rewards(cfg.reward)
-    build_verifier(cfg.verifier.name)
+    reward_funcs, reward_weights = build_rewards(cfg.reward)
+    verifier = build_verifier(cfg.verifier.name)
     check_trainer(cfg.trainer)
     check_data_files(cfg.dataset)
     check_reachable(cfg.model)
+    return reward_funcs, reward_weights, verifier
 
 
 def evaluate(model, tokenizer, heldout: Dataset, verifier: Verifier, cfg: DictConfig, run_dir: Path, when: str):
@@ -55,9 +59,7 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     run_dir = Path(hydra_cfg.runtime.output_dir)
-    check_config(cfg)
-    reward_funcs, reward_weights = build_rewards(cfg.reward)
-    verifier = build_verifier(cfg.verifier.name)
+    reward_funcs, reward_weights, verifier = check_and_build(cfg)
     bf16 = torch_dtype(cfg.model.dtype) == torch.bfloat16
     args = grpo_config(cfg.trainer, run_dir / "trainer", report_to(cfg.logger), reward_weights, bf16)
 

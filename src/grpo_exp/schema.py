@@ -52,6 +52,11 @@ class ScaleRewards(Enum):
     none = "none"
 
 
+class JudgeBackend(Enum):
+    local = "local"  # a frozen model loaded in-process
+    openai = "openai"  # any OpenAI-compatible endpoint (vLLM, SGLang, llama.cpp server, a hosted API)
+
+
 class LoggerBackend(Enum):
     wandb = "wandb"
     none = "none"
@@ -122,6 +127,33 @@ class RewardSchema:
 
 
 @dataclass
+class RubricSchema:
+    system_prompt: str | None = None
+    # The rubric request; {prompt} and {response} are filled in.
+    template: str = MISSING
+
+
+@dataclass
+class JudgeSchema:
+    backend: JudgeBackend = JudgeBackend.local
+    # local: a model group option (smollm2_135m, tiny), a hub id or a local directory; openai: the served model name.
+    model: str | None = "smollm2_135m"
+    rubric: RubricSchema = field(default_factory=RubricSchema)
+    max_new_tokens: int = 160
+    temperature: float = 0.0
+    retry_temperature: float = 0.7
+    # Attempts after the first for a reply that fails (bad JSON, out-of-range score, timeout, refused connection).
+    retries: int = 2
+    # local backend
+    batch_size: int = 8
+    # openai backend
+    base_url: str | None = None
+    api_key_env: str | None = None  # the NAME of the environment variable holding the key, never the key
+    concurrency: int = 8
+    timeout: float = 30.0
+
+
+@dataclass
 class VerifierSchema:
     name: str = MISSING
 
@@ -176,6 +208,7 @@ class Schema:
     dataset: DatasetSchema = MISSING
     reward: RewardSchema = MISSING
     verifier: VerifierSchema = MISSING
+    judge: JudgeSchema = MISSING
     trainer: TrainerSchema = MISSING
     logger: LoggerSchema = MISSING
     eval: EvalSchema = field(default_factory=EvalSchema)

@@ -11,16 +11,18 @@ from omegaconf import DictConfig, OmegaConf
 
 from grpo_exp.errors import UserError
 from grpo_exp.rewards.format import make_format_reward
+from grpo_exp.rewards.judge import make_judge_reward
 from grpo_exp.rewards.length import make_length_reward
 from grpo_exp.rewards.math import make_math_reward
+from grpo_exp.rewards.repetition import make_repetition_reward
 
 COMPONENTS: dict[str, Callable[..., Callable]] = {
     "math": make_math_reward,
     "format": make_format_reward,
     "length": make_length_reward,
+    "repetition": make_repetition_reward,
+    "judge": make_judge_reward,
 }
-# Components with a config file whose implementation has not landed yet.
-NOT_AVAILABLE_YET = {"judge": "the LLM judge arrives with the reward-heads feature (issue 3)"}
 
 
 def build_rewards(reward_cfg: DictConfig) -> tuple[list[Callable], list[float]]:
@@ -28,8 +30,6 @@ def build_rewards(reward_cfg: DictConfig) -> tuple[list[Callable], list[float]]:
     if not reward_cfg.components:
         raise UserError(f"reward: no components; choose a '+'-joined mix of {sorted(COMPONENTS)}")
     for name, settings in reward_cfg.components.items():
-        if name in NOT_AVAILABLE_YET:
-            raise UserError(f"reward component '{name}' is not available yet: {NOT_AVAILABLE_YET[name]}")
         if name not in COMPONENTS:
             raise UserError(f"reward component '{name}' is unknown; known components: {sorted(COMPONENTS)}")
         if "weight" not in settings:
@@ -41,7 +41,8 @@ def build_rewards(reward_cfg: DictConfig) -> tuple[list[Callable], list[float]]:
 
 
 def build_component(name: str, settings: DictConfig) -> Callable:
-    kwargs = {k: v for k, v in OmegaConf.to_container(settings).items() if k != "weight"}
+    container = OmegaConf.to_container(settings, resolve=True, enum_to_str=True)
+    kwargs = {k: v for k, v in container.items() if k != "weight"}
     factory = COMPONENTS[name]
     try:
         return factory(**kwargs)

@@ -1,0 +1,63 @@
+"""A small OpenAI-compatible chat server for the judge's failure tests: `python tests/openai_stub_server.py MODE PORT`.
+
+It speaks real HTTP on 127.0.0.1, so the judge's client code runs unchanged. Modes:
+  good     every reply is rubric JSON (scores derived from the request, so they differ between responses)
+  garbage  HTTP 200 with a body that is not JSON
+  prose    a well-formed completion whose content is not rubric JSON
+  flaky    the first request of each distinct prompt fails with HTTP 500, the next succeeds
+  slow     replies after 5 seconds (longer than the tests' timeout)
+A `latency` environment variable (seconds) delays every reply: the benchmark's network-bound judge.
+"""
+
+import hashlib
+import json
+import os
+import sys
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+MODE = sys.argv[1]
+LATENCY = float(os.environ.get("latency", "0"))
+SEEN: set[str] = set()
+
+
+def rubric_reply(text: str) -> str:
+    digest = hashlib.sha256(text.encode()).digest()
+    scores = {c: 1 + digest[i] % 5 for i, c in enumerate(("accuracy", "grammar", "informativeness", "coherence"))}
+    return json.dumps({**scores, "rationale": "stub"})
+
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *args):  # keep the test output quiet
+        pass
+
+    def do_POST(self):  # noqa: N802 - http.server's naming
+        request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        text = request["messages"][-1]["content"]
+        time.sleep(LATENCY + (5 if MODE == "slow" else 0))
+        if MODE == "garbage":
+            return self._send(200, b"<html>definitely not json")
+        if MODE == "flaky" and text not in SEEN:
+            SEEN.add(text)
+            return self._send(500, b'{"error": {"message": "try again"}}')
+        content = "I think it is quite good!" if MODE == "prose" else rubric_reply(text)
+        body = {
+            "id": "stub",
+            "object": "chat.completion",
+            "created": 0,
+            "model": request["model"],
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+        }
+        self._send(200, json.dumps(body).encode())
+
+    def _send(self, status: int, body: bytes):
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+if __name__ == "__main__":
+    ThreadingHTTPServer(("127.0.0.1", int(sys.argv[2])), Handler).serve_forever()

@@ -1,0 +1,59 @@
+"""Start real servers on 127.0.0.1 for the duration of a test."""
+
+import contextlib
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from grpo_exp.models import gguf_location
+from tests.conftest import compose_config
+
+STUB = Path(__file__).with_name("openai_stub_server.py")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for_port(port: int, process: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"no server on port {port} after {timeout} s")
+
+
+@contextlib.contextmanager
+def serving(args: list[str], port: int, env: dict | None = None, timeout: float = 180):
+    """Run a server process until the block ends; yields the process (a test may kill it early)."""
+    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        _wait_for_port(port, process, timeout)
+        yield process
+    finally:
+        process.kill()
+        process.wait()
+
+
+def stub_server(mode: str, port: int, env: dict | None = None):
+    return serving([sys.executable, str(STUB), mode, str(port)], port, env=env)
+
+
+LLAMA_ALIAS = "smollm2"
+
+
+def llama_cpp_server(port: int):
+    """llama.cpp's OpenAI-compatible server (llama-cpp-python[server]) on the embedded SmolLM2 GGUF."""
+    directory, file = gguf_location(compose_config().model)
+    args = [
+        sys.executable, "-m", "llama_cpp.server", "--model", str(directory / file), "--model_alias", LLAMA_ALIAS,
+        "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "4096", "--n_threads", "2", "--verbose", "False",
+    ]  # fmt: skip
+    return serving(args, port)

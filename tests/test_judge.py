@@ -1,0 +1,127 @@
+"""The LLM judge: rubric parsing, the `openai` backend against real servers on 127.0.0.1 (llama.cpp serving the
+embedded GGUF, and a stub that fails on purpose), the `local` backend, and robustness (retry, then None)."""
+
+import asyncio
+import json
+
+import pytest
+from omegaconf import OmegaConf
+
+from grpo_exp.rewards.judge import make_judge_reward, prompt_text
+from grpo_exp.rewards.rubric import parse_rubric_reply, rubric_messages
+from tests.conftest import compose_config
+from tests.servers import LLAMA_ALIAS, free_port, llama_cpp_server, stub_server
+
+
+@pytest.mark.parametrize(
+    "reply,expected",
+    [
+        ('{"accuracy": 5, "grammar": 5, "informativeness": 5, "coherence": 5, "rationale": "ok"}', 1.0),
+        ('```json\n{"accuracy": 1, "grammar": 2, "informativeness": 3, "coherence": 4}\n```', 0.5),
+        ('Sure! {"note": 1} then {"accuracy": 4, "grammar": 4, "informativeness": 4, "coherence": 4.0}', 0.8),
+        ('{"accuracy": 6, "grammar": 5, "informativeness": 5, "coherence": 5}', None),  # out of range
+        ('{"accuracy": 0, "grammar": 5, "informativeness": 5, "coherence": 5}', None),
+        ('{"accuracy": true, "grammar": 5, "informativeness": 5, "coherence": 5}', None),
+        ('{"accuracy": "5", "grammar": 5, "informativeness": 5, "coherence": 5}', None),
+        ('{"accuracy": 5, "grammar": 5, "informativeness": 5}', None),  # a criterion missing
+        ("{accuracy: 5, grammar: 5}", None),  # not JSON
+        ("It is good.", None),
+        ("", None),
+        (None, None),
+    ],
+)
+def test_parse_rubric_reply(reply, expected):
+    assert parse_rubric_reply(reply) == expected
+
+
+def test_rubric_messages_fill_the_template_without_touching_json_braces():
+    messages = rubric_messages("Be strict.", 'Q: {prompt}\nA: {response}\n{"accuracy": 1}', "2+2?", "4")
+    assert messages == [
+        {"role": "system", "content": "Be strict."},
+        {"role": "user", "content": 'Q: 2+2?\nA: 4\n{"accuracy": 1}'},
+    ]
+    assert prompt_text([{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]) == "q"
+
+
+def judge_settings(*overrides: str) -> dict:
+    cfg = compose_config(["reward=judge", *overrides])
+    return OmegaConf.to_container(cfg.reward.components.judge, resolve=True, enum_to_str=True)
+
+
+def score(reward, prompts: list[str], responses: list[str]) -> tuple[list, dict]:
+    """Call the reward as TRL does (chat prompts and completions, a log_metric callback)."""
+    metrics: dict[str, float] = {}
+    chat_prompts = [[{"role": "user", "content": p}] for p in prompts]
+    completions = [[{"role": "assistant", "content": r}] for r in responses]
+    rewards = asyncio.run(reward(prompts=chat_prompts, completions=completions, log_metric=metrics.__setitem__))
+    return rewards, metrics
+
+
+def openai_reward(port: int, *overrides: str):
+    settings = judge_settings("judge=openai", f"judge.base_url=http://127.0.0.1:{port}/v1", *overrides)
+    return make_judge_reward(settings["scorer"], settings["cache_dir"])
+
+
+def test_openai_backend_scores_and_scores_identical_pairs_once():
+    port = free_port()
+    with stub_server("good", port):
+        reward = openai_reward(port, "judge.model=stub")
+        rewards, metrics = score(reward, ["q1", "q1", "q2"], ["a", "a", "b"])
+    assert rewards[0] == rewards[1] and all(0.2 <= r <= 1.0 for r in rewards)
+    assert metrics == {"judge/failures": 0.0, "judge/requests": 2.0, "judge/unique_pairs": 2.0}
+
+
+def test_failed_requests_are_retried_then_succeed():
+    port = free_port()
+    with stub_server("flaky", port):
+        rewards, metrics = score(openai_reward(port, "judge.model=stub", "judge.retries=1"), ["q1", "q2"], ["a", "b"])
+    assert None not in rewards
+    assert metrics["judge/requests"] == 4.0 and metrics["judge/failures"] == 0.0
+
+
+@pytest.mark.parametrize("mode", ["garbage", "prose", "slow"])
+def test_a_judge_that_never_answers_well_gives_none_and_counts_failures(mode):
+    port = free_port()
+    with stub_server(mode, port):
+        reward = openai_reward(port, "judge.model=stub", "judge.retries=1", "judge.timeout=1")
+        rewards, metrics = score(reward, ["q1", "q2"], ["a", "b"])
+    assert rewards == [None, None]
+    assert metrics["judge/failures"] == 2.0 and metrics["judge/requests"] == 4.0
+
+
+def test_refused_connection_gives_none():
+    reward = openai_reward(free_port(), "judge.model=stub", "judge.retries=0")
+    assert score(reward, ["q"], ["a"])[0] == [None]
+
+
+def test_the_api_key_is_sent_but_never_stored(monkeypatch):
+    monkeypatch.setenv("GRPO_EXP_TEST_KEY", "sk-secret-123")
+    settings = judge_settings("judge=openai", "judge.model=stub", "judge.api_key_env=GRPO_EXP_TEST_KEY")
+    assert "sk-secret-123" not in json.dumps(settings)
+
+
+@pytest.mark.slow
+def test_openai_backend_against_llama_cpp_serving_the_embedded_model_survives_a_killed_server():
+    port = free_port()
+    overrides = (f"judge.model={LLAMA_ALIAS}", "judge.max_new_tokens=64", "judge.retries=0", "judge.timeout=60")
+    reward = openai_reward(port, *overrides)
+    prompts, responses = ["What is 2 + 3?", "What is 7 * 6?"], ["2 + 3 = 5", "7 * 6 = 41"]
+    with llama_cpp_server(port) as server:
+        rewards, metrics = score(reward, prompts, responses)
+        # A real model answered: each reply either parsed to a rubric score or was counted as a failure.
+        assert metrics["judge/requests"] == 2.0
+        assert metrics["judge/failures"] == sum(r is None for r in rewards)
+        assert all(r is None or 0.2 <= r <= 1.0 for r in rewards)
+        server.kill()
+        server.wait()
+        rewards, metrics = score(reward, prompts, responses)
+    assert rewards == [None, None] and metrics["judge/failures"] == 2.0
+
+
+def test_local_backend_scores_a_batch_with_a_frozen_model():
+    settings = judge_settings("judge=local", "judge.model=tiny", "judge.max_new_tokens=8", "judge.retries=1")
+    reward = make_judge_reward(settings["scorer"], settings["cache_dir"])
+    rewards, metrics = score(reward, ["q1", "q2", "q1"], ["a", "b", "a"])
+    # A random tiny model never writes rubric JSON: every pair fails, is retried once, and is skipped.
+    assert rewards == [None, None, None]
+    assert metrics == {"judge/failures": 2.0, "judge/requests": 4.0, "judge/unique_pairs": 2.0}
