@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 ARGS ?=
 
-.PHONY: install train test test-fast lint clean
+.PHONY: install train test test-fast bench lint clean
 
 install: $(VENV)/.installed
 
@@ -21,14 +21,17 @@ train: install  ## the default experiment: GRPO on the embedded SmolLM2-135M, of
 	$(PY) -m grpo_exp.train $(ARGS)
 
 test: install  ## the whole suite, slow tests included (the CI command)
-	$(PY) -m ruff check src tests
+	$(PY) -m ruff check src tests benchmarks
 	$(PY) -m pytest $(ARGS)
 
 test-fast: install  ## without the tests that run the embedded model
 	$(PY) -m pytest -m "not slow" $(ARGS)
 
+bench: install  ## benchmarks (ratios measured side by side in one run); results go in BENCHMARKS.md
+	$(PY) -m benchmarks.rewards
+
 lint: install
-	$(PY) -m ruff check src tests
+	$(PY) -m ruff check src tests benchmarks
 	$(PY) -m ruff format --check src tests
 
 clean:

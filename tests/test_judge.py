@@ -9,7 +9,8 @@ from omegaconf import OmegaConf
 
 from grpo_exp.rewards.judge import make_judge_reward, prompt_text
 from grpo_exp.rewards.rubric import parse_rubric_reply, rubric_messages
-from tests.conftest import compose_config
+from grpo_exp.tracking import read_metrics
+from tests.conftest import TINY_RUN, compose_config, run_cli
 from tests.servers import LLAMA_ALIAS, free_port, llama_cpp_server, stub_server
 
 
@@ -125,3 +126,32 @@ def test_local_backend_scores_a_batch_with_a_frozen_model():
     # A random tiny model never writes rubric JSON: every pair fails, is retried once, and is skipped.
     assert rewards == [None, None, None]
     assert metrics == {"judge/failures": 2.0, "judge/requests": 4.0, "judge/unique_pairs": 2.0}
+
+
+def test_tiny_training_with_math_format_judge_runs_end_to_end_and_learns_from_the_judge(tmp_path):
+
+    port = free_port()
+    run_dir = tmp_path / "run"
+    with stub_server("good", port):
+        result = run_cli(
+            *TINY_RUN, "reward=math+format+judge", "judge=openai", "judge.model=stub",
+            f"judge.base_url=http://127.0.0.1:{port}/v1", "logger=none", "eval.before=false",
+            f"hydra.run.dir={run_dir}",
+        )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    steps = [m for m in read_metrics(run_dir / "metrics.jsonl") if "rewards/judge/mean" in m]
+    assert len(steps) == 2
+    assert all(m["judge/failures"] == 0 and 0.2 <= m["rewards/judge/mean"] <= 1.0 for m in steps)
+    assert any(m["grad_norm"] > 0 for m in steps)  # the judge's spread within groups drives the update
+
+
+def test_tiny_training_with_the_local_judge_runs_end_to_end(tmp_path):
+
+    run_dir = tmp_path / "run"
+    result = run_cli(
+        *TINY_RUN, "reward=math+format+judge", "judge=local", "judge.model=tiny", "judge.max_new_tokens=8",
+        "logger=none", "eval.before=false", f"hydra.run.dir={run_dir}",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    steps = [m for m in read_metrics(run_dir / "metrics.jsonl") if "judge/failures" in m]
+    assert len(steps) == 2 and all(m["judge/failures"] > 0 for m in steps)  # a random model is no judge

@@ -35,8 +35,20 @@ def test_math_reward_skips_unparseable_reference():
     assert make_math_reward()([chat("\\boxed{1}")], ["no number here"]) == [None]
 
 
-def test_math_reward_on_a_huge_completion_scores_zero():
-    assert make_math_reward()([chat("9" * 100_000)], ["1"]) == [0.0]
+ADVERSARIAL = {
+    "power tower": "\\boxed{2^{2^{2^{2^{2^{2^{2}}}}}}}",
+    "plain power tower": "so the answer is 9^9^9^9^9",
+    "huge factorial": "\\boxed{(10^{10})!}",
+    "100 KB of digits": "9" * 100_000,
+    "deeply nested braces": "\\boxed{" + "{" * 5000 + "1" + "}" * 5000 + "}",
+    "nested fractions": "\\boxed{" + "\\frac{1}{" * 300 + "2" + "}" * 300 + "}",
+}
+
+
+@pytest.mark.parametrize("name", list(ADVERSARIAL))
+def test_math_reward_on_pathological_completions_finishes_and_scores_zero(name):
+    # Bounded by math-verify's timeouts (2 s per parse/compare) and the 4,000-character tail.
+    assert make_math_reward()([chat(ADVERSARIAL[name])], ["1"]) == [0.0]
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,116 @@
+"""Reward-head benchmark: `make bench` (python -m benchmarks.rewards).
+
+1. math reward throughput (completions/s) on realistic completions, and its worst case on the adversarial set;
+2. the judge's `openai` backend at concurrency 1 vs 8, measured side by side in one run, against
+   (a) llama.cpp's OpenAI-compatible server on the embedded SmolLM2 GGUF (a real model on these 2 cores), and
+   (b) a stub endpoint with a fixed 0.2 s latency per request (a remote, network-bound judge such as vLLM).
+"""
+
+import asyncio
+import os
+import random
+import statistics
+import time
+
+from omegaconf import OmegaConf
+
+from grpo_exp.rewards.judge import make_judge_reward
+from grpo_exp.rewards.math import make_math_reward
+from tests.conftest import compose_config
+from tests.servers import LLAMA_ALIAS, free_port, llama_cpp_server, stub_server
+from tests.test_rewards import ADVERSARIAL
+
+PAIRS = 32
+STUB_LATENCY = 0.2
+
+
+def chat(text: str) -> list[dict]:
+    return [{"role": "assistant", "content": text}]
+
+
+def realistic_completions(n: int, seed: int = 0) -> tuple[list, list[str]]:
+    """Completions shaped like SmolLM2's on the arithmetic task: boxed, plain, wrong, verbose."""
+    rng = random.Random(seed)
+    completions, references = [], []
+    for _ in range(n):
+        a, b = rng.randint(-99, 99), rng.randint(1, 99)
+        answer = a + b if rng.random() < 0.7 else a + b + rng.randint(1, 9)
+        style = rng.choice(
+            [
+                f"{a} + {b} = {answer}",
+                f"To calculate {a} + {b}, we add the numbers. The result is \\boxed{{{answer}}}.",
+                f"Let me think. {a} plus {b} gives {answer}.\n\nThe final answer is {answer}.",
+                f"$${a} + {b} = \\frac{{{2 * answer}}}{{2}}$$",
+            ]
+        )
+        completions.append(chat(style))
+        references.append(str(a + b))
+    return completions, references
+
+
+def bench_math() -> None:
+    reward = make_math_reward()
+    completions, references = realistic_completions(400)
+    started = time.perf_counter()
+    scores = reward(completions, references)
+    elapsed = time.perf_counter() - started
+    print(
+        f"math reward: {len(scores) / elapsed:.0f} completions/s on {len(scores)} realistic completions "
+        f"(mean reward {statistics.mean(scores):.2f})"
+    )
+    worst_name, worst = "", 0.0
+    for name, text in ADVERSARIAL.items():
+        started = time.perf_counter()
+        reward([chat(text)], ["1"])
+        seconds = time.perf_counter() - started
+        if seconds > worst:
+            worst_name, worst = name, seconds
+        print(f"  adversarial {name:<22} {seconds:6.2f} s")
+    print(
+        f"math reward worst case: {worst:.2f} s for one completion ({worst_name}); "
+        f"{worst / (elapsed / len(scores)):.0f}x a realistic completion"
+    )
+
+
+def judge_throughput(port: int, model: str, concurrency: int, max_new_tokens: int) -> tuple[float, int]:
+    cfg = compose_config([
+        "reward=judge", "judge=openai", f"judge.model={model}", f"judge.base_url=http://127.0.0.1:{port}/v1",
+        f"judge.concurrency={concurrency}", f"judge.max_new_tokens={max_new_tokens}", "judge.retries=0",
+        "judge.timeout=120",
+    ])  # fmt: skip
+    settings = OmegaConf.to_container(cfg.reward.components.judge, resolve=True, enum_to_str=True)
+    reward = make_judge_reward(settings["scorer"], settings["cache_dir"])
+    prompts = [[{"role": "user", "content": f"What is {i} + {i + 1}?"}] for i in range(PAIRS)]
+    completions = [chat(f"{i} + {i + 1} = {2 * i + 1}") for i in range(PAIRS)]
+    started = time.perf_counter()
+    scores = asyncio.run(reward(prompts=prompts, completions=completions))
+    return PAIRS / (time.perf_counter() - started), sum(s is not None for s in scores)
+
+
+def bench_judge(label: str, server, port: int, model: str, max_new_tokens: int) -> None:
+    with server:
+        judge_throughput(port, model, 1, max_new_tokens)  # warm-up (model load, caches)
+        rates = {}
+        for concurrency in (1, 8, 1, 8):  # alternated, so that drift hits both alike
+            rate, parsed = judge_throughput(port, model, concurrency, max_new_tokens)
+            rates.setdefault(concurrency, []).append(rate)
+    one, eight = statistics.mean(rates[1]), statistics.mean(rates[8])
+    print(
+        f"judge openai backend, {label}: {one:.2f} pairs/s at concurrency 1, {eight:.2f} at 8 "
+        f"-> ratio {eight / one:.2f}x ({PAIRS} pairs per call, {parsed}/{PAIRS} replies parsed as rubric JSON)"
+    )
+
+
+def main() -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    print(f"machine: {os.cpu_count()} CPUs")
+    bench_math()
+    port = free_port()
+    bench_judge("llama.cpp server, SmolLM2-135M GGUF", llama_cpp_server(port), port, LLAMA_ALIAS, 48)
+    port = free_port()
+    stub = stub_server("good", port, env={**os.environ, "latency": str(STUB_LATENCY)})
+    bench_judge(f"stub endpoint with {STUB_LATENCY} s latency", stub, port, "stub", 48)
+
+
+if __name__ == "__main__":
+    main()
