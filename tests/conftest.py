@@ -21,12 +21,15 @@ def compose_config(overrides: list[str] | None = None):
         return compose("config", overrides=overrides or [])
 
 
-def run_cli(*args: str, module: str = "grpo_exp.train", timeout: int = 900) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, module: str = "grpo_exp.train", timeout: int = 900, env: dict | None = None
+) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", module, *args],
         capture_output=True,
         text=True,
         timeout=timeout,
+        env={**os.environ, **(env or {})},
     )
 
 

@@ -7,6 +7,7 @@ It speaks real HTTP on 127.0.0.1, so the judge's client code runs unchanged. Mod
   flaky    the first request of each distinct prompt fails with HTTP 500, the next succeeds
   slow     replies after 5 seconds (longer than the tests' timeout)
 A `latency` environment variable (seconds) delays every reply: the benchmark's network-bound judge.
+An `expected_key` environment variable makes it answer 401 to requests without that bearer key.
 """
 
 import hashlib
@@ -18,6 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 MODE = sys.argv[1]
 LATENCY = float(os.environ.get("latency", "0"))
+EXPECTED_KEY = os.environ.get("expected_key")
 SEEN: set[str] = set()
 
 
@@ -35,6 +37,8 @@ class Handler(BaseHTTPRequestHandler):
         request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         text = request["messages"][-1]["content"]
         time.sleep(LATENCY + (5 if MODE == "slow" else 0))
+        if EXPECTED_KEY and self.headers.get("Authorization") != f"Bearer {EXPECTED_KEY}":
+            return self._send(401, b'{"error": {"message": "bad key"}}')
         if MODE == "garbage":
             return self._send(200, b"<html>definitely not json")
         if MODE == "flaky" and text not in SEEN:

@@ -3,6 +3,7 @@ embedded GGUF, and a stub that fails on purpose), the `local` backend, and robus
 
 import asyncio
 import json
+import os
 
 import pytest
 from omegaconf import OmegaConf
@@ -128,21 +129,28 @@ def test_local_backend_scores_a_batch_with_a_frozen_model():
     assert metrics == {"judge/failures": 2.0, "judge/requests": 4.0, "judge/unique_pairs": 2.0}
 
 
-def test_tiny_training_with_math_format_judge_runs_end_to_end_and_learns_from_the_judge(tmp_path):
-
+def test_tiny_training_with_math_format_judge_learns_from_the_judge_and_never_stores_the_key(tmp_path):
+    secret = "sk-grpo-exp-test-0123456789"
     port = free_port()
     run_dir = tmp_path / "run"
-    with stub_server("good", port):
+    with stub_server("good", port, env={**os.environ, "expected_key": secret}):
         result = run_cli(
             *TINY_RUN, "reward=math+format+judge", "judge=openai", "judge.model=stub",
-            f"judge.base_url=http://127.0.0.1:{port}/v1", "logger=none", "eval.before=false",
-            f"hydra.run.dir={run_dir}",
+            f"judge.base_url=http://127.0.0.1:{port}/v1", "judge.api_key_env=GRPO_EXP_TEST_KEY", "logger=wandb",
+            "eval.before=false", f"hydra.run.dir={run_dir}",
+            env={"GRPO_EXP_TEST_KEY": secret},
         )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     steps = [m for m in read_metrics(run_dir / "metrics.jsonl") if "rewards/judge/mean" in m]
     assert len(steps) == 2
+    # No failures: the server, which refuses requests without the key, got it on every request.
     assert all(m["judge/failures"] == 0 and 0.2 <= m["rewards/judge/mean"] <= 1.0 for m in steps)
     assert any(m["grad_norm"] > 0 for m in steps)  # the judge's spread within groups drives the update
+    # ...and the key is nowhere in the run: config, logs, metrics, Hydra's records, the W&B run.
+    for path in run_dir.rglob("*"):
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes(), path
+    assert secret not in result.stdout + result.stderr
 
 
 def test_tiny_training_with_the_local_judge_runs_end_to_end(tmp_path):
