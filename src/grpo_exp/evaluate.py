@@ -19,9 +19,18 @@ class EvalResult:
 
 @torch.no_grad()
 def generate_completions(
-    model, tokenizer, prompts: list, max_new_tokens: int, batch_size: int, desc: str | None, temperature: float = 0.0
+    model,
+    tokenizer,
+    prompts: list,
+    max_new_tokens: int,
+    batch_size: int,
+    desc: str | None,
+    temperature: float = 0.0,
+    stop_strings: list[str] | None = None,
 ) -> list[str]:
-    """Completions for chat prompts, batched with left padding: greedy at temperature 0, else sampled."""
+    """Completions for chat prompts, batched with left padding: greedy at temperature 0, else sampled.
+
+    Generation of a sequence ends at EOS or at the first of `stop_strings` (kept in the text)."""
     was_training, padding_side = model.training, tokenizer.padding_side
     model.eval()
     tokenizer.padding_side = "left"
@@ -40,6 +49,8 @@ def generate_completions(
                 temperature=temperature or None,
                 top_p=None,
                 top_k=None,
+                stop_strings=stop_strings,
+                tokenizer=tokenizer if stop_strings else None,
             )
             new_tokens = output[:, batch["input_ids"].shape[1] :]
             completions += tokenizer.batch_decode(new_tokens, skip_special_tokens=True)

@@ -50,8 +50,16 @@ class LocalJudge:
 
         if self._model is None:
             self._load()
+        # The rubric JSON is flat: generation can stop at its closing brace instead of running to the limit.
         return generate_completions(
-            self._model, self._tokenizer, conversations, self.cfg.max_new_tokens, self.cfg.batch_size, None, temperature
+            self._model,
+            self._tokenizer,
+            conversations,
+            self.cfg.max_new_tokens,
+            self.cfg.batch_size,
+            None,
+            temperature,
+            stop_strings=["}"],
         )
 
 
