@@ -44,3 +44,16 @@ def test_reward_trend_compares_first_and_last_quarter():
     metrics = [{"reward": r} for r in [0.0, 0.0, 0.5, 0.5, 0.5, 0.5, 1.0, 1.0]] + [{"loss": 1.0}]
     assert reward_trend(metrics) == (0.0, 1.0)
     assert all(math.isnan(v) for v in reward_trend([]))
+
+
+def test_swept_keys_come_from_sweep_syntax_and_sweeper_params():
+    from grpo_exp.tracking import swept_keys
+
+    overrides = ["model=tiny", "trainer.beta=0.0,0.04", "reward=math,math+format", "trainer.seed=range(1,3)"]
+    assert swept_keys(overrides, {"trainer.learning_rate": "interval(1e-6, 1e-4)"}) == {
+        "trainer.beta",
+        "reward",
+        "trainer.seed",
+        "trainer.learning_rate",
+    }
+    assert run_name(["model=tiny", "trainer.beta=0.04"], {"trainer.beta"}) == "trainer.beta=0.04"

@@ -45,11 +45,11 @@ def test_tiny_training_updates_the_weights_and_writes_the_run_directory(tmp_path
     assert "wandb sync" in result.stdout
 
 
-def test_multirun_over_reward_mixes_runs_every_job(tmp_path):
+def test_multirun_over_reward_mixes_runs_every_job_as_one_wandb_group(tmp_path):
     result = run_cli(
         "-m",
         *TINY_RUN,
-        "logger=none",
+        "logger=wandb",
         "eval.before=false",
         "reward=math+length,format+length",
         "trainer.num_generations=2,3",
@@ -62,7 +62,12 @@ def test_multirun_over_reward_mixes_runs_every_job(tmp_path):
     for job in jobs:
         saved = yaml.safe_load((job / "config.yaml").read_text())
         seen.add(("+".join(saved["reward"]["components"]), saved["trainer"]["num_generations"]))
-        assert json.loads((job / "summary.json").read_text())["num_generations"] == saved["trainer"]["num_generations"]
+        summary = json.loads((job / "summary.json").read_text())
+        assert summary["num_generations"] == saved["trainer"]["num_generations"]
+        # W&B: named by what the sweep varies only, one group for the sweep, job type train
+        mix = "+".join(saved["reward"]["components"])
+        assert summary["wandb_name"] == f"reward={mix},trainer.num_generations={saved['trainer']['num_generations']}"
+        assert summary["wandb_group"] == tmp_path.as_posix()[-128:] and summary["wandb_job_type"] == "train"
     assert seen == {(m, g) for m in ("math+length", "format+length") for g in (2, 3)}
 
 

@@ -8,10 +8,8 @@ from pathlib import Path
 
 import torch
 from datasets import Dataset
-from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from transformers import set_seed
-from trl import GRPOTrainer
 
 from grpo_exp.build import check_trainer, grpo_config
 from grpo_exp.data import check_data_files, load_splits
@@ -20,7 +18,8 @@ from grpo_exp.evaluate import EvalResult, heldout_accuracy
 from grpo_exp.models import check_reachable, describe, load_model, load_tokenizer, lora_config, torch_dtype
 from grpo_exp.report import build_summary, print_summary, write_summary
 from grpo_exp.rewards import build_rewards
-from grpo_exp.tracking import METRICS_FILE, MetricsFileCallback, Tracker, redact, report_to, run_name
+from grpo_exp.tracking import METRICS_FILE, MetricsFileCallback, Tracker, redact, report_to, run_identity
+from grpo_exp.trainer import GRPOExpTrainer
 from grpo_exp.verification import Verifier, build_verifier
 
 log = logging.getLogger("grpo_exp.train")
@@ -66,8 +65,7 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
     resolved = redact(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(resolved), encoding="utf-8")
     choices = {k: v for k, v in hydra_cfg.runtime.choices.items() if not k.startswith("hydra") and v}
-    name = run_name(list(hydra_cfg.overrides.task))
-    group = hydra_cfg.sweep.dir if hydra_cfg.mode == RunMode.MULTIRUN else None
+    name, group = run_identity(hydra_cfg)
 
     set_seed(cfg.trainer.seed)
     train_set, heldout = load_splits(cfg.dataset)
@@ -79,7 +77,10 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
     failed = True
     try:
         before = evaluate(model, tokenizer, heldout, verifier, cfg, run_dir, "before") if cfg.eval.before else None
-        trainer = GRPOTrainer(
+        trainer = GRPOExpTrainer(
+            verifier=verifier,
+            stats_cfg=cfg.stats,
+            samples_path=run_dir / "samples.jsonl",
             model=model,
             reward_funcs=reward_funcs,
             args=args,
@@ -99,23 +100,26 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
         checkpoint = run_dir / "checkpoint-final" if cfg.save_model else None
         if checkpoint:
             trainer.save_model(str(checkpoint))
-        summary = build_summary(
-            cfg,
-            name=name,
-            model=describe(cfg.model, trainer.model),
-            sizes=(len(train_set), len(heldout)),
-            steps=trainer.state.global_step,
-            train_seconds=train_seconds,
-            accuracy=(_accuracy(before), _accuracy(after)),
-            paths={
-                "run_dir": run_dir,
-                "config": run_dir / "config.yaml",
-                "metrics": run_dir / METRICS_FILE,
-                "log": run_dir / f"{hydra_cfg.job.name}.log",
-                "checkpoint": checkpoint,
-                "wandb": tracker.run_path,
-            },
-            wandb_sync=tracker.sync_command(),
+        summary = (
+            build_summary(
+                cfg,
+                name=name,
+                model=describe(cfg.model, trainer.model),
+                sizes=(len(train_set), len(heldout)),
+                steps=trainer.state.global_step,
+                train_seconds=train_seconds,
+                accuracy=(_accuracy(before), _accuracy(after)),
+                paths={
+                    "run_dir": run_dir,
+                    "config": run_dir / "config.yaml",
+                    "metrics": run_dir / METRICS_FILE,
+                    "log": run_dir / f"{hydra_cfg.job.name}.log",
+                    "checkpoint": checkpoint,
+                    "wandb": tracker.run_path,
+                },
+                wandb_sync=tracker.sync_command(),
+            )
+            | tracker.identity()
         )
         write_summary(summary, run_dir / "summary.json")
         tracker.summary({k: v for k, v in summary.items() if isinstance(v, int | float)})

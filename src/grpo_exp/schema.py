@@ -194,6 +194,13 @@ class EvalSchema:
 
 
 @dataclass
+class StatsSchema:
+    enabled: bool = True
+    table_every: int = 10  # steps between samples of whole groups (W&B table and samples.jsonl)
+    table_groups: int = 2  # groups per sample
+
+
+@dataclass
 class LoggerSchema:
     backend: LoggerBackend = LoggerBackend.wandb
     project: str = "grpo_exp"
@@ -212,6 +219,7 @@ class Schema:
     trainer: TrainerSchema = MISSING
     logger: LoggerSchema = MISSING
     eval: EvalSchema = field(default_factory=EvalSchema)
+    stats: StatsSchema = field(default_factory=StatsSchema)
     # Where materialised models are kept between runs.
     cache_dir: str = MISSING
     save_model: bool = True

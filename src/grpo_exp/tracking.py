@@ -37,9 +37,42 @@ def _is_secret_key(key: Any) -> bool:
     return any(marker in key for marker in SECRET_MARKERS) and not key.endswith("_env")
 
 
-def run_name(task_overrides: list[str]) -> str:
-    """A run is named by what differs from the defaults: its command-line overrides."""
-    return ",".join(o.lstrip("+~") for o in task_overrides if not o.lstrip("+~").startswith("hydra.")) or "defaults"
+def run_name(task_overrides: list[str], swept: set[str] | None = None) -> str:
+    """A run is named by what differs: in a sweep, its values of the swept keys; else its overrides."""
+    overrides = [o.lstrip("+~") for o in task_overrides if not o.lstrip("+~").startswith("hydra.")]
+    if swept:
+        overrides = [o for o in overrides if o.split("=", 1)[0] in swept]
+    return ",".join(overrides) or "defaults"
+
+
+def swept_keys(sweep_overrides: list[str], sweeper_params: dict | None = None) -> set[str]:
+    """The keys a multirun sweeps: command-line overrides with several values, and hydra.sweeper.params."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(sweep_overrides)
+    return {o.get_key_element().lstrip("+~") for o in parsed if o.is_sweep_override()} | set(sweeper_params or {})
+
+
+def run_identity(hydra_cfg) -> tuple[str, str | None]:
+    """(W&B run name, W&B group): a sweep is one group, named after its directory; its runs by what differs."""
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    task = list(hydra_cfg.overrides.task)
+    if hydra_cfg.mode != RunMode.MULTIRUN:
+        return run_name(task), None
+    sweep_dir = Path(hydra_cfg.sweep.dir)
+    sweep_record = sweep_dir / "multirun.yaml"  # written by Hydra when the sweep starts: the original overrides
+    swept: set[str] = set()
+    if sweep_record.is_file():
+        record = OmegaConf.load(sweep_record)
+        params = OmegaConf.select(record, "hydra.sweeper.params")
+        swept = swept_keys(list(record.hydra.overrides.task), OmegaConf.to_container(params) if params else None)
+    try:
+        group = sweep_dir.resolve().relative_to(Path.cwd()).as_posix()
+    except ValueError:
+        group = sweep_dir.as_posix()
+    return run_name(task, swept), group[-128:]
 
 
 def has_wandb_credentials() -> bool:
@@ -115,6 +148,12 @@ class Tracker:
     @property
     def run_path(self) -> Path | None:
         return None if self.run is None else Path(self.run.dir).parent
+
+    def identity(self) -> dict:
+        """The run's name and group as W&B recorded them (read back from the run, not from our arguments)."""
+        if self.run is None:
+            return {}
+        return {"wandb_name": self.run.name, "wandb_group": self.run.group, "wandb_job_type": self.run.job_type}
 
     def summary(self, values: dict) -> None:
         if self.run is not None:

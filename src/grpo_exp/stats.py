@@ -1,0 +1,155 @@
+"""Group statistics: pure functions on [prompts, G] tensors (G = group size), no trainer state.
+
+GRPO learns only from the spread of rewards inside each group; these numbers show that spread per step.
+NaN marks a missing value (a reward component that skipped a sample, a correctness label that could not
+be decided) and is left out of every mean.
+"""
+
+import math
+import re
+from collections import Counter
+
+import torch
+
+from grpo_exp.rewards.text import boxed_content
+
+LAST_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def final_answer(text: str) -> str | None:
+    """A cheap final answer for diversity and majority votes: the \\boxed{} content, else the last number."""
+    boxed = boxed_content(text)
+    if boxed is not None:
+        return boxed.strip().replace(" ", "")
+    numbers = LAST_NUMBER.findall(text)
+    return numbers[-1].replace(",", "") if numbers else None
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k (Chen et al., 2021): P(at least one of k draws without replacement from n is correct)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def _nanmean(x: torch.Tensor) -> float:
+    return torch.nanmean(x.float()).item() if x.numel() else math.nan
+
+
+def reward_spread(rewards: torch.Tensor, prefix: str) -> dict[str, float]:
+    """rewards [P, G]: distribution of per-group mean and std, and the share of groups with no spread."""
+    group_mean = torch.nanmean(rewards, dim=1)
+    # std over the non-NaN members of each group (population std, as the spread GRPO normalises by)
+    centred = rewards - group_mean.unsqueeze(1)
+    group_std = torch.sqrt(torch.nanmean(centred**2, dim=1))
+    valid = ~torch.isnan(group_std)
+    zero_std = (group_std[valid] < 1e-6).float()
+    return {
+        f"{prefix}/group_mean/mean": _nanmean(group_mean),
+        f"{prefix}/group_std/mean": _nanmean(group_std),
+        f"{prefix}/group_std/min": group_std[valid].min().item() if valid.any() else math.nan,
+        f"{prefix}/group_std/max": group_std[valid].max().item() if valid.any() else math.nan,
+        f"{prefix}/frac_zero_std": _nanmean(zero_std),
+    }
+
+
+def correctness_stats(correct: torch.Tensor) -> dict[str, float]:
+    """correct [P, G] of 1/0/NaN: all-correct / all-wrong / mixed groups, pass@k and mean@k for k = 1..G."""
+    stats: dict[str, float] = {}
+    per_group = []
+    for row in correct:
+        labels = row[~torch.isnan(row)]
+        if labels.numel():
+            per_group.append((labels.numel(), int(labels.sum().item())))
+    if not per_group:
+        return stats
+    stats["groups/frac_all_correct"] = sum(c == n for n, c in per_group) / len(per_group)
+    stats["groups/frac_all_wrong"] = sum(c == 0 for n, c in per_group) / len(per_group)
+    stats["groups/frac_mixed"] = sum(0 < c < n for n, c in per_group) / len(per_group)
+    for k in range(1, max(n for n, _ in per_group) + 1):
+        eligible = [(n, c) for n, c in per_group if n >= k]
+        stats[f"groups/pass@{k}"] = sum(pass_at_k(n, c, k) for n, c in eligible) / len(eligible)
+    # mean@k: the expected accuracy of one sample, the same for every k (kept for the k the group allows)
+    stats["groups/mean@k"] = sum(c / n for n, c in per_group) / len(per_group)
+    return stats
+
+
+def majority_vote_accuracy(answers: list[list[str | None]], correct: torch.Tensor) -> float:
+    """Share of groups whose most frequent final answer is a correct one (ties: the first answer seen)."""
+    hits, counted = 0, 0
+    for group_answers, labels in zip(answers, correct.tolist(), strict=True):
+        voted = [(a, label) for a, label in zip(group_answers, labels, strict=True) if a is not None]
+        if not voted or all(math.isnan(label) for _, label in voted):
+            continue
+        top = Counter(a for a, _ in voted).most_common(1)[0][0]
+        hits += any(a == top and label == 1.0 for a, label in voted)
+        counted += 1
+    return hits / counted if counted else math.nan
+
+
+def advantage_stats(advantages: torch.Tensor) -> dict[str, float]:
+    """advantages [P, G]: mean |A|, the share exactly zero (no learning signal), mean per-group max - min."""
+    return {
+        "advantages/mean_abs": advantages.abs().mean().item(),
+        "advantages/frac_zero": (advantages == 0).float().mean().item(),
+        "advantages/group_range": (advantages.max(dim=1).values - advantages.min(dim=1).values).mean().item(),
+    }
+
+
+def _ngrams(text: str, n: int = 3) -> set[tuple[str, ...]]:
+    words = text.split()
+    return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
+
+
+def ngram_overlap(texts: list[str], n: int = 3) -> float:
+    """Mean pairwise Jaccard similarity of word n-gram sets within a group (1: identical, 0: nothing shared)."""
+    sets = [_ngrams(t, n) for t in texts]
+    pairs = [(a, b) for i, a in enumerate(sets) for b in sets[i + 1 :]]
+    scores = [len(a & b) / len(a | b) for a, b in pairs if a | b]
+    return sum(scores) / len(scores) if scores else math.nan
+
+
+def diversity_stats(texts: list[list[str]], answers: list[list[str | None]]) -> dict[str, float]:
+    """Within-group diversity: distinct final answers and distinct completions per member, n-gram overlap."""
+    distinct_answers = [len({a for a in group if a is not None}) / len(group) for group in answers]
+    distinct_texts = [len(set(group)) / len(group) for group in texts]
+    overlaps = [o for o in (ngram_overlap(group) for group in texts) if not math.isnan(o)]
+    return {
+        "diversity/distinct_answers": sum(distinct_answers) / len(distinct_answers),
+        "diversity/distinct_completions": sum(distinct_texts) / len(distinct_texts),
+        "diversity/ngram_overlap": sum(overlaps) / len(overlaps) if overlaps else math.nan,
+    }
+
+
+def length_by_correctness(lengths: torch.Tensor, correct: torch.Tensor) -> dict[str, float]:
+    """Mean completion length (tokens) of correct and of incorrect completions."""
+    return {
+        "completions/length_correct": _nanmean(lengths[correct == 1.0]),
+        "completions/length_incorrect": _nanmean(lengths[correct == 0.0]),
+    }
+
+
+def group_statistics(
+    rewards: torch.Tensor,
+    names: list[str],
+    total: torch.Tensor,
+    advantages: torch.Tensor,
+    correct: torch.Tensor,
+    texts: list[list[str]],
+    lengths: torch.Tensor,
+) -> dict[str, float]:
+    """All group statistics of one generation batch.
+
+    rewards [P, G, C] per component (NaN: skipped), total [P, G] weighted reward, advantages [P, G],
+    correct [P, G] (1/0/NaN), texts [P][G] completions, lengths [P, G] completion tokens.
+    """
+    stats = reward_spread(total, "groups/reward")
+    for index, name in enumerate(names):
+        stats |= reward_spread(rewards[:, :, index], f"groups/{name}")
+    answers = [[final_answer(t) for t in group] for group in texts]
+    stats |= correctness_stats(correct)
+    stats["groups/maj@k"] = majority_vote_accuracy(answers, correct)
+    stats |= advantage_stats(advantages)
+    stats |= diversity_stats(texts, answers)
+    stats |= length_by_correctness(lengths, correct)
+    return stats

@@ -1,0 +1,105 @@
+"""Group statistics against hand-computed values on small tensors."""
+
+import math
+
+import pytest
+import torch
+
+from grpo_exp.stats import (
+    advantage_stats,
+    correctness_stats,
+    diversity_stats,
+    final_answer,
+    group_statistics,
+    length_by_correctness,
+    majority_vote_accuracy,
+    ngram_overlap,
+    pass_at_k,
+    reward_spread,
+)
+
+nan = math.nan
+
+
+def test_pass_at_k_unbiased_estimator():
+    assert pass_at_k(4, 0, 2) == 0.0
+    assert pass_at_k(4, 4, 1) == 1.0
+    assert pass_at_k(4, 1, 1) == 0.25
+    assert pass_at_k(4, 1, 2) == pytest.approx(1 - 3 / 6)  # 1 - C(3,2)/C(4,2)
+    assert pass_at_k(4, 3, 2) == 1.0  # fewer than k wrong answers: always a hit
+
+
+def test_reward_spread_of_groups_of_two_with_a_skipped_sample():
+    rewards = torch.tensor([[1.0, 0.0], [0.5, 0.5], [1.0, nan]])
+    stats = reward_spread(rewards, "r")
+    # group means 0.5, 0.5, 1.0; population stds 0.5, 0, 0 (the NaN member is left out)
+    assert stats["r/group_mean/mean"] == pytest.approx(2 / 3)
+    assert stats["r/group_std/mean"] == pytest.approx(0.5 / 3)
+    assert stats["r/group_std/max"] == 0.5 and stats["r/group_std/min"] == 0.0
+    assert stats["r/frac_zero_std"] == pytest.approx(2 / 3)
+
+
+def test_groups_of_size_one_have_no_spread():
+    stats = reward_spread(torch.tensor([[1.0], [0.0]]), "r")
+    assert stats["r/frac_zero_std"] == 1.0 and stats["r/group_std/mean"] == 0.0
+    assert correctness_stats(torch.tensor([[1.0], [0.0]]))["groups/pass@1"] == 0.5
+
+
+def test_correctness_stats_hand_computed():
+    correct = torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [nan, nan, nan]])
+    stats = correctness_stats(correct)
+    assert stats["groups/frac_all_correct"] == pytest.approx(1 / 3)
+    assert stats["groups/frac_all_wrong"] == pytest.approx(1 / 3)
+    assert stats["groups/frac_mixed"] == pytest.approx(1 / 3)
+    assert stats["groups/pass@1"] == pytest.approx((1 + 0 + 1 / 3) / 3)
+    assert stats["groups/pass@2"] == pytest.approx((1 + 0 + (1 - 1 / 3)) / 3)  # 1 - C(2,2)/C(3,2)
+    assert stats["groups/pass@3"] == pytest.approx(2 / 3)
+    assert stats["groups/mean@k"] == pytest.approx((1 + 0 + 1 / 3) / 3)
+    assert correctness_stats(torch.full((2, 2), nan)) == {}
+
+
+def test_majority_vote():
+    answers = [["4", "4", "5"], ["7", "8", "8"], [None, None, None]]
+    correct = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    assert majority_vote_accuracy(answers, correct) == 0.5  # group 1 right, group 2 wrong, group 3 no answers
+
+
+def test_advantage_stats():
+    stats = advantage_stats(torch.tensor([[1.0, -1.0], [0.0, 0.0]]))
+    assert stats == {"advantages/mean_abs": 0.5, "advantages/frac_zero": 0.5, "advantages/group_range": 1.0}
+
+
+def test_diversity_and_overlap():
+    assert ngram_overlap(["a b c d", "a b c d"]) == 1.0
+    assert ngram_overlap(["a b c d", "x y z w"]) == 0.0
+    assert math.isnan(ngram_overlap(["a b c d"]))
+    stats = diversity_stats([["a b c", "a b c"], ["x", "y"]], [["1", "1"], ["2", None]])
+    assert stats["diversity/distinct_answers"] == pytest.approx((1 / 2 + 1 / 2) / 2)
+    assert stats["diversity/distinct_completions"] == pytest.approx((1 / 2 + 1) / 2)
+    assert stats["diversity/ngram_overlap"] == 1.0  # only the first group has 3-grams
+
+
+def test_length_by_correctness_and_final_answer():
+    stats = length_by_correctness(torch.tensor([[10.0, 20.0], [30.0, 40.0]]), torch.tensor([[1.0, 0.0], [nan, 0.0]]))
+    assert stats == {"completions/length_correct": 10.0, "completions/length_incorrect": 30.0}
+    assert final_answer("so \\boxed{ 1 2 } ok") == "12"
+    assert final_answer("it is 1,234 then 5.5") == "5.5"
+    assert final_answer("none") is None
+
+
+def test_group_statistics_composes_everything():
+    rewards = torch.tensor([[[1.0, 0.2], [0.0, 0.2]], [[0.0, 0.0], [0.0, nan]]])
+    total = rewards[:, :, 0] + rewards[:, :, 1].nan_to_num()
+    stats = group_statistics(
+        rewards,
+        ["math", "format"],
+        total,
+        torch.tensor([[1.0, -1.0], [0.0, 0.0]]),
+        torch.tensor([[1.0, 0.0], [0.0, 0.0]]),
+        [["\\boxed{3}", "\\boxed{4}"], ["5", "5"]],
+        torch.tensor([[5.0, 7.0], [9.0, 11.0]]),
+    )
+    assert stats["groups/math/frac_zero_std"] == 0.5
+    assert stats["groups/format/group_mean/mean"] == pytest.approx(0.1)
+    assert stats["groups/pass@2"] == 0.5 and stats["groups/maj@k"] == 0.5
+    assert stats["completions/length_correct"] == 5.0
