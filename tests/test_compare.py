@@ -1,0 +1,49 @@
+"""The compare tool and its notebook, on a small real multirun of the tiny model made here."""
+
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from grpo_exp.compare import main as compare_main
+from grpo_exp.paths import REPO_ROOT
+from tests.conftest import run_cli
+
+
+@pytest.fixture(scope="module")
+def tiny_sweep(tmp_path_factory):
+    sweep = tmp_path_factory.mktemp("sweep")
+    result = run_cli(
+        "-m", "+experiment=smoke", "trainer.num_generations=2,3", "trainer.max_steps=3", f"hydra.sweep.dir={sweep}"
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return sweep
+
+
+def test_compare_writes_a_table_and_plots_of_the_sweep(tiny_sweep, capsys):
+    assert compare_main([str(tiny_sweep)]) == 0
+    printed = capsys.readouterr().out
+    assert "trainer.num_generations" in printed  # the swept parameter is a column
+    rows = (tiny_sweep / "compare" / "comparison.csv").read_text().splitlines()
+    assert rows[0].startswith("run,trainer.num_generations,steps,final reward,best reward")
+    assert len(rows) == 3 and {r.split(",")[1] for r in rows[1:]} == {"2", "3"}
+    assert all(r.split(",")[2] == "3" for r in rows[1:])  # three steps each
+    plot = tiny_sweep / "compare" / "reward.png"
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tiny_sweep / "compare" / "groups_pass_at_1.png").is_file()
+
+
+def test_compare_refuses_a_directory_without_runs(tmp_path):
+    with pytest.raises(SystemExit):
+        compare_main([str(tmp_path)])
+
+
+def test_the_notebook_runs_on_the_sweep(tiny_sweep, monkeypatch):
+    monkeypatch.setenv("GRPO_EXP_RUNS", str(tiny_sweep))
+    notebook = nbformat.read(REPO_ROOT / "notebooks" / "compare_runs.ipynb", as_version=4)
+    NotebookClient(
+        notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(REPO_ROOT)}}
+    ).execute()
+    outputs = "".join(o.get("text", "") for cell in notebook.cells for o in cell.get("outputs", []))
+    assert "2 runs under" in outputs and "['trainer.num_generations']" in outputs
+    assert any("image/png" in o.get("data", {}) for cell in notebook.cells for o in cell.get("outputs", []))
