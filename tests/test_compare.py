@@ -1,6 +1,5 @@
 """The compare tool and its notebook, on a small real multirun of the tiny model made here."""
 
-
 import nbformat
 import pytest
 from nbclient import NotebookClient

@@ -1,6 +1,14 @@
-"""Held-out evaluation: greedy accuracy of a model on a dataset split, judged by a verifier."""
+"""Held-out evaluation: greedy accuracy, and pass@k / maj@k from k samples, judged by a verifier.
+
+    python -m grpo_exp.evaluate outputs/runs/<date>/<time>          # a run directory: its config and checkpoint
+    python -m grpo_exp.evaluate path/to/checkpoint dataset=chain_sum  # a checkpoint, with any overrides
+    python -m grpo_exp.evaluate model=smollm2_135m eval.samples=8     # a model config
+
+Training calls `heldout_accuracy` for its before/after summary.
+"""
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from datasets import Dataset
@@ -72,3 +80,108 @@ def heldout_accuracy(
     ]
     correct = sum(scored)
     return EvalResult(correct / len(scored) if scored else float("nan"), correct, len(scored), samples)
+
+
+def sampled_metrics(
+    model, tokenizer, dataset: Dataset, verifier: Verifier, samples: int, temperature: float, max_new_tokens: int,
+    batch_size: int,
+) -> dict[str, float]:  # fmt: skip
+    """pass@1..k (unbiased) and maj@k from k sampled completions per problem."""
+    from grpo_exp.stats import correctness_stats, final_answer, majority_vote_accuracy
+
+    prompts = [p for p in dataset["prompt"] for _ in range(samples)]
+    solutions = [s for s in dataset["solution"] for _ in range(samples)]
+    texts = generate_completions(
+        model, tokenizer, prompts, max_new_tokens, batch_size, f"held-out samples (k={samples})", temperature
+    )
+    labels = [float("nan") if label is None else float(label) for label in verifier(texts, solutions)]
+    correct = torch.tensor(labels).view(-1, samples)
+    answers = [[final_answer(t) for t in texts[i : i + samples]] for i in range(0, len(texts), samples)]
+    stats = {k.removeprefix("groups/"): v for k, v in correctness_stats(correct).items() if "@" in k}
+    return stats | {f"maj@{samples}": majority_vote_accuracy(answers, correct)}
+
+
+def resolve_source(argv: list[str]) -> tuple[list[str], Path]:
+    """(Hydra overrides, output directory) for a run directory, a checkpoint, or a plain model config."""
+    import time
+
+    import yaml
+
+    from grpo_exp.errors import UserError
+
+    if not argv or "=" in argv[0]:
+        return argv, Path("outputs") / "eval" / time.strftime("%Y-%m-%d_%H-%M-%S")
+    source, overrides = Path(argv[0]), argv[1:]
+    if (source / ".hydra" / "overrides.yaml").is_file() and (source / "checkpoint-final").is_dir():
+        # Re-compose the run's own config (its overrides), then point the model at its final checkpoint.
+        run_overrides = yaml.safe_load((source / ".hydra" / "overrides.yaml").read_text()) or []
+        checkpoint = source / "checkpoint-final"
+        kept = [o for o in run_overrides if not o.lstrip("+~").startswith("hydra.")]
+    elif (source / "config.json").is_file():
+        checkpoint, kept = source, []
+    else:
+        raise UserError(f"{source}: not a grpo_exp run directory (with checkpoint-final/) nor a model checkpoint")
+    model = ["model.source=pretrained", f"model.name_or_path={checkpoint.resolve()}", "model.lora.enabled=false"]
+    return kept + model + overrides, source
+
+
+def main(argv: list[str] | None = None) -> dict:
+    import json
+    import sys
+    import warnings
+
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+    from rich.console import Console
+    from rich.table import Table
+
+    from grpo_exp.data import load_splits
+    from grpo_exp.models import check_reachable, load_model, load_tokenizer
+    from grpo_exp.paths import CONF_DIR
+    from grpo_exp.schema import register_schemas
+    from grpo_exp.tracking import Tracker, redact
+    from grpo_exp.verification import build_verifier
+
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    register_schemas()
+    overrides, out_dir = resolve_source(sys.argv[1:] if argv is None else argv)
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=overrides)
+    verifier = build_verifier(cfg.verifier.name)
+    check_reachable(cfg.model)
+    _, heldout = load_splits(cfg.dataset)
+    tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
+    model = load_model(cfg.model, tokenizer, cfg.cache_dir, cfg.trainer.seed)
+    max_new_tokens = cfg.eval.max_new_tokens or cfg.trainer.max_completion_length
+    greedy = heldout_accuracy(model, tokenizer, heldout, verifier, max_new_tokens, cfg.eval.batch_size, "greedy")
+    results = {"model": cfg.model.name_or_path or cfg.model.name, "dataset": cfg.dataset.name,
+               "problems": greedy.scored, "greedy accuracy": greedy.accuracy}  # fmt: skip
+    if cfg.eval.samples > 0:
+        torch.manual_seed(cfg.trainer.seed)
+        results |= sampled_metrics(
+            model, tokenizer, heldout, verifier, cfg.eval.samples, cfg.eval.temperature, max_new_tokens,
+            cfg.eval.batch_size,
+        )  # fmt: skip
+    out_dir.mkdir(parents=True, exist_ok=True)
+    as_json = {k: None if isinstance(v, float) and v != v else v for k, v in results.items()}  # NaN -> null
+    (out_dir / "evaluation.json").write_text(json.dumps(as_json, indent=2) + "\n", encoding="utf-8")
+    table = Table(title=f"held-out evaluation ({cfg.dataset.name})", show_header=False)
+    for key, value in results.items():
+        table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
+    Console(width=120).print(table)
+    print(f"Written to {out_dir / 'evaluation.json'}")
+    if cfg.eval.log_to_wandb:
+        config = redact(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
+        tracker = Tracker(cfg.logger, out_dir, f"eval:{results['model']}", None, [], config, job_type="eval")
+        tracker.summary({k: v for k, v in results.items() if isinstance(v, int | float)})
+        tracker.finish(failed=False)
+    return results
+
+
+if __name__ == "__main__":
+    from grpo_exp.errors import UserError
+
+    try:
+        main()
+    except UserError as err:
+        raise SystemExit(f"Error: {err}") from None

@@ -191,6 +191,10 @@ class EvalSchema:
     batch_size: int = 16
     # null: the trainer's max_completion_length.
     max_new_tokens: int | None = None
+    # `python -m grpo_exp.evaluate` only: k sampled completions per problem for pass@k and maj@k (0: greedy only).
+    samples: int = 4
+    temperature: float = 1.0
+    log_to_wandb: bool = False
 
 
 @dataclass

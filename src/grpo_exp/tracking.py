@@ -123,7 +123,16 @@ def report_to(logger_cfg) -> str:
 class Tracker:
     """The W&B run of one training job (a no-op with logger=none)."""
 
-    def __init__(self, logger_cfg, run_dir: Path, name: str, group: str | None, tags: list[str], config: dict):
+    def __init__(
+        self,
+        logger_cfg,
+        run_dir: Path,
+        name: str,
+        group: str | None,
+        tags: list[str],
+        config: dict,
+        job_type: str = "train",
+    ):
         self.run = None
         self.mode = "disabled"
         if report_to(logger_cfg) == "none":
@@ -137,7 +146,7 @@ class Tracker:
             entity=logger_cfg.entity,
             name=name,
             group=group,
-            job_type="train",
+            job_type=job_type,
             tags=[*logger_cfg.tags, *tags],
             config=redact(config),
             mode=self.mode,

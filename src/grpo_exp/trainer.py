@@ -9,6 +9,7 @@ W&B table and to samples.jsonl in the run directory.
 
 import json
 import math
+import time
 from pathlib import Path
 
 import torch
@@ -30,7 +31,10 @@ class GRPOExpTrainer(GRPOTrainer):
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
         if self.stats_cfg.enabled and self.model.training:
+            started = time.perf_counter()
             self._record_group_statistics(inputs, output)
+            # Our own cost, logged beside TRL's step_time so that the overhead is always visible.
+            self._metrics["train"]["timing/group_stats_s"].append(time.perf_counter() - started)
         return output
 
     def _record_group_statistics(self, inputs, output) -> None:

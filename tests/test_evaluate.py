@@ -1,0 +1,54 @@
+"""`python -m grpo_exp.evaluate` on a run directory, a checkpoint and a model config."""
+
+import json
+
+import pytest
+
+from tests.conftest import run_cli
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("run")
+    result = run_cli("+experiment=smoke", "eval.before=false", "eval.after=false", f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir
+
+
+def test_evaluate_a_run_directory_with_samples(tiny_run):
+    result = run_cli(str(tiny_run), "eval.samples=2", module="grpo_exp.evaluate")
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = json.loads((tiny_run / "evaluation.json").read_text())
+    assert results["model"] == str((tiny_run / "checkpoint-final").resolve())
+    assert results["problems"] == 4  # the run's own held-out split (experiment=smoke: eval_size 4)
+    assert {"greedy accuracy", "pass@1", "pass@2", "maj@2"} <= set(results)
+    assert "greedy accuracy" in result.stdout
+
+
+def test_evaluate_a_checkpoint_and_a_model_config(tiny_run, tmp_path, monkeypatch):
+    checkpoint = tiny_run / "checkpoint-final"
+    result = run_cli(str(checkpoint), "dataset.eval_size=3", "eval.samples=0", module="grpo_exp.evaluate")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((checkpoint / "evaluation.json").read_text())["problems"] == 3
+    monkeypatch.chdir(tmp_path)
+    result = run_cli("model=tiny", "dataset.eval_size=2", "eval.samples=0", module="grpo_exp.evaluate")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert len(list(tmp_path.glob("outputs/eval/*/evaluation.json"))) == 1
+
+
+def test_evaluate_refuses_what_is_not_a_run_or_checkpoint(tmp_path):
+    result = run_cli(str(tmp_path), module="grpo_exp.evaluate")
+    assert result.returncode != 0 and "not a grpo_exp run directory" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_evaluate_the_embedded_model(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    overrides = ["dataset.eval_size=8", "eval.samples=2", "trainer.max_completion_length=48"]
+    result = run_cli(*overrides, module="grpo_exp.evaluate")
+    assert result.returncode == 0, result.stderr[-3000:]
+    (path,) = tmp_path.glob("outputs/eval/*/evaluation.json")
+    results = json.loads(path.read_text())
+    assert results["problems"] == 8
+    assert 0.0 <= results["pass@1"] <= results["pass@2"] <= 1.0
