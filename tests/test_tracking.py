@@ -57,3 +57,28 @@ def test_swept_keys_come_from_sweep_syntax_and_sweeper_params():
         "trainer.learning_rate",
     }
     assert run_name(["model=tiny", "trainer.beta=0.04"], {"trainer.beta"}) == "trainer.beta=0.04"
+
+
+def test_an_offline_wandb_run_is_created_and_finished_even_on_failure(tmp_path, monkeypatch):
+    import wandb
+
+    from grpo_exp.schema import LoggerBackend, WandbMode
+    from grpo_exp.tracking import Tracker
+
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc credentials either: auto means offline
+    logger = type("Logger", (), {"backend": LoggerBackend.wandb, "mode": WandbMode.auto, "project": "p",
+                                 "entity": None, "tags": ["t"]})()  # fmt: skip
+    config = {"judge": {"api_key": "sk-do-not-log"}, "trainer": {"beta": 0.04}}
+    tracker = Tracker(logger, tmp_path, "trainer.beta=0.04", "sweep-1", ["model:tiny"], config)
+    assert tracker.mode == "offline" and wandb.run is not None
+    assert wandb.run.config["judge"]["api_key"] == REDACTED and wandb.run.config["trainer"]["beta"] == 0.04
+    assert tracker.identity() == {
+        "wandb_name": "trainer.beta=0.04",
+        "wandb_group": "sweep-1",
+        "wandb_job_type": "train",
+    }
+    assert tracker.sync_command().startswith("wandb sync ")
+    tracker.finish(failed=True)
+    assert wandb.run is None
+    assert list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
