@@ -7,7 +7,7 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf.errors import ValidationError
 
 from grpo_exp.paths import CONF_DIR, experiment_presets, reward_components
-from grpo_exp.rewards import COMPONENTS
+from grpo_exp.rewards.registry import COMPONENTS
 from grpo_exp.schema import DataSource, LossType, ModelSource
 from tests.conftest import compose_config
 

@@ -4,10 +4,10 @@ import pytest
 from omegaconf import OmegaConf
 
 from grpo_exp.errors import UserError
-from grpo_exp.rewards import build_rewards
 from grpo_exp.rewards.format import make_format_reward
 from grpo_exp.rewards.length import make_length_reward
 from grpo_exp.rewards.math import make_math_reward
+from grpo_exp.rewards.registry import build_rewards
 from grpo_exp.rewards.text import boxed_content, completion_text, last_boxed_span
 
 

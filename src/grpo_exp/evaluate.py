@@ -140,14 +140,14 @@ def main(argv: list[str] | None = None) -> dict:
     from grpo_exp.paths import CONF_DIR
     from grpo_exp.schema import register_schemas
     from grpo_exp.tracking import Tracker, redact
-    from grpo_exp.verification import build_verifier
+    from grpo_exp.verification import math_verify_verifier
 
     warnings.filterwarnings("ignore", category=FutureWarning)
     register_schemas()
     overrides, out_dir = resolve_source(sys.argv[1:] if argv is None else argv)
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
-    verifier = build_verifier(cfg.verifier.name)
+    verifier = math_verify_verifier()
     check_reachable(cfg.model)
     _, heldout = load_splits(cfg.dataset)
     tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)

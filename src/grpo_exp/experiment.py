@@ -17,10 +17,11 @@ from grpo_exp.errors import UserError
 from grpo_exp.evaluate import EvalResult, heldout_accuracy
 from grpo_exp.models import check_reachable, describe, load_model, load_tokenizer, lora_config, torch_dtype
 from grpo_exp.report import build_summary, print_summary, write_summary
-from grpo_exp.rewards import build_rewards
+from grpo_exp.rewards.registry import build_rewards
+from grpo_exp.schema import VerifierName, VerifierSchema
 from grpo_exp.tracking import METRICS_FILE, MetricsFileCallback, Tracker, redact, report_to, run_identity
 from grpo_exp.trainer import GRPOExpTrainer
-from grpo_exp.verification import Verifier, build_verifier
+from grpo_exp.verification import PYesScorer, Verifier, build_p_yes, math_verify_verifier
 
 log = logging.getLogger("grpo_exp.train")
 
@@ -34,7 +35,7 @@ def check_and_build(cfg: DictConfig):
     if missing:
         raise UserError(f"required value(s) not set: {', '.join(missing)} (add e.g. {missing[0]}=...)")
     reward_funcs, reward_weights = build_rewards(cfg.reward)
-    verifier = build_verifier(cfg.verifier.name)
+    verifier = math_verify_verifier()
     check_trainer(cfg.trainer)
     check_data_files(cfg.dataset)
     check_reachable(cfg.model)
@@ -81,6 +82,8 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
             verifier=verifier,
             stats_cfg=cfg.stats,
             samples_path=run_dir / "samples.jsonl",
+            selfverify_cfg=cfg.reward.components.get("selfverify"),
+            p_yes=p_yes_scorer(cfg),
             model=model,
             reward_funcs=reward_funcs,
             args=args,
@@ -89,6 +92,7 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
             callbacks=[MetricsFileCallback(run_dir / METRICS_FILE)],
             peft_config=lora_config(cfg.model),
         )
+        bind_policy([*reward_funcs, trainer], trainer.model, tokenizer)
         started = time.perf_counter()
         try:
             trainer.train()
@@ -128,6 +132,26 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
         tracker.finish(failed)
     print_summary(summary)
     return summary
+
+
+def p_yes_scorer(cfg: DictConfig) -> PYesScorer | None:
+    """The P(Yes) scorer behind the self-verification metrics: the configured generative verifier, or the
+    policy itself when the verifier is rule-based. None when the task is off."""
+    if "selfverify" not in cfg.reward.components:
+        return None
+    scorer = build_p_yes(cfg.verifier, cfg.model, cfg.cache_dir)
+    if scorer is None:
+        policy_verifier = OmegaConf.structured(VerifierSchema(name=VerifierName.self))
+        scorer = PYesScorer(policy_verifier, cfg.model, cfg.cache_dir)
+    return scorer
+
+
+def bind_policy(holders: list, model, tokenizer) -> None:
+    """Point every P(Yes) scorer that follows the policy (verifier=self) at the live, trained weights."""
+    for holder in holders:
+        scorer = getattr(holder, "scorer", None) or getattr(holder, "p_yes", None)
+        if scorer is not None and scorer.follows_policy:
+            scorer.bind(model, tokenizer)
 
 
 def _accuracy(result: EvalResult | None) -> float | None:

@@ -52,6 +52,18 @@ class ScaleRewards(Enum):
     none = "none"
 
 
+class VerifierName(Enum):
+    math_verify = "math_verify"  # rule-based, against the reference: the ground-truth label
+    genrm = "genrm"  # a frozen generative verifier's P(Yes)
+    self = "self"  # the current policy's P(Yes)
+
+
+class SelfVerifySchedule(Enum):
+    joint = "joint"  # verification prompts mixed into every batch
+    interleave = "interleave"  # a verification-only step every `every` steps
+    verify_only = "verify_only"  # every step is a verification step
+
+
 class JudgeBackend(Enum):
     local = "local"  # a frozen model loaded in-process
     openai = "openai"  # any OpenAI-compatible endpoint (vLLM, SGLang, llama.cpp server, a hosted API)
@@ -155,7 +167,16 @@ class JudgeSchema:
 
 @dataclass
 class VerifierSchema:
-    name: str = MISSING
+    name: VerifierName = VerifierName.math_verify
+    # genrm: "initial_policy" (a frozen copy of the starting policy), a model option, a hub id or a directory;
+    # with base_url, the model name served by an OpenAI-compatible endpoint that returns logprobs.
+    model: str = "initial_policy"
+    template: str = "{question}\n\nProposed answer: {answer}\n\nIs the answer correct? Answer Yes or No."
+    yes_token: str = "Yes"
+    no_token: str = "No"
+    batch_size: int = 16
+    base_url: str | None = None
+    api_key_env: str | None = None
 
 
 @dataclass

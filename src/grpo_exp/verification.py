@@ -1,27 +1,139 @@
-"""Verifiers: who decides whether an answer is correct (held-out accuracy; later, self-verification labels)."""
+"""Verifiers: who decides whether an answer is correct, and how sure a model is that it is.
 
+- The rule verifier (math-verify against the reference) gives the ground-truth labels: held-out accuracy,
+  group statistics, and the labels of the self-verification task. It is `verifier=math_verify`.
+- A generative verifier (`verifier=genrm` or `verifier=self`) is asked "Is the answer correct? Answer Yes or
+  No." and scored by P(Yes), normalised over the Yes/No tokens and read from the next-token logits of one
+  batched forward pass (no sampling); `genrm` uses a frozen model (by default a copy of the initial policy)
+  or an OpenAI-compatible endpoint that returns logprobs, `self` the current policy weights.
+"""
+
+import asyncio
+import math
+import os
 from collections.abc import Callable
+
+import torch
+from omegaconf import DictConfig
 
 from grpo_exp.errors import UserError
 from grpo_exp.rewards.math import answer_score
+from grpo_exp.schema import VerifierName
 
 Verifier = Callable[[list[str], list[str]], list[bool | None]]
 
 
 def math_verify_verifier() -> Verifier:
-    """Rule-based: math-verify equivalence of the final answer with the reference (None: unparseable reference)."""
+    """Rule-based: math-verify equivalence of the final answer with the reference (None: no usable reference)."""
 
-    def verify(texts: list[str], solutions: list[str]) -> list[bool | None]:
-        scores = [answer_score(t, s) for t, s in zip(texts, solutions, strict=True)]
+    def verify(texts: list[str], solutions: list[str | None]) -> list[bool | None]:
+        scores = [None if s is None else answer_score(t, s) for t, s in zip(texts, solutions, strict=True)]
         return [None if s is None else s >= 0.5 for s in scores]
 
     return verify
 
 
-VERIFIERS: dict[str, Callable[[], Verifier]] = {"math_verify": math_verify_verifier}
+def yes_no_token_ids(tokenizer, yes: str, no: str) -> tuple[int, int]:
+    """The first token of each word as the model would start its reply (no leading space after the chat header)."""
+    yes_ids = tokenizer.encode(yes, add_special_tokens=False)
+    no_ids = tokenizer.encode(no, add_special_tokens=False)
+    if not yes_ids or not no_ids or yes_ids[0] == no_ids[0]:
+        raise UserError(f"verifier.yes_token='{yes}' and verifier.no_token='{no}' need distinct first tokens")
+    return yes_ids[0], no_ids[0]
 
 
-def build_verifier(name: str) -> Verifier:
-    if name not in VERIFIERS:
-        raise UserError(f"verifier='{name}' is unknown; known verifiers: {sorted(VERIFIERS)}")
-    return VERIFIERS[name]()
+def question_messages(template: str, question: str, answer: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": template.replace("{question}", question).replace("{answer}", answer)}]
+
+
+@torch.no_grad()
+def p_yes_from_logits(model, tokenizer, conversations: list, yes_id: int, no_id: int, batch_size: int) -> list[float]:
+    """P(Yes) / (P(Yes) + P(No)) of the first reply token, one forward pass per batch (left padding)."""
+    was_training, padding_side = model.training, tokenizer.padding_side
+    model.eval()
+    tokenizer.padding_side = "left"
+    texts = [tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in conversations]
+    scores: list[float] = []
+    try:
+        for start in range(0, len(texts), batch_size):
+            batch = tokenizer(
+                texts[start : start + batch_size], return_tensors="pt", padding=True, add_special_tokens=False
+            ).to(model.device)
+            last = model(**batch).logits[:, -1, :].float()
+            two = torch.stack([last[:, yes_id], last[:, no_id]], dim=1)
+            scores += torch.softmax(two, dim=1)[:, 0].tolist()
+    finally:
+        model.train(was_training)
+        tokenizer.padding_side = padding_side
+    return scores
+
+
+class PYesScorer:
+    """P(Yes) of a model asked whether an answer to a question is correct."""
+
+    def __init__(self, cfg: DictConfig, policy_cfg: DictConfig, cache_dir: str):
+        self.cfg, self.policy_cfg, self.cache_dir = cfg, policy_cfg, cache_dir
+        self.model = self.tokenizer = None
+        self.ids: tuple[int, int] | None = None
+
+    @property
+    def follows_policy(self) -> bool:
+        return self.cfg.name is VerifierName.self
+
+    def bind(self, model, tokenizer) -> None:
+        """Use these weights (the live policy, for verifier=self)."""
+        self.model, self.tokenizer = model, tokenizer
+        self.ids = yes_no_token_ids(tokenizer, self.cfg.yes_token, self.cfg.no_token)
+
+    def _load(self) -> None:
+        from grpo_exp.models import load_model, load_tokenizer
+        from grpo_exp.rewards.judge import judge_model_config
+
+        model_cfg = self.policy_cfg if self.cfg.model == "initial_policy" else judge_model_config(self.cfg.model)
+        tokenizer = load_tokenizer(model_cfg, self.cache_dir)
+        model = load_model(model_cfg, tokenizer, self.cache_dir, seed=0).eval().requires_grad_(False)
+        self.bind(model, tokenizer)
+
+    def __call__(self, questions: list[str], answers: list[str]) -> list[float]:
+        conversations = [question_messages(self.cfg.template, q, a) for q, a in zip(questions, answers, strict=True)]
+        if self.cfg.base_url:
+            return asyncio.run(self._from_endpoint(conversations))
+        if self.model is None:
+            if self.follows_policy:
+                raise RuntimeError("verifier=self is scored with the policy: bind() it before use")
+            self._load()
+        return p_yes_from_logits(self.model, self.tokenizer, conversations, *self.ids, self.cfg.batch_size)
+
+    async def _from_endpoint(self, conversations: list) -> list[float]:
+        """P(Yes) from an OpenAI-compatible endpoint's top logprobs for the first reply token (NaN if absent)."""
+        from openai import AsyncOpenAI, OpenAIError
+
+        api_key = os.environ.get(self.cfg.api_key_env or "", "") or "not-needed"
+        async with AsyncOpenAI(base_url=self.cfg.base_url, api_key=api_key, max_retries=2, timeout=60) as client:
+
+            async def one(messages) -> float:
+                try:
+                    reply = await client.chat.completions.create(
+                        model=self.cfg.model, messages=messages, max_tokens=1, logprobs=True, top_logprobs=20,
+                        temperature=0.0,
+                    )  # fmt: skip
+                    top = reply.choices[0].logprobs.content[0].top_logprobs
+                except (OpenAIError, AttributeError, IndexError, TypeError):
+                    return math.nan
+                probs = {t.token.strip(): math.exp(t.logprob) for t in top}
+                yes, no = probs.get(self.cfg.yes_token, 0.0), probs.get(self.cfg.no_token, 0.0)
+                return yes / (yes + no) if yes + no > 0 else math.nan
+
+            return list(await asyncio.gather(*(one(c) for c in conversations)))
+
+
+def build_p_yes(verifier_cfg: DictConfig, policy_cfg: DictConfig, cache_dir: str) -> PYesScorer | None:
+    """The P(Yes) scorer of verifier=genrm / verifier=self; None for the rule verifier."""
+    if verifier_cfg.name is VerifierName.math_verify:
+        return None
+    if verifier_cfg.name is VerifierName.genrm and verifier_cfg.model != "initial_policy" and not verifier_cfg.base_url:
+        from grpo_exp.models import check_reachable
+        from grpo_exp.rewards.judge import judge_model_config
+
+        check_reachable(judge_model_config(verifier_cfg.model))
+    return PYesScorer(verifier_cfg, policy_cfg, cache_dir)

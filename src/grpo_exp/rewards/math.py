@@ -51,7 +51,11 @@ def answer_score(text: str, reference: str) -> float | None:
 
 def make_math_reward():
     def math(completions, solution, **kwargs) -> list[float | None]:
-        """1.0 when the final answer equals the reference; None (skipped) for an unparseable reference."""
-        return [answer_score(completion_text(c), s) for c, s in zip(completions, solution, strict=True)]
+        """1.0 when the final answer equals the reference; None (skipped) for a missing or unparseable reference
+        (verification prompts of the self-verification task have none)."""
+        return [
+            None if s is None else answer_score(completion_text(c), s)
+            for c, s in zip(completions, solution, strict=True)
+        ]
 
     return math

@@ -1,0 +1,197 @@
+"""Self-verification task: on-policy samples -> labelled, filtered, balanced, diverse verification prompts.
+
+Pure functions (no trainer state), after "Learning to Self-Verify" (arXiv 2602.07594): completions are
+labelled correct/incorrect by the rule verifier; those without an extractable answer are dropped, and so are
+problems whose rollouts are all wrong (configurable); then as many "Yes" as "No" examples (a configurable
+share) are drawn with a seed, spread over as many problems as possible, at most `per_problem` per problem,
+distinct answers first. Each becomes a prompt asking the policy to judge the answer, ending in a boxed
+Yes/No; the reward is 1 when the judgement matches the label (optionally x min(pass rate, 0.5)).
+"""
+
+import math
+import random
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+
+from grpo_exp.rewards.text import boxed_content
+
+YES, NO = "Yes", "No"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    problem: int  # which problem (group) the completion answers
+    question: str
+    response: str  # the full completion
+    answer: str | None  # its extracted final answer (None: none could be extracted)
+    correct: bool
+    pass_rate: float  # share of the problem's rollouts that were correct
+
+    @property
+    def label(self) -> str:
+        return YES if self.correct else NO
+
+
+def filter_candidates(
+    candidates: list[Candidate], drop_no_answer: bool = True, drop_all_wrong: bool = True
+) -> tuple[list[Candidate], dict[str, int]]:
+    """Drop completions with no extractable answer, and problems whose rollouts are all wrong.
+
+    Returns the kept candidates and how many each rule removed (each candidate counted once, first rule first).
+    """
+    removed = {"no_answer": 0, "all_wrong": 0}
+    kept = []
+    for c in candidates:
+        if drop_no_answer and c.answer is None:
+            removed["no_answer"] += 1
+        elif drop_all_wrong and c.pass_rate == 0.0:
+            removed["all_wrong"] += 1
+        else:
+            kept.append(c)
+    return kept, removed
+
+
+def _spread(pool: list[Candidate], rng: random.Random) -> list[Candidate]:
+    """A pool ordered for diversity: round-robin over problems (in random order); within a problem, distinct
+    answers before repeated ones, ties in random order."""
+    by_problem: dict[int, list[Candidate]] = defaultdict(list)
+    for c in pool:
+        by_problem[c.problem].append(c)
+    queues = []
+    for problem in sorted(by_problem):
+        members = by_problem[problem][:]
+        rng.shuffle(members)
+        seen: set[str | None] = set()
+        first, repeats = [], []
+        for c in members:
+            (repeats if c.answer in seen else first).append(c)
+            seen.add(c.answer)
+        queues.append(first + repeats)
+    rng.shuffle(queues)
+    ordered = []
+    for depth in range(max((len(q) for q in queues), default=0)):
+        ordered += [q[depth] for q in queues if depth < len(q)]
+    return ordered
+
+
+def select_samples(
+    candidates: list[Candidate], n: int, yes_share: float = 0.5, per_problem: int = 2, seed: int = 0
+) -> list[Candidate]:
+    """Up to n candidates: round(n * yes_share) correct and the rest incorrect where the pools allow (a pool
+    that runs short is made up from the other), at most `per_problem` from any problem, spread over problems,
+    in a seeded random order."""
+    rng = random.Random(seed)
+    wanted = {YES: round(n * yes_share), NO: n - round(n * yes_share)}
+    pools = {label: _spread([c for c in candidates if c.label == label], rng) for label in (YES, NO)}
+    taken_per_problem: dict[int, int] = defaultdict(int)
+    chosen: list[Candidate] = []
+    # Alternate between the labels so that neither uses up the per-problem budget first.
+    cursors = {YES: 0, NO: 0}
+    counts = {YES: 0, NO: 0}
+    progress = True
+    while progress and len(chosen) < n:
+        progress = False
+        for label in (YES, NO):
+            pool = pools[label]
+            while counts[label] < wanted[label] and cursors[label] < len(pool):
+                candidate = pool[cursors[label]]
+                cursors[label] += 1
+                if taken_per_problem[candidate.problem] < per_problem:
+                    taken_per_problem[candidate.problem] += 1
+                    counts[label] += 1
+                    chosen.append(candidate)
+                    progress = True
+                    break
+    # A pool ran short: fill from the other one, without replacement and within the per-problem cap.
+    chosen_ids = {id(c) for c in chosen}  # identity: two equal samples are still two samples
+    leftovers = _spread([c for c in candidates if id(c) not in chosen_ids], rng)
+    for candidate in leftovers:
+        if len(chosen) >= n:
+            break
+        if taken_per_problem[candidate.problem] < per_problem:
+            taken_per_problem[candidate.problem] += 1
+            chosen.append(candidate)
+    rng.shuffle(chosen)
+    return chosen
+
+
+def verification_prompt(candidate: Candidate, template: str, show: str = "answer") -> list[dict[str, str]]:
+    """The chat prompt asking the policy to judge a candidate: its final answer only, or its full solution."""
+    shown = candidate.response if show == "solution" else (candidate.answer or "")
+    return [{"role": "user", "content": template.replace("{question}", candidate.question).replace("{answer}", shown)}]
+
+
+def parse_judgement(text: str) -> str | None:
+    """The policy's verdict: the last \\boxed{Yes|No} (case-insensitive); None when malformed."""
+    boxed = boxed_content(text)
+    if boxed is None:
+        return None
+    word = re.sub(r"[^a-z]", "", boxed.lower())
+    return {"yes": YES, "no": NO}.get(word)
+
+
+def verification_reward(judgement: str | None, label: str, pass_rate: float, scale_by_pass_rate: bool) -> float:
+    """1 for a verdict that matches the label (x min(pass rate, 0.5) when scaled); 0 for a wrong or malformed one."""
+    if judgement != label:
+        return 0.0
+    return min(pass_rate, 0.5) if scale_by_pass_rate else 1.0
+
+
+# ---- metrics of a verifier's judgements against the correctness labels -------------------------------------
+
+
+def judgement_metrics(predicted_yes: list[bool | None], actual_yes: list[bool], prefix: str) -> dict[str, float]:
+    """Accuracy (malformed counts as wrong) and precision / recall / F1 of "Yes"."""
+    pairs = list(zip(predicted_yes, actual_yes, strict=True))
+    if not pairs:
+        return {}
+    tp = sum(p is True and a for p, a in pairs)
+    fp = sum(p is True and not a for p, a in pairs)
+    fn = sum(p is not True and a for p, a in pairs)
+    precision = tp / (tp + fp) if tp + fp else math.nan
+    recall = tp / (tp + fn) if tp + fn else math.nan
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall > 0 else math.nan
+    return {
+        f"{prefix}/accuracy": sum(p == a for p, a in pairs) / len(pairs),
+        f"{prefix}/precision_yes": precision,
+        f"{prefix}/recall_yes": recall,
+        f"{prefix}/f1_yes": f1,
+        f"{prefix}/malformed": sum(p is None for p, _ in pairs) / len(pairs),
+    }
+
+
+def auroc(scores: list[float], labels: list[bool]) -> float:
+    """Area under the ROC curve: P(score of a random positive > score of a random negative), ties count half."""
+    positives = [s for s, y in zip(scores, labels, strict=True) if y]
+    negatives = [s for s, y in zip(scores, labels, strict=True) if not y]
+    if not positives or not negatives:
+        return math.nan
+    wins = sum((p > n) + 0.5 * (p == n) for p in positives for n in negatives)
+    return wins / (len(positives) * len(negatives))
+
+
+def brier(scores: list[float], labels: list[bool]) -> float:
+    return sum((s - y) ** 2 for s, y in zip(scores, labels, strict=True)) / len(scores) if scores else math.nan
+
+
+def expected_calibration_error(scores: list[float], labels: list[bool], bins: int = 10) -> float:
+    """ECE: the bin-weighted gap between mean confidence and accuracy, over equal-width bins of P(Yes)."""
+    if not scores:
+        return math.nan
+    total = 0.0
+    for b in range(bins):
+        members = [(s, y) for s, y in zip(scores, labels, strict=True) if min(int(s * bins), bins - 1) == b]
+        if members:
+            confidence = sum(s for s, _ in members) / len(members)
+            accuracy = sum(y for _, y in members) / len(members)
+            total += len(members) / len(scores) * abs(confidence - accuracy)
+    return total
+
+
+def probability_metrics(p_yes: list[float], labels: list[bool], prefix: str) -> dict[str, float]:
+    return {
+        f"{prefix}/auroc": auroc(p_yes, labels),
+        f"{prefix}/brier": brier(p_yes, labels),
+        f"{prefix}/ece": expected_calibration_error(p_yes, labels),
+    }

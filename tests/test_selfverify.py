@@ -1,0 +1,186 @@
+"""Self-verification: post-processing as pure functions (property tests), verdicts and rewards, metrics,
+P(Yes) against a hand-computed softmax, and end-to-end tiny-model runs of each schedule."""
+
+import json
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from grpo_exp.models import build_tiny_model, load_tokenizer
+from grpo_exp.selfverify import (
+    NO,
+    YES,
+    Candidate,
+    auroc,
+    brier,
+    expected_calibration_error,
+    filter_candidates,
+    judgement_metrics,
+    parse_judgement,
+    select_samples,
+    verification_prompt,
+    verification_reward,
+)
+from grpo_exp.tracking import read_metrics
+from grpo_exp.verification import p_yes_from_logits, question_messages, yes_no_token_ids
+from tests.conftest import TINY_RUN, compose_config, run_cli
+
+candidate_lists = st.lists(
+    st.builds(
+        Candidate,
+        problem=st.integers(0, 6),
+        question=st.just("q"),
+        response=st.text(max_size=5),
+        answer=st.one_of(st.none(), st.sampled_from(["1", "2", "3"])),
+        correct=st.booleans(),
+        pass_rate=st.sampled_from([0.0, 0.25, 0.5, 1.0]),
+    ),
+    max_size=40,
+)
+
+
+@given(candidate_lists, st.integers(1, 12), st.integers(1, 4), st.integers(0, 3))
+@settings(max_examples=200, deadline=None)
+def test_selection_properties(candidates, n, per_problem, seed):
+    kept, removed = filter_candidates(candidates)
+    assert sum(removed.values()) + len(kept) == len(candidates)
+    chosen = select_samples(kept, n, 0.5, per_problem, seed)
+    # nothing selected that a filter removed
+    assert all(c.answer is not None and c.pass_rate > 0 for c in chosen)
+    assert all(c in kept for c in chosen)
+    # per-problem cap, size
+    assert len(chosen) <= n
+    assert all(sum(c.problem == p for c in chosen) <= per_problem for p in {c.problem for c in chosen})
+    # same seed, same selection
+    assert select_samples(kept, n, 0.5, per_problem, seed) == chosen
+
+
+@given(candidate_lists, st.integers(1, 12), st.integers(0, 3))
+@settings(max_examples=200, deadline=None)
+def test_balance_holds_exactly_when_possible(candidates, n, seed):
+    yes = [c for c in candidates if c.correct]
+    no = [c for c in candidates if not c.correct]
+    chosen = select_samples(candidates, n, 0.5, per_problem=len(candidates) + 1, seed=seed)
+    if len(yes) >= round(n * 0.5) and len(no) >= n - round(n * 0.5):
+        assert sum(c.correct for c in chosen) == round(n * 0.5)
+        assert len(chosen) == n
+    else:  # a short pool is made up from the other, as far as there are candidates
+        assert len(chosen) == min(n, len(candidates))
+
+
+def test_selection_spreads_over_problems_and_prefers_distinct_answers():
+    make = lambda p, a, ok: Candidate(p, "q", a, a, ok, 0.5)  # noqa: E731
+    candidates = [make(0, "1", True), make(0, "1", True), make(0, "2", True), make(1, "3", True), make(2, "4", True)]
+    chosen = select_samples(candidates, 3, yes_share=1.0, per_problem=2, seed=0)
+    assert {c.problem for c in chosen} == {0, 1, 2}  # one per problem before a second from any
+    two = select_samples(candidates[:3], 2, yes_share=1.0, per_problem=2, seed=0)
+    assert {c.answer for c in two} == {"1", "2"}  # distinct answers first
+
+
+def test_filters_count_what_they_remove():
+    no_answer, all_wrong = Candidate(0, "q", "r", None, False, 0.5), Candidate(1, "q", "r", "1", False, 0.0)
+    kept, removed = filter_candidates([no_answer, all_wrong, Candidate(2, "q", "r", "1", True, 1.0)])
+    assert removed == {"no_answer": 1, "all_wrong": 1} and [c.problem for c in kept] == [2]
+    assert filter_candidates([Candidate(1, "q", "r", None, False, 0.0)], False, False)[1] == {
+        "no_answer": 0,
+        "all_wrong": 0,
+    }
+
+
+def test_verdicts_and_rewards():
+    assert parse_judgement("Looks right. \\boxed{Yes}") == YES
+    assert parse_judgement("\\boxed{no.}") == NO
+    assert parse_judgement("Yes") is None and parse_judgement("\\boxed{maybe}") is None
+    assert verification_reward(YES, YES, 0.8, False) == 1.0
+    assert verification_reward(YES, YES, 0.25, True) == 0.25 and verification_reward(YES, YES, 0.8, True) == 0.5
+    assert verification_reward(NO, YES, 1.0, False) == 0.0 and verification_reward(None, NO, 1.0, False) == 0.0
+    c = Candidate(0, "What is 2+2?", "2+2 is \\boxed{4}", "4", True, 1.0)
+    assert verification_prompt(c, "Q: {question} A: {answer}")[0]["content"] == "Q: What is 2+2? A: 4"
+    assert verification_prompt(c, "A: {answer}", show="solution")[0]["content"] == "A: 2+2 is \\boxed{4}"
+
+
+def test_judgement_and_probability_metrics_hand_computed():
+    stats = judgement_metrics([True, True, False, None], [True, False, False, True], "v")
+    assert stats["v/accuracy"] == 0.5 and stats["v/precision_yes"] == 0.5 and stats["v/recall_yes"] == 0.5
+    assert stats["v/f1_yes"] == 0.5 and stats["v/malformed"] == 0.25
+    assert auroc([0.9, 0.8, 0.3, 0.1], [True, False, True, False]) == 0.75
+    assert auroc([0.5, 0.5], [True, False]) == 0.5 and math.isnan(auroc([0.5], [True]))
+    assert brier([1.0, 0.0, 0.5], [True, True, False]) == pytest.approx((0 + 1 + 0.25) / 3)
+    # bins: [0.9, 0.95] -> confidence 0.925, accuracy 0.5; [0.15] -> confidence 0.15, accuracy 0
+    assert expected_calibration_error([0.9, 0.95, 0.15], [True, False, False]) == pytest.approx(
+        2 / 3 * abs(0.925 - 0.5) + 1 / 3 * 0.15
+    )
+
+
+def test_p_yes_matches_a_hand_computed_softmax_on_a_tiny_model():
+    cfg = compose_config(["model=tiny"])
+    tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
+    model = build_tiny_model(cfg.model, tokenizer, seed=3).eval()
+    yes, no = yes_no_token_ids(tokenizer, "Yes", "No")
+    conversations = [
+        question_messages("{question} {answer} Correct?", q, a)
+        for q, a in [("1+1?", "2"), ("longer question here", "7")]
+    ]
+    scores = p_yes_from_logits(model, tokenizer, conversations, yes, no, batch_size=2)  # batched, left-padded
+    for conversation, score in zip(conversations, scores, strict=True):
+        ids = tokenizer.apply_chat_template(
+            conversation, add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )
+        with torch.no_grad():
+            logits = model(**ids).logits[0, -1]
+        expected = math.exp(logits[yes]) / (math.exp(logits[yes]) + math.exp(logits[no]))
+        assert score == pytest.approx(expected, abs=1e-5)
+
+
+SELFVERIFY_TINY = [
+    "reward=selfverify+length",  # length gives the random tiny model's verdicts a reward spread
+    "reward.components.selfverify.drop_no_answer=false",  # the tiny model never writes an answer
+    "reward.components.selfverify.drop_all_wrong=false",
+    "reward.components.selfverify.every=2",
+    "stats.table_every=1",
+    "stats.table_groups=8",
+    "trainer.max_steps=3",
+    "logger=none",
+    "eval.before=false",
+    "eval.after=false",
+]
+
+
+@pytest.mark.parametrize(
+    "schedule,verification_steps", [("joint", [2, 3]), ("interleave", [2]), ("verify_only", [1, 2, 3])]
+)
+def test_each_schedule_trains_on_verification_prompts(schedule, verification_steps, tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_cli(
+        *TINY_RUN, *SELFVERIFY_TINY, f"reward.components.selfverify.schedule={schedule}", f"hydra.run.dir={run_dir}"
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    steps = {m["step"]: m for m in read_metrics(run_dir / "metrics.jsonl") if "grad_norm" in m}
+    assert [s for s, m in steps.items() if (m.get("selfverify/groups") or 0) > 0] == verification_steps
+    samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    verify = [s for s in samples if s["task"] == "verify"]
+    assert sorted({s["step"] for s in verify}) == verification_steps
+    assert all("Is the student's answer correct?" in s["prompt"] and s["reward/selfverify"] is not None for s in verify)
+    # TRL's update used them: verification completions carry non-zero advantages, and the weights moved.
+    assert any(s["advantage"] not in (0.0, None) for s in verify)
+    assert all(steps[s]["grad_norm"] > 0 for s in verification_steps)
+
+
+def test_confidence_needs_a_generative_verifier(tmp_path):
+    result = run_cli(*TINY_RUN, "reward=math+confidence", "logger=none", f"hydra.run.dir={tmp_path}")
+    assert result.returncode != 0 and "verifier=genrm" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_confidence_reward_from_a_frozen_genrm_trains_end_to_end(tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_cli(
+        *TINY_RUN, "reward=confidence", "verifier=genrm", "verifier.model=tiny", "logger=none",
+        "eval.before=false", f"hydra.run.dir={run_dir}",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    steps = [m for m in read_metrics(run_dir / "metrics.jsonl") if "rewards/confidence/mean" in m]
+    assert len(steps) == 2 and all(0 < m["rewards/confidence/mean"] < 1 for m in steps)
+    assert any(m["grad_norm"] > 0 for m in steps)
