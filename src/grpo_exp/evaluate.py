@@ -23,6 +23,7 @@ class EvalResult:
     correct: int
     scored: int
     samples: list[dict] = field(default_factory=list)
+    verification: dict[str, float] = field(default_factory=dict)  # self-verification metrics, when the task is on
 
 
 @torch.no_grad()
@@ -99,6 +100,62 @@ def sampled_metrics(
     answers = [[final_answer(t) for t in texts[i : i + samples]] for i in range(0, len(texts), samples)]
     stats = {k.removeprefix("groups/"): v for k, v in correctness_stats(correct).items() if "@" in k}
     return stats | {f"maj@{samples}": majority_vote_accuracy(answers, correct)}
+
+
+def self_verification_metrics(
+    model, tokenizer, dataset: Dataset, verifier: Verifier, task_cfg, max_new_tokens: int, batch_size: int, seed: int,
+    samples: int = 2, temperature: float = 1.0,
+) -> dict[str, float]:  # fmt: skip
+    """How well the policy judges its own answers on held-out problems.
+
+    Answers are sampled (`samples` per problem) and labelled by the rule verifier; a balanced, diverse set of
+    them (the training task's own selection, all-wrong problems kept) is put to the policy as verification
+    prompts, answered greedily. Reports verdict accuracy (50% is chance on a balanced set), precision /
+    recall / F1 of "Yes", and AUROC / Brier / ECE of the policy's P(Yes).
+    """
+    from grpo_exp.schema import VerifierName, VerifierSchema
+    from grpo_exp.selfverify import (
+        Candidate,
+        filter_candidates,
+        judgement_metrics,
+        parse_judgement,
+        probability_metrics,
+        select_samples,
+        verification_prompt,
+    )
+    from grpo_exp.stats import final_answer
+    from grpo_exp.verification import p_yes_from_logits, question_messages, yes_no_token_ids
+
+    torch.manual_seed(seed)
+    prompts = [p for p in dataset["prompt"] for _ in range(samples)]
+    texts = generate_completions(model, tokenizer, prompts, max_new_tokens, batch_size, "own answers", temperature)
+    labels = verifier(texts, [s for s in dataset["solution"] for _ in range(samples)])
+    candidates = []
+    for problem, question in enumerate(dataset["question"]):
+        members = [(texts[i], labels[i]) for i in range(problem * samples, (problem + 1) * samples)]
+        known = [label for _, label in members if label is not None]
+        pass_rate = sum(known) / len(known) if known else 0.0
+        candidates += [Candidate(problem, question, t, final_answer(t), bool(label), pass_rate)
+                       for t, label in members if label is not None]  # fmt: skip
+    kept, _ = filter_candidates(candidates, drop_no_answer=True, drop_all_wrong=False)
+    chosen = select_samples(kept, len(dataset), 0.5, samples, seed)
+    if not chosen:
+        return {}
+    conversations = [verification_prompt(c, task_cfg.template, task_cfg.show) for c in chosen]
+    verdicts = generate_completions(model, tokenizer, conversations, max_new_tokens, batch_size, "verdicts")
+    actual = [c.correct for c in chosen]
+    predicted = [None if v is None else v == "Yes" for v in map(parse_judgement, verdicts)]
+    question_cfg = VerifierSchema(name=VerifierName.self)
+    shown = [c.response if task_cfg.show == "solution" else (c.answer or "") for c in chosen]
+    p_yes = p_yes_from_logits(
+        model, tokenizer, [question_messages(question_cfg.template, c.question, a) for c, a in zip(chosen, shown, strict=True)],
+        *yes_no_token_ids(tokenizer, question_cfg.yes_token, question_cfg.no_token), batch_size,
+    )  # fmt: skip
+    return (
+        {"verify/examples": len(chosen), "verify/yes_share": sum(actual) / len(actual)}
+        | judgement_metrics(predicted, actual, "verify")
+        | probability_metrics(p_yes, actual, "verify/p_yes")
+    )
 
 
 def resolve_source(argv: list[str]) -> tuple[list[str], Path]:

@@ -14,7 +14,7 @@ from transformers import set_seed
 from grpo_exp.build import check_trainer, grpo_config
 from grpo_exp.data import check_data_files, load_splits
 from grpo_exp.errors import UserError
-from grpo_exp.evaluate import EvalResult, heldout_accuracy
+from grpo_exp.evaluate import EvalResult, heldout_accuracy, self_verification_metrics
 from grpo_exp.models import check_reachable, describe, load_model, load_tokenizer, lora_config, torch_dtype
 from grpo_exp.report import build_summary, print_summary, write_summary
 from grpo_exp.rewards.registry import build_rewards
@@ -49,6 +49,12 @@ def evaluate(model, tokenizer, heldout: Dataset, verifier: Verifier, cfg: DictCo
         model, tokenizer, heldout, verifier, max_new_tokens, cfg.eval.batch_size, f"held-out eval ({when})"
     )
     log.info("Held-out accuracy %s training: %.3f (%d/%d)", when, result.accuracy, result.correct, result.scored)
+    task_cfg = cfg.reward.components.get("selfverify")
+    if task_cfg is not None:
+        result.verification = self_verification_metrics(
+            model, tokenizer, heldout, verifier, task_cfg, max_new_tokens, cfg.eval.batch_size, cfg.trainer.seed
+        )
+        log.info("Held-out self-verification %s training: %s", when, result.verification)
     with (run_dir / f"eval_{when}.jsonl").open("w", encoding="utf-8") as f:
         f.writelines(json.dumps(sample) + "\n" for sample in result.samples)
     return result
@@ -125,6 +131,9 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
             )
             | tracker.identity()
         )
+        for when, result in (("before", before), ("after", after)):
+            if result is not None:
+                summary |= {f"heldout_{k.replace('/', '_')}_{when}": v for k, v in result.verification.items()}
         write_summary(summary, run_dir / "summary.json")
         tracker.summary({k: v for k, v in summary.items() if isinstance(v, int | float)})
         failed = False

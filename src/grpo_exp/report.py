@@ -80,6 +80,12 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
     )
     before, after = summary.get("heldout_accuracy_before"), summary.get("heldout_accuracy_after")
     table.add_row("held-out accuracy", f"{_fmt(before)} -> {_fmt(after)} (greedy, {summary['eval_size']} problems)")
+    if "heldout_verify_accuracy_before" in summary or "heldout_verify_accuracy_after" in summary:
+        parts = []
+        for label, key in (("verdict accuracy", "accuracy"), ("P(Yes) AUROC", "p_yes_auroc")):
+            before, after = (summary.get(f"heldout_verify_{key}_{when}") for when in ("before", "after"))
+            parts.append(f"{label} {_fmt(before)} -> {_fmt(after)}")
+        table.add_row("self-verification", ", ".join(parts) + " (held-out, balanced Yes/No)")
     for key in ("run_dir", "config", "metrics", "log", "checkpoint", "wandb"):
         if summary.get(key):
             table.add_row(key.replace("_", " "), str(summary[key]))
