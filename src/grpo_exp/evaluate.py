@@ -147,10 +147,9 @@ def self_verification_metrics(
     predicted = [None if v is None else v == "Yes" for v in map(parse_judgement, verdicts)]
     question_cfg = VerifierSchema(name=VerifierName.self)
     shown = [c.response if task_cfg.show == "solution" else (c.answer or "") for c in chosen]
-    p_yes = p_yes_from_logits(
-        model, tokenizer, [question_messages(question_cfg.template, c.question, a) for c, a in zip(chosen, shown, strict=True)],
-        *yes_no_token_ids(tokenizer, question_cfg.yes_token, question_cfg.no_token), batch_size,
-    )  # fmt: skip
+    questions = [question_messages(question_cfg.template, c.question, a) for c, a in zip(chosen, shown, strict=True)]
+    yes_no = yes_no_token_ids(tokenizer, question_cfg.yes_token, question_cfg.no_token)
+    p_yes = p_yes_from_logits(model, tokenizer, questions, *yes_no, batch_size)
     return (
         {"verify/examples": len(chosen), "verify/yes_share": sum(actual) / len(actual)}
         | judgement_metrics(predicted, actual, "verify")
