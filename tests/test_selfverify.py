@@ -94,6 +94,8 @@ def test_verdicts_and_rewards():
     assert parse_judgement("Looks right. \\boxed{Yes}") == YES
     assert parse_judgement("\\boxed{no.}") == NO
     assert parse_judgement("Yes") is None and parse_judgement("\\boxed{maybe}") is None
+    assert parse_judgement("Yes, it is right.", strict=False) == YES
+    assert parse_judgement("Noticeably, no.", strict=False) == NO and parse_judgement("unsure", strict=False) is None
     assert verification_reward(YES, YES, 0.8, False) == 1.0
     assert verification_reward(YES, YES, 0.25, True) == 0.25 and verification_reward(YES, YES, 0.8, True) == 0.5
     assert verification_reward(NO, YES, 1.0, False) == 0.0 and verification_reward(None, NO, 1.0, False) == 0.0
@@ -184,3 +186,21 @@ def test_confidence_reward_from_a_frozen_genrm_trains_end_to_end(tmp_path):
     steps = [m for m in read_metrics(run_dir / "metrics.jsonl") if "rewards/confidence/mean" in m]
     assert len(steps) == 2 and all(0 < m["rewards/confidence/mean"] < 1 for m in steps)
     assert any(m["grad_norm"] > 0 for m in steps)
+
+
+@pytest.mark.slow
+def test_genrm_p_yes_from_an_openai_compatible_endpoint_with_logprobs():
+    from omegaconf import OmegaConf
+
+    from grpo_exp.verification import build_p_yes
+    from tests.servers import LLAMA_ALIAS, free_port, llama_cpp_server
+
+    port = free_port()
+    cfg = compose_config(
+        ["verifier=genrm", f"verifier.model={LLAMA_ALIAS}", f"verifier.base_url=http://127.0.0.1:{port}/v1"]
+    )
+    scorer = build_p_yes(cfg.verifier, cfg.model, cfg.cache_dir)
+    with llama_cpp_server(port):
+        scores = scorer(["What is 2 + 2?", "What is 2 + 2?"], ["4", "5"])
+    assert all(0.0 <= s <= 1.0 for s in scores), scores  # both Yes and No among the top logprobs
+    assert OmegaConf.select(cfg, "verifier.api_key_env") is None

@@ -106,3 +106,19 @@ def test_a_local_pretrained_directory_trains_with_lora(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert (run_dir / "checkpoint-final" / "adapter_config.json").is_file()
     assert "LoRA" in json.loads((run_dir / "summary.json").read_text())["model"]
+
+
+@pytest.mark.slow
+def test_embedded_model_with_the_self_verification_task(tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_cli(
+        "reward=math+format+selfverify", "trainer.max_steps=2", "trainer.max_completion_length=48",
+        "dataset.eval_size=6", "logger=none", "save_model=false", f"hydra.run.dir={run_dir}",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    # held-out self-verification measured before and after (SmolLM2 writes extractable answers)
+    for when in ("before", "after"):
+        assert 0.0 <= summary[f"heldout_verify_accuracy_{when}"] <= 1.0
+        assert summary[f"heldout_verify_examples_{when}"] > 0
+    assert "self-verification" in result.stdout

@@ -14,6 +14,7 @@ import torch
 from datasets import Dataset
 from tqdm.auto import tqdm
 
+from grpo_exp.models import left_padded_eval
 from grpo_exp.verification import Verifier
 
 
@@ -40,12 +41,9 @@ def generate_completions(
     """Completions for chat prompts, batched with left padding: greedy at temperature 0, else sampled.
 
     Generation of a sequence ends at EOS or at the first of `stop_strings` (kept in the text)."""
-    was_training, padding_side = model.training, tokenizer.padding_side
-    model.eval()
-    tokenizer.padding_side = "left"
     texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
     completions: list[str] = []
-    try:
+    with left_padded_eval(model, tokenizer):
         for start in tqdm(range(0, len(texts), batch_size), desc=desc, unit="batch", disable=desc is None):
             batch = tokenizer(
                 texts[start : start + batch_size], return_tensors="pt", padding=True, add_special_tokens=False
@@ -63,9 +61,6 @@ def generate_completions(
             )
             new_tokens = output[:, batch["input_ids"].shape[1] :]
             completions += tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
-    finally:
-        model.train(was_training)
-        tokenizer.padding_side = padding_side
     return completions
 
 
@@ -144,7 +139,8 @@ def self_verification_metrics(
     conversations = [verification_prompt(c, task_cfg.template, task_cfg.show) for c in chosen]
     verdicts = generate_completions(model, tokenizer, conversations, max_new_tokens, batch_size, "verdicts")
     actual = [c.correct for c in chosen]
-    predicted = [None if v is None else v == "Yes" for v in map(parse_judgement, verdicts)]
+    strict = task_cfg.get("strict_verdict", True)
+    predicted = [None if v is None else v == "Yes" for v in (parse_judgement(text, strict) for text in verdicts)]
     question_cfg = VerifierSchema(name=VerifierName.self)
     shown = [c.response if task_cfg.show == "solution" else (c.answer or "") for c in chosen]
     questions = [question_messages(question_cfg.template, c.question, a) for c, a in zip(chosen, shown, strict=True)]

@@ -4,6 +4,7 @@ import importlib.resources
 import logging
 import os
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -171,3 +172,16 @@ def describe(model_cfg: DictConfig, model) -> str:
     }[model_cfg.source]
     lora = ", LoRA" if model_cfg.lora.enabled else ""
     return f"{model_cfg.name} ({origin}, {millions:.1f}M parameters{lora})"
+
+
+@contextmanager
+def left_padded_eval(model, tokenizer):
+    """Eval mode and left padding (batched generation / last-token scoring), restored afterwards."""
+    was_training, padding_side = model.training, tokenizer.padding_side
+    model.eval()
+    tokenizer.padding_side = "left"
+    try:
+        yield
+    finally:
+        model.train(was_training)
+        tokenizer.padding_side = padding_side

@@ -122,13 +122,20 @@ def verification_prompt(candidate: Candidate, template: str, show: str = "answer
     return [{"role": "user", "content": template.replace("{question}", candidate.question).replace("{answer}", shown)}]
 
 
-def parse_judgement(text: str) -> str | None:
-    """The policy's verdict: the last \\boxed{Yes|No} (case-insensitive); None when malformed."""
+VERDICT_WORD = re.compile(r"\b(yes|no)\b", re.IGNORECASE)
+
+
+def parse_judgement(text: str, strict: bool = True) -> str | None:
+    """The policy's verdict: the last \\boxed{Yes|No} (case-insensitive); None when malformed.
+
+    Not strict (for small models that rarely box): without a box, the first standalone "yes" or "no"."""
     boxed = boxed_content(text)
-    if boxed is None:
+    if boxed is not None:
+        return {"yes": YES, "no": NO}.get(re.sub(r"[^a-z]", "", boxed.lower()))
+    if strict:
         return None
-    word = re.sub(r"[^a-z]", "", boxed.lower())
-    return {"yes": YES, "no": NO}.get(word)
+    match = VERDICT_WORD.search(text)
+    return None if match is None else {"yes": YES, "no": NO}[match.group(1).lower()]
 
 
 def verification_reward(judgement: str | None, label: str, pass_rate: float, scale_by_pass_rate: bool) -> float:

@@ -163,7 +163,7 @@ class GRPOExpTrainer(GRPOTrainer):
         verify = [i for i, row in enumerate(batch["rows"]) if row["task"] == "verify"]
         if not verify:
             return
-        predicted = [parse_judgement(batch["texts"][i]) for i in verify]
+        predicted = [parse_judgement(batch["texts"][i], self.selfverify_cfg.strict_verdict) for i in verify]
         stats = judgement_metrics(
             [None if p is None else p == YES for p in predicted],
             [batch["rows"][i]["verify_label"] == YES for i in verify],

@@ -49,12 +49,11 @@ def question_messages(template: str, question: str, answer: str) -> list[dict[st
 @torch.no_grad()
 def p_yes_from_logits(model, tokenizer, conversations: list, yes_id: int, no_id: int, batch_size: int) -> list[float]:
     """P(Yes) / (P(Yes) + P(No)) of the first reply token, one forward pass per batch (left padding)."""
-    was_training, padding_side = model.training, tokenizer.padding_side
-    model.eval()
-    tokenizer.padding_side = "left"
+    from grpo_exp.models import left_padded_eval
+
     texts = [tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in conversations]
     scores: list[float] = []
-    try:
+    with left_padded_eval(model, tokenizer):
         for start in range(0, len(texts), batch_size):
             batch = tokenizer(
                 texts[start : start + batch_size], return_tensors="pt", padding=True, add_special_tokens=False
@@ -62,9 +61,6 @@ def p_yes_from_logits(model, tokenizer, conversations: list, yes_id: int, no_id:
             last = model(**batch).logits[:, -1, :].float()
             two = torch.stack([last[:, yes_id], last[:, no_id]], dim=1)
             scores += torch.softmax(two, dim=1)[:, 0].tolist()
-    finally:
-        model.train(was_training)
-        tokenizer.padding_side = padding_side
     return scores
 
 

@@ -1,7 +1,8 @@
 """The self-verification reward: was the policy's Yes/No judgement of a sampled answer right?
 
 Scores only the verification prompts that GRPOExpTrainer mixes into batches (task == "verify"); other
-samples get None (skipped by this component). A malformed judgement (no boxed Yes/No) earns 0.
+samples get None (skipped by this component). A malformed judgement (no boxed Yes/No; with
+strict_verdict=false, no Yes/No word at all) earns 0.
 """
 
 from grpo_exp.rewards.text import completion_text
@@ -21,6 +22,7 @@ def make_selfverify_reward(
     yes_share: float = 0.5,
     per_problem: int = 2,
     scale_by_pass_rate: bool = False,
+    strict_verdict: bool = True,
     buffer_size: int = 64,
     template: str = "{question} {answer}",
 ):
@@ -36,7 +38,7 @@ def make_selfverify_reward(
         rows = zip(completions, task or [None] * len(completions), verify_label or [None] * len(completions),
                    pass_rate or [None] * len(completions), strict=True)  # fmt: skip
         return [
-            verification_reward(parse_judgement(completion_text(c)), label, rate, scale_by_pass_rate)
+            verification_reward(parse_judgement(completion_text(c), strict_verdict), label, rate, scale_by_pass_rate)
             if kind == "verify"
             else None
             for c, kind, label, rate in rows
