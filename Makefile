@@ -30,6 +30,7 @@ test-fast: install  ## without the tests that run the embedded model
 bench: install  ## benchmarks (ratios measured side by side in one run); results go in BENCHMARKS.md
 	$(PY) -m benchmarks.rewards
 	$(PY) -m benchmarks.group_stats
+	$(PY) -m benchmarks.p_yes
 
 lint: install
 	$(PY) -m ruff check src tests benchmarks

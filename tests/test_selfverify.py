@@ -204,3 +204,13 @@ def test_genrm_p_yes_from_an_openai_compatible_endpoint_with_logprobs():
         scores = scorer(["What is 2 + 2?", "What is 2 + 2?"], ["4", "5"])
     assert all(0.0 <= s <= 1.0 for s in scores), scores  # both Yes and No among the top logprobs
     assert OmegaConf.select(cfg, "verifier.api_key_env") is None
+
+
+def test_candidates_from_groups():
+    from grpo_exp.selfverify import candidates_from_groups
+
+    found = candidates_from_groups(["q0", "q1"], ["\\boxed{1}", "2", "x", "y"], [True, False, None, None], 2, 10)
+    assert [(c.problem, c.answer, c.correct, c.pass_rate) for c in found] == [
+        (10, "1", True, 0.5),
+        (10, "2", False, 0.5),
+    ]

@@ -110,7 +110,7 @@ def self_verification_metrics(
     """
     from grpo_exp.schema import VerifierName, VerifierSchema
     from grpo_exp.selfverify import (
-        Candidate,
+        candidates_from_groups,
         filter_candidates,
         judgement_metrics,
         parse_judgement,
@@ -118,20 +118,13 @@ def self_verification_metrics(
         select_samples,
         verification_prompt,
     )
-    from grpo_exp.stats import final_answer
     from grpo_exp.verification import p_yes_from_logits, question_messages, yes_no_token_ids
 
     torch.manual_seed(seed)
     prompts = [p for p in dataset["prompt"] for _ in range(samples)]
     texts = generate_completions(model, tokenizer, prompts, max_new_tokens, batch_size, "own answers", temperature)
     labels = verifier(texts, [s for s in dataset["solution"] for _ in range(samples)])
-    candidates = []
-    for problem, question in enumerate(dataset["question"]):
-        members = [(texts[i], labels[i]) for i in range(problem * samples, (problem + 1) * samples)]
-        known = [label for _, label in members if label is not None]
-        pass_rate = sum(known) / len(known) if known else 0.0
-        candidates += [Candidate(problem, question, t, final_answer(t), bool(label), pass_rate)
-                       for t, label in members if label is not None]  # fmt: skip
+    candidates = candidates_from_groups(dataset["question"], texts, labels, samples)
     kept, _ = filter_candidates(candidates, drop_no_answer=True, drop_all_wrong=False)
     chosen = select_samples(kept, len(dataset), 0.5, samples, seed)
     if not chosen:

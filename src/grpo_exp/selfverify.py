@@ -33,6 +33,28 @@ class Candidate:
         return YES if self.correct else NO
 
 
+def candidates_from_groups(
+    questions: list[str], texts: list[str], labels: list[bool | None], size: int, first_problem: int = 0
+) -> list[Candidate]:
+    """Labelled candidates from consecutive groups of `size` completions, one problem (question) per group.
+
+    `questions` has one entry per group; unlabelled completions are left out, and so are groups with no label.
+    """
+    from grpo_exp.stats import final_answer
+
+    found = []
+    for index, question in enumerate(questions):
+        members = [(texts[i], labels[i]) for i in range(index * size, (index + 1) * size) if labels[i] is not None]
+        if not members:
+            continue
+        pass_rate = sum(label for _, label in members) / len(members)
+        found += [
+            Candidate(first_problem + index, question, text, final_answer(text), bool(label), pass_rate)
+            for text, label in members
+        ]
+    return found
+
+
 def filter_candidates(
     candidates: list[Candidate], drop_no_answer: bool = True, drop_all_wrong: bool = True
 ) -> tuple[list[Candidate], dict[str, int]]:

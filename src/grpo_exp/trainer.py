@@ -24,6 +24,7 @@ from grpo_exp.rewards.text import completion_text
 from grpo_exp.selfverify import (
     YES,
     Candidate,
+    candidates_from_groups,
     filter_candidates,
     judgement_metrics,
     parse_judgement,
@@ -31,7 +32,7 @@ from grpo_exp.selfverify import (
     select_samples,
     verification_prompt,
 )
-from grpo_exp.stats import final_answer, group_statistics
+from grpo_exp.stats import group_statistics
 from grpo_exp.verification import Verifier
 
 ROW_KEYS = ("question", "solution", "task", "verify_label", "pass_rate")
@@ -173,19 +174,14 @@ class GRPOExpTrainer(GRPOTrainer):
             self._metric(key, value)
 
     def _candidates(self, batch: dict) -> list[Candidate]:
-        """Labelled generation samples of this batch, one problem per group."""
-        size, found = self.num_generations, []
-        for start in range(0, len(batch["texts"]), size):
-            row = batch["rows"][start]
-            labels = batch["correct"][start : start + size]
-            if row["task"] == "verify" or torch.isnan(labels).all():
-                continue
-            self._problems_seen += 1
-            pass_rate = torch.nanmean(labels).item()
-            for text, label in zip(batch["texts"][start : start + size], labels.tolist(), strict=True):
-                if not math.isnan(label):
-                    found.append(Candidate(self._problems_seen, row["question"], text, final_answer(text),
-                                           label == 1.0, pass_rate))  # fmt: skip
+        """Labelled generation samples of this batch, one problem per group (verification groups left out)."""
+        size = self.num_generations
+        starts = [s for s in range(0, len(batch["texts"]), size) if batch["rows"][s]["task"] != "verify"]
+        texts = [t for s in starts for t in batch["texts"][s : s + size]]
+        labels = [None if math.isnan(v) else v == 1.0 for s in starts for v in batch["correct"][s : s + size].tolist()]
+        found = candidates_from_groups([batch["rows"][s]["question"] for s in starts], texts, labels, size,
+                                       first_problem=self._problems_seen)  # fmt: skip
+        self._problems_seen += len(starts)
         return found
 
     def _sample_candidates(self, rows: list[dict]) -> list[Candidate]:
