@@ -100,11 +100,16 @@ def _spread(pool: list[Candidate], rng: random.Random) -> list[Candidate]:
 def select_samples(
     candidates: list[Candidate], n: int, yes_share: float = 0.5, per_problem: int = 2, seed: int = 0
 ) -> list[Candidate]:
-    """Up to n candidates: round(n * yes_share) correct and the rest incorrect where the pools allow (a pool
+    """Up to n candidates: n * yes_share correct (rounded up or down at random, with the right odds) and the
+    rest incorrect where the pools allow (a pool
     that runs short is made up from the other), at most `per_problem` from any problem, spread over problems,
     in a seeded random order."""
     rng = random.Random(seed)
-    wanted = {YES: round(n * yes_share), NO: n - round(n * yes_share)}
+    # floor or ceil of n * yes_share, at random with the right odds: with n = 1 (one verification group per
+    # step) plain rounding would pick the same label every step.
+    share = n * yes_share
+    yes = math.floor(share) + (rng.random() < share - math.floor(share))
+    wanted = {YES: yes, NO: n - yes}
     pools = {label: _spread([c for c in candidates if c.label == label], rng) for label in (YES, NO)}
     taken_per_problem: dict[int, int] = defaultdict(int)
     chosen: list[Candidate] = []
