@@ -85,7 +85,9 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
         for label, key in (("verdict accuracy", "accuracy"), ("P(Yes) AUROC", "p_yes_auroc")):
             before, after = (summary.get(f"heldout_verify_{key}_{when}") for when in ("before", "after"))
             parts.append(f"{label} {_fmt(before)} -> {_fmt(after)}")
-        table.add_row("self-verification", ", ".join(parts) + " (held-out, balanced Yes/No)")
+        shares = (_fmt(summary.get(f"heldout_verify_yes_share_{when}"), 2) for when in ("before", "after"))
+        note = " (held-out, the policy's own answers; share of correct ones {} -> {})".format(*shares)
+        table.add_row("self-verification", ", ".join(parts) + note)
     for key in ("run_dir", "config", "metrics", "log", "checkpoint", "wandb"):
         if summary.get(key):
             table.add_row(key.replace("_", " "), str(summary[key]))
