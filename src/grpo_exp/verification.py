@@ -58,7 +58,8 @@ def p_yes_from_logits(model, tokenizer, conversations: list, yes_id: int, no_id:
             batch = tokenizer(
                 texts[start : start + batch_size], return_tensors="pt", padding=True, add_special_tokens=False
             ).to(model.device)
-            last = model(**batch).logits[:, -1, :].float()
+            # logits_to_keep=1: the LM head only at the last position (all positions: 1.4x the time, measured)
+            last = model(**batch, logits_to_keep=1).logits[:, -1, :].float()
             two = torch.stack([last[:, yes_id], last[:, no_id]], dim=1)
             scores += torch.softmax(two, dim=1)[:, 0].tolist()
     return scores
