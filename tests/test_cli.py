@@ -42,6 +42,7 @@ def test_help_lists_groups_and_options():
             "model.name_or_path='Qwen/Qwen",
         ),
         (["dataset=files"], "dataset.path is required with dataset=files"),
+        (["reward=math+selfverify", "trainer.prompts_per_step=1"], "schedule=joint mixes verification groups"),
         (["model=pretrained"], "model.name_or_path is required with model=pretrained"),
         (["+trainer.extra.per_device_train_batch_size=3"], "derived from trainer.prompts_per_step"),
         (["+trainer.extra.num_generatoins=3"], "did you mean ['num_generations'"),

@@ -37,6 +37,12 @@ def check_and_build(cfg: DictConfig):
     reward_funcs, reward_weights = build_rewards(cfg.reward)
     verifier = math_verify_verifier()
     check_trainer(cfg.trainer)
+    task = cfg.reward.components.get("selfverify")
+    if task is not None and task.schedule == "joint" and cfg.trainer.prompts_per_step < 2:
+        raise UserError(
+            "reward.components.selfverify.schedule=joint mixes verification groups into batches of several "
+            f"prompts, but trainer.prompts_per_step={cfg.trainer.prompts_per_step}: raise it or use schedule=interleave"
+        )
     check_data_files(cfg.dataset)
     check_reachable(cfg.model)
     return reward_funcs, reward_weights, verifier
