@@ -18,6 +18,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from grpo_exp.report import quarter_means
 from grpo_exp.tracking import METRICS_FILE, read_metrics
 
 CURVES = ["reward", "groups/pass@1", "groups/reward/frac_zero_std", "kl", "advantages/mean_abs", "entropy"]
@@ -65,13 +66,6 @@ def _series(run: Run, key: str) -> list[tuple[int, float]]:
     return [(m["step"], m[key]) for m in run.metrics if isinstance(m.get(key), int | float) and not math.isnan(m[key])]
 
 
-def _last_quarter_mean(values: list[float]) -> float:
-    if not values:
-        return math.nan
-    window = max(1, len(values) // 4)
-    return sum(values[-window:]) / window
-
-
 def _largest_pass_key(run: Run) -> str | None:
     ks = [int(k.split("@")[1]) for m in run.metrics for k in m if k.startswith("groups/pass@")]
     return f"groups/pass@{max(ks)}" if ks else None
@@ -88,11 +82,11 @@ def comparison_rows(runs: list[Run], swept: list[str]) -> list[dict]:
         row |= {key: run.overrides.get(key, "(default)") for key in swept}
         row |= {
             "steps": max((m["step"] for m in run.metrics), default=0),
-            "final reward": _last_quarter_mean(rewards),
+            "final reward": quarter_means(rewards)[1],
             "best reward": max(rewards) if rewards else math.nan,
             "held-out before": run.summary.get("heldout_accuracy_before"),
             "held-out after": run.summary.get("heldout_accuracy_after"),
-            "pass@k": _last_quarter_mean([v for _, v in _series(run, pass_key)]) if pass_key else math.nan,
+            "pass@k": quarter_means([v for _, v in _series(run, pass_key)])[1] if pass_key else math.nan,
             "k": int(pass_key.split("@")[1]) if pass_key else None,
             "final kl": kl[-1] if kl else math.nan,
             "s/step": sum(step_times) / len(step_times) if step_times else math.nan,

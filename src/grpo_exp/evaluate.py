@@ -108,6 +108,8 @@ def self_verification_metrics(
     prompts, answered greedily. Reports verdict accuracy (50% is chance on a balanced set), precision /
     recall / F1 of "Yes", and AUROC / Brier / ECE of the policy's P(Yes).
     """
+    from omegaconf import OmegaConf
+
     from grpo_exp.schema import VerifierName, VerifierSchema
     from grpo_exp.selfverify import (
         candidates_from_groups,
@@ -116,9 +118,10 @@ def self_verification_metrics(
         parse_judgement,
         probability_metrics,
         select_samples,
+        shown_answer,
         verification_prompt,
     )
-    from grpo_exp.verification import p_yes_from_logits, question_messages, yes_no_token_ids
+    from grpo_exp.verification import PYesScorer
 
     torch.manual_seed(seed)
     prompts = [p for p in dataset["prompt"] for _ in range(samples)]
@@ -134,11 +137,9 @@ def self_verification_metrics(
     actual = [c.correct for c in chosen]
     strict = task_cfg.get("strict_verdict", True)
     predicted = [None if v is None else v == "Yes" for v in (parse_judgement(text, strict) for text in verdicts)]
-    question_cfg = VerifierSchema(name=VerifierName.self)
-    shown = [c.response if task_cfg.show == "solution" else (c.answer or "") for c in chosen]
-    questions = [question_messages(question_cfg.template, c.question, a) for c, a in zip(chosen, shown, strict=True)]
-    yes_no = yes_no_token_ids(tokenizer, question_cfg.yes_token, question_cfg.no_token)
-    p_yes = p_yes_from_logits(model, tokenizer, questions, *yes_no, batch_size)
+    scorer = PYesScorer(OmegaConf.structured(VerifierSchema(name=VerifierName.self, batch_size=batch_size)), None, "")
+    scorer.bind(model, tokenizer)  # the policy's own P(Yes)
+    p_yes = scorer([c.question for c in chosen], [shown_answer(c, task_cfg.show) for c in chosen])
     return (
         {"verify/examples": len(chosen), "verify/yes_share": sum(actual) / len(actual)}
         | judgement_metrics(predicted, actual, "verify")

@@ -10,13 +10,17 @@ from rich.table import Table
 from grpo_exp.tracking import read_metrics
 
 
-def reward_trend(metrics: list[dict], key: str = "reward") -> tuple[float, float]:
-    """Mean training reward over the first and the last quarter of the logged steps (at least one step each)."""
-    values = [m[key] for m in metrics if key in m and isinstance(m[key], int | float)]
+def quarter_means(values: list[float]) -> tuple[float, float]:
+    """Means of the first and the last quarter of a series (at least one value each); NaN when empty."""
     if not values:
         return math.nan, math.nan
     window = max(1, len(values) // 4)
     return sum(values[:window]) / window, sum(values[-window:]) / window
+
+
+def reward_trend(metrics: list[dict], key: str = "reward") -> tuple[float, float]:
+    """Mean training reward over the first and the last quarter of the logged steps."""
+    return quarter_means([m[key] for m in metrics if key in m and isinstance(m[key], int | float)])
 
 
 def build_summary(

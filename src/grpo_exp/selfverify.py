@@ -143,9 +143,14 @@ def select_samples(
     return chosen
 
 
+def shown_answer(candidate: Candidate, show: str = "answer") -> str:
+    """What a verifier is shown of a candidate: its final answer only, or its full solution."""
+    return candidate.response if show == "solution" else (candidate.answer or "")
+
+
 def verification_prompt(candidate: Candidate, template: str, show: str = "answer") -> list[dict[str, str]]:
-    """The chat prompt asking the policy to judge a candidate: its final answer only, or its full solution."""
-    shown = candidate.response if show == "solution" else (candidate.answer or "")
+    """The chat prompt asking the policy to judge a candidate (see shown_answer)."""
+    shown = shown_answer(candidate, show)
     return [{"role": "user", "content": template.replace("{question}", candidate.question).replace("{answer}", shown)}]
 
 

@@ -36,19 +36,23 @@ def _nanmean(x: torch.Tensor) -> float:
     return torch.nanmean(x.float()).item() if x.numel() else math.nan
 
 
+def group_std(rewards: torch.Tensor) -> torch.Tensor:
+    """rewards [P, G] -> [P]: population std over the non-NaN members of each group."""
+    centred = rewards - torch.nanmean(rewards, dim=1, keepdim=True)
+    return torch.sqrt(torch.nanmean(centred**2, dim=1))
+
+
 def reward_spread(rewards: torch.Tensor, prefix: str) -> dict[str, float]:
     """rewards [P, G]: distribution of per-group mean and std, and the share of groups with no spread."""
     group_mean = torch.nanmean(rewards, dim=1)
-    # std over the non-NaN members of each group (population std, as the spread GRPO normalises by)
-    centred = rewards - group_mean.unsqueeze(1)
-    group_std = torch.sqrt(torch.nanmean(centred**2, dim=1))
-    valid = ~torch.isnan(group_std)
-    zero_std = (group_std[valid] < 1e-6).float()
+    spread = group_std(rewards)
+    valid = ~torch.isnan(spread)
+    zero_std = (spread[valid] < 1e-6).float()
     return {
         f"{prefix}/group_mean/mean": _nanmean(group_mean),
-        f"{prefix}/group_std/mean": _nanmean(group_std),
-        f"{prefix}/group_std/min": group_std[valid].min().item() if valid.any() else math.nan,
-        f"{prefix}/group_std/max": group_std[valid].max().item() if valid.any() else math.nan,
+        f"{prefix}/group_std/mean": _nanmean(spread),
+        f"{prefix}/group_std/min": spread[valid].min().item() if valid.any() else math.nan,
+        f"{prefix}/group_std/max": spread[valid].max().item() if valid.any() else math.nan,
         f"{prefix}/frac_zero_std": _nanmean(zero_std),
     }
 

@@ -30,9 +30,10 @@ from grpo_exp.selfverify import (
     parse_judgement,
     probability_metrics,
     select_samples,
+    shown_answer,
     verification_prompt,
 )
-from grpo_exp.stats import group_statistics
+from grpo_exp.stats import group_statistics, group_std
 from grpo_exp.verification import Verifier
 
 ROW_KEYS = ("question", "solution", "task", "verify_label", "pass_rate")
@@ -155,7 +156,7 @@ class GRPOExpTrainer(GRPOTrainer):
         """AUROC / Brier / ECE of the verifier's P(Yes) on the selected answers (one forward pass)."""
         if self.p_yes is None:
             return
-        shown = [c.response if self.selfverify_cfg.show == "solution" else (c.answer or "") for c in chosen]
+        shown = [shown_answer(c, self.selfverify_cfg.show) for c in chosen]
         scores = self.p_yes([c.question for c in chosen], shown)
         for key, value in probability_metrics(scores, [c.correct for c in chosen], "selfverify/p_yes").items():
             self._metric(key, value)
@@ -213,7 +214,7 @@ class GRPOExpTrainer(GRPOTrainer):
         if wandb.run is not None:
             wandb.log({
                 "groups/reward_mean_hist": wandb.Histogram(torch.nanmean(grouped_total, dim=1).nan_to_num().numpy()),
-                "groups/reward_std_hist": wandb.Histogram(_nanstd(grouped_total).nan_to_num().numpy()),
+                "groups/reward_std_hist": wandb.Histogram(group_std(grouped_total).nan_to_num().numpy()),
                 "train/global_step": step,
             })  # fmt: skip
         if (step - 1) % self.stats_cfg.table_every:
@@ -238,11 +239,6 @@ class GRPOExpTrainer(GRPOTrainer):
             columns = list(rows[0])
             table = wandb.Table(columns=columns, data=[[row[c] for c in columns] for row in rows])
             wandb.log({"groups/samples": table, "train/global_step": step})
-
-
-def _nanstd(grouped: torch.Tensor) -> torch.Tensor:
-    centred = grouped - torch.nanmean(grouped, dim=1, keepdim=True)
-    return torch.sqrt(torch.nanmean(centred**2, dim=1))
 
 
 def _float(value: torch.Tensor) -> float | None:
