@@ -24,9 +24,9 @@ def test_compare_writes_a_table_and_plots_of_the_sweep(tiny_sweep, capsys):
     printed = capsys.readouterr().out
     assert "trainer.num_generations" in printed  # the swept parameter is a column
     rows = (tiny_sweep / "compare" / "comparison.csv").read_text().splitlines()
-    assert rows[0].startswith("run,trainer.num_generations,steps,final reward,best reward")
+    assert rows[0].startswith("run,trainer.num_generations,status,steps,final reward,best reward")
     assert len(rows) == 3 and {r.split(",")[1] for r in rows[1:]} == {"2", "3"}
-    assert all(r.split(",")[2] == "3" for r in rows[1:])  # three steps each
+    assert all(r.split(",")[2:4] == ["finished", "3"] for r in rows[1:])  # three steps each
     plot = tiny_sweep / "compare" / "reward.png"
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (tiny_sweep / "compare" / "groups_pass_at_1.png").is_file()

@@ -6,10 +6,11 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from grpo_exp.distributed import world_size
 from grpo_exp.errors import UserError
 
 # TrainerSchema keys that are grpo_exp's own, not GRPOConfig fields.
-OWN_KEYS = {"prompts_per_step", "extra"}
+OWN_KEYS = {"prompts_per_step", "extra", "keep_checkpoints", "resume"}
 
 
 def check_trainer(trainer_cfg: DictConfig) -> None:
@@ -25,6 +26,17 @@ def check_trainer(trainer_cfg: DictConfig) -> None:
     for key in positive:
         if trainer_cfg[key] < 1:
             raise UserError(f"trainer.{key}={trainer_cfg[key]} must be at least 1")
+    processes = world_size()
+    if (trainer_cfg.prompts_per_step * trainer_cfg.num_generations) % processes:
+        raise UserError(
+            f"trainer.prompts_per_step * trainer.num_generations = "
+            f"{trainer_cfg.prompts_per_step * trainer_cfg.num_generations} completions per step cannot be split "
+            f"evenly over {processes} processes: change trainer.prompts_per_step"
+        )
+    if trainer_cfg.save_steps < 0:
+        raise UserError(f"trainer.save_steps={trainer_cfg.save_steps} must be 0 (off) or a number of steps")
+    if trainer_cfg.extra.get("use_vllm"):
+        check_vllm()
     if trainer_cfg.temperature <= 0:
         raise UserError(f"trainer.temperature={trainer_cfg.temperature} must be positive (GRPO samples)")
     known = {f.name for f in dataclasses.fields(GRPOConfig)}
@@ -52,27 +64,44 @@ DERIVED = {
 }
 
 
+def check_vllm() -> None:
+    """TRL's vLLM generation (generation=vllm_*) needs the vllm package and a CUDA GPU: say so before loading."""
+    import importlib.util
+
+    import torch
+
+    if importlib.util.find_spec("vllm") is None or not torch.cuda.is_available():
+        raise UserError(
+            "trainer.extra.use_vllm=true (generation=vllm_colocate / vllm_server) needs a CUDA GPU and the vllm "
+            "package (pip install vllm); use generation=transformers on this machine"
+        )
+
+
 def grpo_config(trainer_cfg: DictConfig, output_dir: Path, report_to: str, reward_weights: list[float], bf16: bool):
     """GRPOConfig: every trainer.* knob under its own name, batch sizes derived, our logging conventions."""
+    import torch
     from trl import GRPOConfig
 
     knobs = OmegaConf.to_container(trainer_cfg, enum_to_str=True)
     extra = knobs.pop("extra")
     for key in OWN_KEYS:
         knobs.pop(key, None)
-    completions_per_step = trainer_cfg.prompts_per_step * trainer_cfg.num_generations
+    if not knobs["save_steps"]:
+        knobs.pop("save_steps")
+    # prompts_per_step is per optimisation step over all processes, so adding processes keeps the experiment.
+    completions_per_process = trainer_cfg.prompts_per_step * trainer_cfg.num_generations // world_size()
+    ours = {
+        "output_dir": str(output_dir),
+        "per_device_train_batch_size": completions_per_process,
+        "gradient_accumulation_steps": 1,
+        "reward_weights": reward_weights,
+        "report_to": report_to,
+        "save_strategy": "steps" if trainer_cfg.save_steps else "no",
+        "disable_tqdm": False,
+        "bf16": bf16,  # mixed precision only for a bfloat16 model (TRL's default assumes a GPU)
+        "use_cpu": not torch.cuda.is_available(),  # on CPU, accelerate's multi-process mode needs it (gloo)
+    }
     try:
-        return GRPOConfig(
-            output_dir=str(output_dir),
-            per_device_train_batch_size=completions_per_step,
-            gradient_accumulation_steps=1,
-            reward_weights=reward_weights,
-            report_to=report_to,
-            save_strategy="no",
-            disable_tqdm=False,
-            bf16=bf16,  # mixed precision only for a bfloat16 model (TRL's default assumes a GPU)
-            **knobs,
-            **extra,
-        )
+        return GRPOConfig(**(ours | knobs | extra))
     except ValueError as err:  # GRPOConfig's own consistency checks
         raise UserError(f"trainer: {err}") from err

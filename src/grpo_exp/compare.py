@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from grpo_exp.report import quarter_means
+from grpo_exp.sweep import STATUS_FILE
 from grpo_exp.tracking import METRICS_FILE, read_metrics
 
 CURVES = ["reward", "groups/pass@1", "groups/reward/frac_zero_std", "kl", "advantages/mean_abs", "entropy"]
@@ -30,6 +31,11 @@ class Run:
     overrides: dict[str, str]
     metrics: list[dict] = field(default_factory=list)
     summary: dict = field(default_factory=dict)
+    status: dict = field(default_factory=dict)  # from a sweep's job_status.json: finished / failed (+ error)
+
+    @property
+    def state(self) -> str:
+        return self.status.get("status") or ("finished" if self.summary else "incomplete")
 
 
 def _parse_overrides(items: list[str]) -> dict[str, str]:
@@ -42,18 +48,31 @@ def load_run(directory: Path) -> Run:
     overrides = yaml.safe_load(overrides_file.read_text()) if overrides_file.is_file() else []
     summary_file = directory / "summary.json"
     summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
-    return Run(directory.as_posix(), _parse_overrides(overrides or []), read_metrics(directory / METRICS_FILE), summary)
+    status_file = directory / STATUS_FILE
+    status = json.loads(status_file.read_text()) if status_file.is_file() else {}
+    metrics = read_metrics(directory / METRICS_FILE)
+    return Run(directory.as_posix(), _parse_overrides(overrides or []), metrics, summary, status)
+
+
+def _is_run(directory: Path) -> bool:
+    return (directory / METRICS_FILE).is_file() or (directory / STATUS_FILE).is_file()
 
 
 def discover_runs(paths: list[Path]) -> list[Run]:
-    """Run directories (those with a metrics file) among the paths and below them, in a stable order."""
+    """Run directories (with a metrics file, or a sweep job's status) among the paths and below, in a stable order."""
     found: list[Path] = []
     for path in paths:
-        if (path / METRICS_FILE).is_file():
+        if _is_run(path):
             found.append(path)
         else:
-            found += sorted(p.parent for p in path.rglob(METRICS_FILE) if "wandb" not in p.parts)
+            marks = [*path.rglob(METRICS_FILE), *path.rglob(STATUS_FILE)]
+            found += sorted({p.parent for p in marks if "wandb" not in p.parts}, key=_job_order)
     return [load_run(p) for p in dict.fromkeys(found)]
+
+
+def _job_order(directory: Path) -> tuple:
+    """Sweep jobs (numbered directories) in numeric order: 2 before 10."""
+    return (directory.parent.as_posix(), int(directory.name) if directory.name.isdigit() else 0, directory.name)
 
 
 def swept_parameters(runs: list[Run]) -> list[str]:
@@ -81,6 +100,7 @@ def comparison_rows(runs: list[Run], swept: list[str]) -> list[dict]:
         row = {"run": Path(run.name).name}
         row |= {key: run.overrides.get(key, "(default)") for key in swept}
         row |= {
+            "status": run.state,
             "steps": max((m["step"] for m in run.metrics), default=0),
             "final reward": quarter_means(rewards)[1],
             "best reward": max(rewards) if rewards else math.nan,
@@ -101,13 +121,19 @@ def _cell(value) -> str:
     return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
-def print_table(rows: list[dict], console: Console | None = None) -> None:
-    table = Table(title="grpo_exp runs")
+def print_table(rows: list[dict], console: Console | None = None, title: str = "grpo_exp runs") -> None:
+    table = Table(title=title)
     for column in rows[0]:
         table.add_column(column, overflow="fold")
     for row in rows:
         table.add_row(*(_cell(v) for v in row.values()))
     (console or Console(width=160)).print(table)
+
+
+def print_failures(runs: list[Run], console: Console | None = None) -> None:
+    for run in runs:
+        if run.state == "failed":
+            (console or Console(width=160)).print(f"[red]failed[/red] {run.name}: {run.status.get('error', '?')}")
 
 
 def write_tables(rows: list[dict], out_dir: Path) -> list[Path]:
@@ -200,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = args.out or (args.paths[0] / "compare" if args.paths else Path("compare"))
     rows, written = compare(runs, out_dir)
     print_table(rows)
+    print_failures(runs)
     print(f"Wrote {len(written)} files to {out_dir}: " + ", ".join(p.name for p in written))
     return 0
 

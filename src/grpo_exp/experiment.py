@@ -2,8 +2,11 @@
 
 import json
 import logging
+import signal
+import threading
 import time
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -13,10 +16,21 @@ from transformers import set_seed
 
 from grpo_exp.build import check_trainer, grpo_config
 from grpo_exp.data import check_data_files, load_splits
+from grpo_exp.distributed import is_main_process, shared_run_dir, wait_for_everyone
 from grpo_exp.errors import UserError
 from grpo_exp.evaluate import EvalResult, heldout_accuracy, self_verification_metrics
 from grpo_exp.models import check_reachable, describe, load_model, load_tokenizer, lora_config, torch_dtype
 from grpo_exp.report import build_summary, print_summary, write_summary
+from grpo_exp.resume import (
+    SUMMARY_FILE,
+    TRAINER_DIR,
+    Attempt,
+    carry_history,
+    is_complete,
+    remove_checkpoints,
+    resolve_attempt,
+    write_record,
+)
 from grpo_exp.rewards.registry import build_rewards
 from grpo_exp.schema import VerifierName, VerifierSchema
 from grpo_exp.tracking import METRICS_FILE, MetricsFileCallback, Tracker, redact, report_to, run_identity
@@ -70,13 +84,20 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
     # Deprecation notices from inside transformers/TRL are not the user's to act on.
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
-    run_dir = Path(hydra_cfg.runtime.output_dir)
+    run_dir = shared_run_dir(Path(hydra_cfg.runtime.output_dir))
+    main = is_main_process()
     reward_funcs, reward_weights, verifier = check_and_build(cfg)
     bf16 = torch_dtype(cfg.model.dtype) == torch.bfloat16
-    args = grpo_config(cfg.trainer, run_dir / "trainer", report_to(cfg.logger), reward_weights, bf16)
+    args = grpo_config(cfg.trainer, run_dir / TRAINER_DIR, report_to(cfg.logger), reward_weights, bf16)
 
     resolved = redact(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(resolved), encoding="utf-8")
+    attempt = resolve_attempt(cfg.trainer.resume, Path(cfg.outputs_dir), resolved)
+    if main:
+        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(resolved), encoding="utf-8")
+        if attempt:
+            carry_history(attempt, run_dir)
+    if attempt and attempt.finished:
+        return report_finished(attempt, run_dir)
     choices = {k: v for k, v in hydra_cfg.runtime.choices.items() if not k.startswith("hydra") and v}
     name, group = run_identity(hydra_cfg)
 
@@ -86,10 +107,14 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
     model = load_model(cfg.model, tokenizer, cfg.cache_dir, cfg.trainer.seed)
 
     tags = [f"{k}:{v}" for k, v in choices.items()]
-    tracker = Tracker(cfg.logger, run_dir, name, group, tags, {**resolved, "choices": choices})
+    run_id = attempt.record.get("wandb_id") if attempt else None
+    tracker = Tracker(cfg.logger, run_dir, name, group, tags, {**resolved, "choices": choices}, run_id, enabled=main)
     failed = True
     try:
-        before = evaluate(model, tokenizer, heldout, verifier, cfg, run_dir, "before") if cfg.eval.before else None
+        before = evaluate_before(model, tokenizer, heldout, verifier, cfg, run_dir, attempt) if main else None
+        if main:
+            write_record(run_dir, {"wandb_id": tracker.run_id, "heldout_before": before and asdict_light(before)})
+        wait_for_everyone()
         trainer = GRPOExpTrainer(
             verifier=verifier,
             stats_cfg=cfg.stats,
@@ -106,23 +131,28 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
         )
         bind_policy([*reward_funcs, trainer], trainer.model, tokenizer)
         started = time.perf_counter()
-        try:
-            trainer.train()
-        except BaseException:
-            _save_quietly(trainer, run_dir / "checkpoint-interrupted")
-            raise
+        with interruptible(trainer):
+            trainer.train(resume_from_checkpoint=str(attempt.checkpoint) if attempt else None)
         train_seconds = time.perf_counter() - started
-        after = evaluate(trainer.model, tokenizer, heldout, verifier, cfg, run_dir, "after") if cfg.eval.after else None
+        after = None
+        if cfg.eval.after and main:
+            after = evaluate(trainer.model, tokenizer, heldout, verifier, cfg, run_dir, "after")
         checkpoint = run_dir / "checkpoint-final" if cfg.save_model else None
         if checkpoint:
-            trainer.save_model(str(checkpoint))
+            trainer.save_model(str(checkpoint))  # every rank: DeepSpeed/FSDP gather their shards here
+        if not cfg.trainer.keep_checkpoints and main:
+            remove_checkpoints(run_dir)
+        if not main:
+            failed = False
+            return {"heldout_accuracy_after": None}
+        steps = trainer.state.global_step
         summary = (
             build_summary(
                 cfg,
                 name=name,
                 model=describe(cfg.model, trainer.model),
                 sizes=(len(train_set), len(heldout)),
-                steps=trainer.state.global_step,
+                steps=steps,
                 train_seconds=train_seconds,
                 accuracy=(_accuracy(before), _accuracy(after)),
                 paths={
@@ -137,16 +167,81 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
             )
             | tracker.identity()
         )
+        # As TRL ran it: the group size and the per-process batch it derived, over this many processes.
+        summary |= {
+            "trl_num_generations": trainer.num_generations,
+            "per_device_train_batch_size": trainer.args.per_device_train_batch_size,
+            "processes": trainer.accelerator.num_processes,
+        }
+        if attempt:  # this attempt trained the steps after the checkpoint only
+            summary |= {
+                "resumed_from": str(attempt.checkpoint),
+                "seconds_per_step": train_seconds / max(steps - attempt.step, 1),
+            }
         for when, result in (("before", before), ("after", after)):
             if result is not None:
                 summary |= {f"heldout_{k.replace('/', '_')}_{when}": v for k, v in result.verification.items()}
-        write_summary(summary, run_dir / "summary.json")
+        write_summary(summary, run_dir / SUMMARY_FILE)
         tracker.summary({k: v for k, v in summary.items() if isinstance(v, int | float)})
         failed = False
     finally:
         tracker.finish(failed)
     print_summary(summary)
     return summary
+
+
+def evaluate_before(model, tokenizer, heldout, verifier, cfg, run_dir: Path, attempt: Attempt | None):
+    """Held-out accuracy before training; a resumed run takes its first attempt's (measured on the initial model)."""
+    recorded = attempt.record.get("heldout_before") if attempt else None
+    if recorded:
+        return EvalResult(**recorded)
+    return evaluate(model, tokenizer, heldout, verifier, cfg, run_dir, "before") if cfg.eval.before else None
+
+
+def asdict_light(result: EvalResult) -> dict:
+    """What a later attempt needs of an evaluation (the per-problem samples are in eval_<when>.jsonl)."""
+    return {"accuracy": result.accuracy, "correct": result.correct, "scored": result.scored,
+            "verification": result.verification}  # fmt: skip
+
+
+def report_finished(attempt: Attempt, run_dir: Path) -> dict:
+    """trainer.resume=auto found this run already finished: report it (its files are now in run_dir too)."""
+    summary = json.loads((attempt.run_dir / SUMMARY_FILE).read_text()) | {"resumed_from": str(attempt.run_dir)}
+    if is_main_process():
+        write_summary(summary, run_dir / SUMMARY_FILE)
+        log.info("trainer.resume=auto: this run already finished in %s; nothing to train", attempt.run_dir)
+        print_summary(summary)
+    return summary
+
+
+@contextmanager
+def interruptible(trainer):
+    """Ctrl-C, SIGTERM (Slurm's time limit, preemption) or a crash mid-training: save a resumable checkpoint
+    of the last completed step first, so that trainer.resume=auto continues from there."""
+    previous = signal.getsignal(signal.SIGTERM)
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    if in_main_thread:
+        signal.signal(signal.SIGTERM, signal.default_int_handler)  # raise KeyboardInterrupt instead of dying
+    try:
+        yield
+    except BaseException:
+        save_resumable_checkpoint(trainer)
+        raise
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def save_resumable_checkpoint(trainer) -> None:
+    """Never let this mask the original error (an out-of-memory error may well strike again while saving)."""
+    step = trainer.state.global_step
+    if step == 0 or is_complete(Path(trainer.args.output_dir) / f"checkpoint-{step}"):
+        return
+    try:
+        trainer._save_checkpoint(trainer.model, trial=None)  # weights, optimiser, scheduler, RNG, trainer state
+        log.warning("Training stopped at step %d; resumable checkpoint saved in %s", step, trainer.args.output_dir)
+    except Exception as err:  # noqa: BLE001
+        log.warning("Could not save a checkpoint of the interrupted run: %s", err)
 
 
 def p_yes_scorer(cfg: DictConfig) -> PYesScorer | None:
@@ -171,12 +266,3 @@ def bind_policy(holders: list, model, tokenizer) -> None:
 
 def _accuracy(result: EvalResult | None) -> float | None:
     return result.accuracy if result else None
-
-
-def _save_quietly(trainer, path: Path) -> None:
-    """Keep the weights of an interrupted run; never let this mask the original error."""
-    try:
-        trainer.save_model(str(path))
-        log.warning("Training stopped early; weights so far saved to %s", path)
-    except Exception as err:  # noqa: BLE001
-        log.warning("Could not save the interrupted run's weights: %s", err)

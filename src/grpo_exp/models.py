@@ -1,6 +1,8 @@
 """Config -> tokenizer and trainable policy model (embedded GGUF, tiny random model, or any hub id/path)."""
 
+import hashlib
 import importlib.resources
+import json
 import logging
 import os
 import shutil
@@ -8,7 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedTokenizerBase
 
 from grpo_exp.errors import UserError
@@ -133,13 +135,28 @@ def build_tiny_model(model_cfg: DictConfig, tokenizer: PreTrainedTokenizerBase, 
     return AutoModelForCausalLM.from_config(config, dtype=torch_dtype(model_cfg.dtype))
 
 
+def materialise_tiny(model_cfg: DictConfig, tokenizer: PreTrainedTokenizerBase, cache_dir: str, seed: int) -> Path:
+    """The tiny model saved once per architecture and seed: loaded from a directory like any other model, so that
+    TRL can build the frozen reference model (beta > 0) from its path."""
+    spec = json.dumps([OmegaConf.to_container(model_cfg.architecture), model_cfg.dtype.value, seed, len(tokenizer)])
+    target = Path(cache_dir).expanduser() / "models" / f"tiny-{hashlib.sha256(spec.encode()).hexdigest()[:12]}"
+    if not (target / "config.json").is_file():
+        build_dir = target.with_name(f"{target.name}.building-{os.getpid()}")
+        try:
+            build_tiny_model(model_cfg, tokenizer, seed).save_pretrained(build_dir)
+            _publish(build_dir, target)
+        finally:
+            shutil.rmtree(build_dir, ignore_errors=True)
+    return target
+
+
 def load_model(model_cfg: DictConfig, tokenizer: PreTrainedTokenizerBase, cache_dir: str, seed: int):
     """The policy model, in train-ready (non-quantized) form."""
     log.info("Loading model %s", model_cfg.name)
     dtype = torch_dtype(model_cfg.dtype)
     if model_cfg.source is ModelSource.tiny:
-        return build_tiny_model(model_cfg, tokenizer, seed)
-    if model_cfg.source is ModelSource.embedded:
+        source = materialise_tiny(model_cfg, tokenizer, cache_dir, seed)
+    elif model_cfg.source is ModelSource.embedded:
         source = materialise_embedded(model_cfg, cache_dir)
     else:
         source = model_cfg.name_or_path

@@ -181,7 +181,7 @@ class VerifierSchema:
 
 @dataclass
 class TrainerSchema:
-    # grpo_exp's own knob: prompts per optimisation step (per process). Batch sizes are derived from it.
+    # grpo_exp's own knob: prompts per optimisation step, across all processes. Batch sizes are derived from it.
     prompts_per_step: int = 2
     # GRPOConfig's own names from here on.
     num_generations: int = 4
@@ -201,6 +201,14 @@ class TrainerSchema:
     max_grad_norm: float = 1.0
     logging_steps: int = 1
     seed: int = 42
+    # Resumable checkpoints (weights, optimiser, RNG) every N steps under <run dir>/trainer (0: only when a run is
+    # interrupted); deleted when the run finishes unless keep_checkpoints.
+    save_steps: int = 10
+    save_total_limit: int = 1
+    keep_checkpoints: bool = False
+    # null: start afresh. auto: continue the latest earlier attempt with the same config under outputs_dir
+    # (from its last checkpoint; a finished attempt is reported, not rerun). Or a run / checkpoint directory.
+    resume: str | None = None
     # Any other GRPOConfig field, passed through by name (checked against GRPOConfig).
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -247,6 +255,8 @@ class Schema:
     stats: StatsSchema = field(default_factory=StatsSchema)
     # Where materialised models are kept between runs.
     cache_dir: str = MISSING
+    # Where run and sweep directories go (and where trainer.resume=auto looks for earlier attempts).
+    outputs_dir: str = "outputs"
     save_model: bool = True
 
 

@@ -16,6 +16,8 @@ log = logging.getLogger(__name__)
 SECRET_MARKERS = ("api_key", "apikey", "token", "secret", "password")
 REDACTED = "***redacted***"
 METRICS_FILE = "metrics.jsonl"
+# Overrides that say where or how a run is kept, not what it is: left out of its name.
+BOOKKEEPING = ("hydra.", "outputs_dir=", "trainer.resume=")
 
 
 def redact(node: Any) -> Any:
@@ -39,7 +41,7 @@ def _is_secret_key(key: Any) -> bool:
 
 def run_name(task_overrides: list[str], swept: set[str] | None = None) -> str:
     """A run is named by what differs: in a sweep, its values of the swept keys; else its overrides."""
-    overrides = [o.lstrip("+~") for o in task_overrides if not o.lstrip("+~").startswith("hydra.")]
+    overrides = [o.lstrip("+~") for o in task_overrides if not o.lstrip("+~").startswith(BOOKKEEPING)]
     if swept:
         overrides = [o for o in overrides if o.split("=", 1)[0] in swept]
     return ",".join(overrides) or "defaults"
@@ -63,11 +65,13 @@ def run_identity(hydra_cfg) -> tuple[str, str | None]:
         return run_name(task), None
     sweep_dir = Path(hydra_cfg.sweep.dir)
     sweep_record = sweep_dir / "multirun.yaml"  # written by Hydra when the sweep starts: the original overrides
-    swept: set[str] = set()
+    # The sweeper's own params (Optuna writes no multirun.yaml), and the original command line's sweeps.
+    params = OmegaConf.select(hydra_cfg, "sweeper.params")
+    swept: set[str] = set(OmegaConf.to_container(params)) if params else set()
     if sweep_record.is_file():
         record = OmegaConf.load(sweep_record)
         params = OmegaConf.select(record, "hydra.sweeper.params")
-        swept = swept_keys(list(record.hydra.overrides.task), OmegaConf.to_container(params) if params else None)
+        swept |= swept_keys(list(record.hydra.overrides.task), OmegaConf.to_container(params) if params else None)
     try:
         group = sweep_dir.resolve().relative_to(Path.cwd()).as_posix()
     except ValueError:
@@ -131,11 +135,15 @@ class Tracker:
         group: str | None,
         tags: list[str],
         config: dict,
+        run_id: str | None = None,
+        enabled: bool = True,
         job_type: str = "train",
     ):
+        """run_id: an earlier attempt's run, continued (resumed) rather than duplicated. enabled=False on all
+        but the main process of a multi-process run."""
         self.run = None
         self.mode = "disabled"
-        if report_to(logger_cfg) == "none":
+        if report_to(logger_cfg) == "none" or not enabled:
             return
         import wandb
 
@@ -151,8 +159,14 @@ class Tracker:
             config=redact(config),
             mode=self.mode,
             dir=str(run_dir),
+            id=run_id,
+            resume="allow" if run_id else None,
         )
         log.info("W&B run %s (%s mode) in %s", name, self.mode, self.run_path)
+
+    @property
+    def run_id(self) -> str | None:
+        return None if self.run is None else self.run.id
 
     @property
     def run_path(self) -> Path | None:

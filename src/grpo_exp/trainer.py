@@ -213,8 +213,8 @@ class GRPOExpTrainer(GRPOTrainer):
         grouped_total = total.view(-1, size)
         if wandb.run is not None:
             wandb.log({
-                "groups/reward_mean_hist": wandb.Histogram(torch.nanmean(grouped_total, dim=1).nan_to_num().numpy()),
-                "groups/reward_std_hist": wandb.Histogram(group_std(grouped_total).nan_to_num().numpy()),
+                "groups/reward_mean_hist": wandb.Histogram(_histogram_values(torch.nanmean(grouped_total, dim=1))),
+                "groups/reward_std_hist": wandb.Histogram(_histogram_values(group_std(grouped_total))),
                 "train/global_step": step,
             })  # fmt: skip
         if (step - 1) % self.stats_cfg.table_every:
@@ -239,6 +239,11 @@ class GRPOExpTrainer(GRPOTrainer):
             columns = list(rows[0])
             table = wandb.Table(columns=columns, data=[[row[c] for c in columns] for row in rows])
             wandb.log({"groups/samples": table, "train/global_step": step})
+
+
+def _histogram_values(values: torch.Tensor):
+    """Rounded: values a few ulps apart (float noise) make numpy refuse 64 bins over that range."""
+    return torch.round(values.nan_to_num(), decimals=6).numpy()
 
 
 def _float(value: torch.Tensor) -> float | None:

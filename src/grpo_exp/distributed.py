@@ -1,0 +1,40 @@
+"""Multi-process training (`accelerate launch`, torchrun): who writes, and one run directory for all ranks.
+
+Every rank runs the whole Hydra job; only the main process evaluates, writes files and logs to W&B.
+"""
+
+import os
+from pathlib import Path
+
+
+def world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def is_main_process() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def shared_run_dir(run_dir: Path) -> Path:
+    """The main process's run directory, on every rank.
+
+    Each rank composes its own Hydra run directory from the clock, and ranks may start a second apart;
+    checkpoints (written by every rank under DeepSpeed ZeRO-3) must all go to one place.
+    """
+    if world_size() == 1:
+        return run_dir
+    import torch
+    from accelerate import PartialState
+    from accelerate.utils import broadcast_object_list
+
+    PartialState(cpu=not torch.cuda.is_available())  # joins the process group the launcher set up
+    shared = [str(run_dir)]
+    broadcast_object_list(shared, from_process=0)
+    return Path(shared[0])
+
+
+def wait_for_everyone() -> None:
+    if world_size() > 1:
+        from accelerate import PartialState
+
+        PartialState().wait_for_everyone()

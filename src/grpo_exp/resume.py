@@ -1,0 +1,132 @@
+"""trainer.resume: find an earlier attempt at the same run, and carry its history into this one.
+
+An attempt is a run directory (it has `.hydra/`) whose saved config equals this run's, `trainer.resume`
+aside. A finished attempt (summary.json) is reported rather than rerun; an unfinished one is continued
+from its last checkpoint, under its W&B run id, in the new run directory (which receives the metrics
+and samples logged up to that checkpoint, so that the new directory holds the whole run).
+"""
+
+import json
+import logging
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from grpo_exp.errors import UserError
+
+log = logging.getLogger(__name__)
+
+ATTEMPT_FILE = "attempt.json"  # what a later attempt needs of this one: W&B run id, held-out accuracy before
+CONFIG_FILE = "config.yaml"
+SUMMARY_FILE = "summary.json"
+TRAINER_DIR = "trainer"  # TRL's output_dir inside a run directory: its checkpoint-N folders
+# Logged per step (carried up to the checkpoint) / written once (carried whole from a finished attempt).
+STEP_FILES = ("metrics.jsonl", "samples.jsonl")
+RUN_FILES = ("eval_before.jsonl", "eval_after.jsonl", ATTEMPT_FILE)
+
+
+@dataclass
+class Attempt:
+    run_dir: Path
+    finished: bool
+    checkpoint: Path | None
+    record: dict = field(default_factory=dict)
+
+    @property
+    def step(self) -> int:
+        return int(self.checkpoint.name.rsplit("-", 1)[1]) if self.checkpoint else 0
+
+
+def without_resume(config: dict) -> dict:
+    trainer = {k: v for k, v in config.get("trainer", {}).items() if k != "resume"}
+    return {**config, "trainer": trainer}
+
+
+def is_complete(checkpoint: Path) -> bool:
+    """The trainer state is written last: a checkpoint interrupted while saving has none."""
+    return (checkpoint / "trainer_state.json").is_file()
+
+
+def last_checkpoint(trainer_dir: Path) -> Path | None:
+    steps = {int(p.name.rsplit("-", 1)[1]): p for p in trainer_dir.glob("checkpoint-*") if p.name[11:].isdigit()}
+    complete = [steps[step] for step in sorted(steps) if is_complete(steps[step])]
+    return complete[-1] if complete else None
+
+
+def load_attempt(run_dir: Path) -> Attempt:
+    record_file = run_dir / ATTEMPT_FILE
+    record = json.loads(record_file.read_text()) if record_file.is_file() else {}
+    finished = (run_dir / SUMMARY_FILE).is_file()
+    return Attempt(run_dir, finished, last_checkpoint(run_dir / TRAINER_DIR), record)
+
+
+def find_attempt(outputs_dir: Path, config: dict) -> Attempt | None:
+    """The most recent earlier attempt with this config that finished or left a checkpoint.
+
+    It may be in this run's own directory: submitit requeues a Slurm job into the directory it had.
+    """
+    wanted = without_resume(config)
+    attempts = []
+    for hydra_dir in outputs_dir.rglob(".hydra"):
+        run_dir = hydra_dir.parent
+        config_file = run_dir / CONFIG_FILE
+        if not config_file.is_file():
+            continue
+        if without_resume(yaml.safe_load(config_file.read_text()) or {}) != wanted:
+            continue
+        attempt = load_attempt(run_dir)
+        if attempt.finished or attempt.checkpoint:
+            attempts.append((config_file.stat().st_mtime, attempt))
+    return max(attempts, key=lambda pair: pair[0])[1] if attempts else None
+
+
+def explicit_attempt(path: Path) -> Attempt:
+    """trainer.resume=<dir>: a checkpoint directory, or a run directory (its last checkpoint)."""
+    if is_complete(path):
+        run_dir = path.parent.parent if path.parent.name == TRAINER_DIR else path.parent
+        return Attempt(run_dir, False, path, load_attempt(run_dir).record)
+    attempt = load_attempt(path) if path.is_dir() else None
+    if attempt is None or attempt.checkpoint is None:
+        raise UserError(f"trainer.resume={path}: not a checkpoint, nor a run directory with checkpoints under trainer/")
+    attempt.finished = False  # asked to continue from it explicitly
+    return attempt
+
+
+def resolve_attempt(resume: str | None, outputs_dir: Path, config: dict) -> Attempt | None:
+    if not resume:
+        return None
+    if resume == "auto":
+        attempt = find_attempt(outputs_dir, config)
+        if attempt is None:
+            log.info("trainer.resume=auto: no earlier attempt with this config under %s; starting afresh", outputs_dir)
+        return attempt
+    return explicit_attempt(Path(resume))
+
+
+def carry_history(attempt: Attempt, run_dir: Path) -> None:
+    """Copy into run_dir what the attempt logged: up to its checkpoint, or everything if it finished."""
+    same_dir = attempt.run_dir.resolve() == run_dir.resolve()
+    for name in STEP_FILES:
+        source = attempt.run_dir / name
+        if not source.is_file():
+            continue
+        lines = source.read_text(encoding="utf-8").splitlines(keepends=True)
+        if not attempt.finished:  # steps after the checkpoint will be trained (and logged) again
+            lines = [line for line in lines if line.strip() and json.loads(line).get("step", 0) <= attempt.step]
+        (run_dir / name).write_text("".join(lines), encoding="utf-8")
+    for name in RUN_FILES:
+        source = attempt.run_dir / name
+        if source.is_file() and not same_dir and (attempt.finished or name != "eval_after.jsonl"):
+            shutil.copyfile(source, run_dir / name)
+
+
+def write_record(run_dir: Path, record: dict) -> None:
+    (run_dir / ATTEMPT_FILE).write_text(json.dumps(record, indent=2), encoding="utf-8")
+
+
+def remove_checkpoints(run_dir: Path) -> None:
+    """A finished run keeps checkpoint-final only: resumable checkpoints hold the optimiser state (3x the model)."""
+    for checkpoint in (run_dir / TRAINER_DIR).glob("checkpoint-*"):
+        shutil.rmtree(checkpoint, ignore_errors=True)
