@@ -176,7 +176,8 @@ class Tracker:
         """The run's name and group as W&B recorded them (read back from the run, not from our arguments)."""
         if self.run is None:
             return {}
-        return {"wandb_name": self.run.name, "wandb_group": self.run.group, "wandb_job_type": self.run.job_type}
+        run = self.run
+        return {"wandb_id": run.id, "wandb_name": run.name, "wandb_group": run.group, "wandb_job_type": run.job_type}
 
     def summary(self, values: dict) -> None:
         if self.run is not None:

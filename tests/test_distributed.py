@@ -1,0 +1,81 @@
+"""Multi-process training with accelerate (CPU, gloo), and the GPU engines' configs (DeepSpeed, FSDP, vLLM)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from accelerate.commands.config.config_args import load_config_from_file
+from accelerate.utils import DistributedType
+
+from grpo_exp.build import check_trainer, grpo_config
+from grpo_exp.errors import UserError
+from grpo_exp.paths import REPO_ROOT
+from grpo_exp.tracking import read_metrics
+from tests.conftest import TINY_RUN, compose_config
+
+ACCELERATE_DIR = REPO_ROOT / "accelerate"
+
+
+def test_two_processes_train_data_parallel_and_only_the_main_one_writes(tmp_path):
+    outputs = tmp_path / "outputs"
+    result = subprocess.run(
+        [
+            sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ACCELERATE_DIR / "ddp.yaml"),
+            "-m", "grpo_exp.train", *TINY_RUN, "reward=math+format+length", "trainer.max_steps=3", "logger=wandb",
+            f"outputs_dir={outputs}",
+        ],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    [run_dir] = [p.parent for p in (outputs / "runs").rglob("summary.json")]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    # 2 prompts x G=2 per step in total: one group's worth of completions on each of the two processes
+    assert summary["processes"] == 2 and summary["per_device_train_batch_size"] == 2 and summary["steps"] == 3
+    assert len(list((run_dir / "wandb").glob("offline-run-*"))) == 1, "only the main process logs to W&B"
+    steps = [m["step"] for m in read_metrics(run_dir / "metrics.jsonl") if "reward" in m]
+    assert steps == [1, 2, 3], "metrics written once per step (by the main process)"
+    assert (run_dir / "checkpoint-final" / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize(
+    ("name", "kind", "detail"),
+    [
+        ("ddp.yaml", DistributedType.MULTI_GPU, {}),
+        ("zero2.yaml", DistributedType.DEEPSPEED, {"zero_stage": 2}),
+        ("zero3.yaml", DistributedType.DEEPSPEED, {"zero_stage": 3, "zero3_save_16bit_model": True}),
+        ("fsdp.yaml", DistributedType.FSDP, {"fsdp_version": 2, "fsdp_state_dict_type": "FULL_STATE_DICT"}),
+    ],
+)
+def test_the_accelerate_configs_are_valid_for_accelerate(name, kind, detail):
+    """Checked by accelerate's own loader (running DeepSpeed and FSDP needs GPUs: see README)."""
+    config = load_config_from_file(str(ACCELERATE_DIR / name))
+    assert config.distributed_type == kind and config.num_machines == 1
+    section = config.deepspeed_config if kind == DistributedType.DEEPSPEED else config.fsdp_config
+    assert detail.items() <= section.items()
+
+
+def test_the_batch_must_split_evenly_over_the_processes(monkeypatch):
+    cfg = compose_config([*TINY_RUN, "trainer.prompts_per_step=3", "trainer.num_generations=3"])
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(UserError, match="9 completions per step cannot be split evenly over 2 processes"):
+        check_trainer(cfg.trainer)
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    check_trainer(cfg.trainer)  # 3 completions per process (the 2-process run above checks what TRL derives)
+
+
+@pytest.mark.parametrize("option", ["vllm_colocate", "vllm_server"])
+def test_vllm_generation_is_a_config_switch_for_trl(option):
+    cfg = compose_config([*TINY_RUN, f"generation={option}"])
+    args = grpo_config(cfg.trainer, Path("unused"), "none", [1.0, 0.2], False)
+    assert args.use_vllm and args.vllm_mode == option.removeprefix("vllm_")
+    if not torch.cuda.is_available():  # this machine: refused before any model loads, saying why
+        with pytest.raises(UserError, match="needs a CUDA GPU and the vllm package"):
+            check_trainer(cfg.trainer)
+
+
+def test_generation_defaults_to_transformers():
+    cfg = compose_config(TINY_RUN)
+    assert not grpo_config(cfg.trainer, Path("unused"), "none", [1.0, 0.2], False).use_vllm

@@ -1,0 +1,151 @@
+"""trainer.resume and determinism: an interrupted run continues where it stopped, with the same results."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from grpo_exp.errors import UserError
+from grpo_exp.resume import carry_history, explicit_attempt, find_attempt, last_checkpoint, load_attempt
+from grpo_exp.tracking import read_metrics
+from tests.conftest import TINY_RUN, run_cli
+
+# Eight steps, a resumable checkpoint every two; `length` gives the tiny model's completions a reward spread.
+RUN = [*TINY_RUN, "reward=math+format+length", "trainer.max_steps=8", "trainer.save_steps=2"]
+PER_STEP = ("reward", "loss", "grad_norm", "rewards/length/mean", "completions/mean_length")
+
+
+def per_step(run_dir: Path) -> dict[int, tuple]:
+    rows = [m for m in read_metrics(run_dir / "metrics.jsonl") if "reward" in m]
+    assert len(rows) == len({m["step"] for m in rows}), "a step was logged twice"
+    return {m["step"]: tuple(m[k] for k in PER_STEP) for m in rows}
+
+
+def run_dirs(outputs: Path) -> list[Path]:
+    return sorted(p.parent for p in (outputs / "runs").rglob(".hydra"))
+
+
+def interrupt_after_first_checkpoint(args: list[str], outputs: Path) -> subprocess.CompletedProcess:
+    """Start a run and send it SIGTERM (what Slurm sends at its time limit) once a checkpoint is complete."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "grpo_exp.train", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=os.environ.copy(),
+    )  # fmt: skip
+    deadline = time.monotonic() + 300
+    while not list(outputs.rglob("checkpoint-*/trainer_state.json")):
+        assert process.poll() is None, process.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "no checkpoint was written"
+        time.sleep(0.1)
+    process.send_signal(signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=300)
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def test_an_interrupted_run_resumes_from_its_checkpoint_and_ends_as_if_never_stopped(tmp_path):
+    outputs = tmp_path / "outputs"
+    args = [*RUN, "logger=wandb", f"outputs_dir={outputs}"]
+    first = interrupt_after_first_checkpoint(args, outputs)
+    assert first.returncode != 0
+    [first_dir] = run_dirs(outputs)
+    assert not (first_dir / "summary.json").exists()
+    stopped_at = load_attempt(first_dir).step
+    assert 2 <= stopped_at < 8
+
+    second = run_cli(*args, "trainer.resume=auto")
+    assert second.returncode == 0, second.stderr[-3000:]
+    second_dir = next(d for d in run_dirs(outputs) if d != first_dir)
+    summary = json.loads((second_dir / "summary.json").read_text())
+    assert summary["steps"] == 8 and summary["resumed_from"].endswith(f"checkpoint-{stopped_at}")
+    # the same W&B run continued (not a duplicate), and one metrics file holding the whole run
+    assert json.loads((first_dir / "attempt.json").read_text())["wandb_id"] == summary["wandb_id"]
+    assert sorted(per_step(second_dir)) == list(range(1, 9))
+
+    # CPU training is deterministic, and the checkpoint restores weights, optimiser, RNG and data order:
+    # the resumed run logs exactly what a run never interrupted logs.
+    reference_outputs = tmp_path / "reference"
+    reference = run_cli(*RUN, "logger=none", f"outputs_dir={reference_outputs}")
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    assert per_step(second_dir) == per_step(run_dirs(reference_outputs)[0])
+    assert not list(second_dir.glob("trainer/checkpoint-*")), "a finished run keeps checkpoint-final only"
+
+    # started a third time, the finished run is reported, not trained again
+    third = run_cli(*args, "trainer.resume=auto")
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert "already finished" in third.stderr + third.stdout
+    third_dir = max(run_dirs(outputs), key=lambda d: d.stat().st_mtime)
+    assert json.loads((third_dir / "summary.json").read_text())["resumed_from"] == str(second_dir)
+    assert per_step(third_dir) == per_step(second_dir)
+
+
+def test_the_same_command_twice_gives_the_same_metrics(tmp_path):
+    dirs = []
+    for attempt in ("a", "b"):
+        result = run_cli(*TINY_RUN, "reward=math+format+length", "logger=none", f"hydra.run.dir={tmp_path / attempt}")
+        assert result.returncode == 0, result.stderr[-3000:]
+        dirs.append(tmp_path / attempt)
+    assert per_step(dirs[0]) == per_step(dirs[1])
+    samples = [(d / "samples.jsonl").read_text() for d in dirs]
+    assert samples[0] == samples[1] and samples[0]
+
+
+# ---- the pieces, on hand-made run directories ------------------------------------------------------------
+
+
+def make_run(root: Path, config: dict, steps: list[int], checkpoints: dict[int, bool], finished=False) -> Path:
+    run_dir = root / f"run-{len(list(root.iterdir())) if root.exists() else 0}"
+    (run_dir / ".hydra").mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward": s / 10}) + "\n" for s in steps))
+    for step, complete in checkpoints.items():
+        checkpoint = run_dir / "trainer" / f"checkpoint-{step}"
+        checkpoint.mkdir(parents=True)
+        if complete:
+            (checkpoint / "trainer_state.json").write_text("{}")
+    if finished:
+        (run_dir / "summary.json").write_text("{}")
+    return run_dir
+
+
+CONFIG = {"trainer": {"num_generations": 4, "resume": None}, "dataset": {"name": "arith"}}
+
+
+def test_a_checkpoint_cut_off_while_saving_is_not_resumed_from(tmp_path):
+    run_dir = make_run(tmp_path, CONFIG, [1, 2, 3, 4], {2: True, 4: False})
+    assert last_checkpoint(run_dir / "trainer").name == "checkpoint-2"
+
+
+def test_auto_picks_the_latest_attempt_with_the_same_config_only(tmp_path):
+    older = make_run(tmp_path, CONFIG, [1, 2], {2: True})
+    other = {**CONFIG, "dataset": {"name": "chain_sum"}}
+    make_run(tmp_path, other, [1, 2, 3, 4], {4: True})  # a different run
+    make_run(tmp_path, CONFIG, [1], {})  # stopped before its first checkpoint: nothing to resume
+    time.sleep(0.01)
+    newer = make_run(tmp_path, CONFIG, [1, 2, 3, 4], {2: True, 4: True})
+    os.utime(older / "config.yaml", (0, 0))
+    wanted = {**CONFIG, "trainer": {**CONFIG["trainer"], "resume": "auto"}}  # resume itself does not count
+    attempt = find_attempt(tmp_path, wanted)
+    assert attempt.run_dir == newer and attempt.step == 4 and not attempt.finished
+    assert find_attempt(tmp_path, {**CONFIG, "trainer": {"num_generations": 8}}) is None
+
+
+def test_history_is_carried_up_to_the_checkpoint(tmp_path):
+    old = make_run(tmp_path / "outputs", CONFIG, [1, 2, 3], {2: True})
+    new = tmp_path / "new"
+    new.mkdir()
+    carry_history(load_attempt(old), new)
+    assert [m["step"] for m in read_metrics(new / "metrics.jsonl")] == [1, 2]  # step 3 is trained again
+
+
+def test_an_explicit_resume_path_must_hold_a_checkpoint(tmp_path):
+    run_dir = make_run(tmp_path, CONFIG, [1, 2], {2: True})
+    assert explicit_attempt(run_dir).step == 2
+    assert explicit_attempt(run_dir / "trainer" / "checkpoint-2").run_dir == run_dir
+    empty = make_run(tmp_path, CONFIG, [1], {})
+    with pytest.raises(UserError, match="trainer.resume="):
+        explicit_attempt(empty)
