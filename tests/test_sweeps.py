@@ -26,7 +26,12 @@ def summary_of(job: Path) -> dict:
 
 def test_the_group_size_by_beta_preset_runs_six_valid_jobs_in_one_wandb_group(tmp_path):
     result = run_cli(
-        "-m", "+experiment=sweep_group_beta", *QUICK, "trainer.max_steps=2", "logger=wandb", f"hydra.sweep.dir={tmp_path}"
+        "-m",
+        "+experiment=sweep_group_beta",
+        *QUICK,
+        "trainer.max_steps=2",
+        "logger=wandb",
+        f"hydra.sweep.dir={tmp_path}",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     jobs = job_dirs(tmp_path)
