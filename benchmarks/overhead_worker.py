@@ -1,0 +1,121 @@
+"""One timed training run for `benchmarks.overhead`, in its own process (so that peak memory is its own).
+
+    python -m benchmarks.overhead_worker grpo_exp|trl STEPS OUT.json [overrides...]
+
+`grpo_exp`: the real `python -m grpo_exp.train` job (group statistics, W&B offline logging, metrics file),
+in-process, with timers wrapped around the parts whose share of a step we report. `trl`: the same
+experiment as a bare TRL script: the same model, data, reward functions and weights, seed, group size,
+completion length and learning rate, straight into GRPOTrainer, no logging.
+"""
+
+import functools
+import json
+import resource
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+SECONDS: dict[str, float] = defaultdict(float)
+
+
+def timed(owner, name: str, bucket: str) -> None:
+    """Wrap owner.name so that its wall time adds to SECONDS[bucket]; behaviour unchanged."""
+    original = getattr(owner, name)
+
+    @functools.wraps(original)
+    def wrapper(*args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            SECONDS[bucket] += time.perf_counter() - started
+
+    setattr(owner, name, wrapper)
+
+
+def run_grpo_exp(steps: int, out_dir: Path, overrides: list[str]) -> dict:
+    from transformers.integrations import WandbCallback
+    from trl import GRPOTrainer
+
+    from grpo_exp import train
+    from grpo_exp.tracking import MetricsFileCallback, read_metrics
+    from grpo_exp.trainer import GRPOExpTrainer
+    from grpo_exp.verification import PYesScorer
+
+    timed(GRPOTrainer, "_calculate_rewards", "rewards")
+    timed(GRPOExpTrainer, "_record_group_statistics", "group statistics (incl. their W&B histograms/tables)")
+    timed(GRPOExpTrainer, "_log_groups", "of which W&B histograms/tables")
+    timed(PYesScorer, "__call__", "verification heads (P(Yes))")
+    timed(WandbCallback, "on_log", "logging: W&B per step")
+    timed(MetricsFileCallback, "on_log", "logging: metrics.jsonl")
+    sys.argv = [
+        "grpo_exp.train", *overrides, f"trainer.max_steps={steps}", "eval.before=false", "eval.after=false",
+        "save_model=false", "trainer.save_steps=0", f"hydra.run.dir={out_dir}",
+    ]  # fmt: skip
+    train.main()
+    metrics = read_metrics(out_dir / "metrics.jsonl")
+    return {
+        "step_times": [m["step_time"] for m in metrics if "step_time" in m],
+        "train_runtime": next(m["train_runtime"] for m in metrics if "train_runtime" in m),
+        "parts": dict(SECONDS),
+    }
+
+
+def run_bare_trl(steps: int, out_dir: Path, overrides: list[str]) -> dict:
+    from trl import GRPOConfig, GRPOTrainer
+
+    from grpo_exp.data import load_splits
+    from grpo_exp.models import load_model, load_tokenizer
+    from grpo_exp.rewards.registry import build_rewards
+    from tests.conftest import compose_config
+
+    cfg = compose_config(overrides)  # only to read the same values the grpo_exp run uses
+    t = cfg.trainer
+    train_set, _ = load_splits(cfg.dataset)
+    tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
+    model = load_model(cfg.model, tokenizer, cfg.cache_dir, t.seed)
+    reward_funcs, reward_weights = build_rewards(cfg.reward)
+    args = GRPOConfig(
+        output_dir=str(out_dir),
+        per_device_train_batch_size=t.prompts_per_step * t.num_generations,
+        num_generations=t.num_generations,
+        max_completion_length=t.max_completion_length,
+        max_steps=steps,
+        learning_rate=t.learning_rate,
+        beta=t.beta,
+        loss_type=t.loss_type.value,
+        temperature=t.temperature,
+        lr_scheduler_type=t.lr_scheduler_type,
+        seed=t.seed,
+        reward_weights=reward_weights,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        bf16=False,
+        use_cpu=True,
+    )
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_set, processing_class=tokenizer
+    )
+    output = trainer.train()
+    history = trainer.state.log_history
+    return {
+        "step_times": [h["step_time"] for h in history if "step_time" in h],
+        "train_runtime": output.metrics["train_runtime"],
+        "parts": {},
+    }
+
+
+def main() -> None:
+    variant, steps, out_file, *overrides = sys.argv[1:]
+    with tempfile.TemporaryDirectory() as tmp:
+        runner = run_grpo_exp if variant == "grpo_exp" else run_bare_trl
+        result = runner(int(steps), Path(tmp) / "run", overrides)
+    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    Path(out_file).write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
