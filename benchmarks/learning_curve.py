@@ -31,10 +31,8 @@ def main(argv: list[str] | None = None) -> None:
     gains = [b - a for a, b in zip(before, after, strict=True)]
     minutes = [run.summary["train_seconds"] / 60 for run in runs]
     first = runs[0].summary
-    print(
-        f"{len(runs)} seeds, {first['steps']} steps x {first['prompts_per_step']} prompts x G={first['num_generations']}, "
-        f"lr={first['learning_rate']:g}, {first['eval_size']} held-out problems"
-    )
+    shape = f"{first['steps']} steps x {first['prompts_per_step']} prompts x G={first['num_generations']}"
+    print(f"{len(runs)} seeds, {shape}, lr={first['learning_rate']:g}, {first['eval_size']} held-out problems")
     for run, b, a in zip(runs, before, after, strict=True):
         seed = run.overrides.get("trainer.seed", "?")
         print(f"  seed {seed}: held-out {b:.3f} -> {a:.3f} ({a - b:+.3f}), {run.summary['train_seconds'] / 60:.1f} min")

@@ -74,6 +74,7 @@ def test_an_offline_wandb_run_is_created_and_finished_even_on_failure(tmp_path, 
     assert tracker.mode == "offline" and wandb.run is not None
     assert wandb.run.config["judge"]["api_key"] == REDACTED and wandb.run.config["trainer"]["beta"] == 0.04
     assert tracker.identity() == {
+        "wandb_id": wandb.run.id,
         "wandb_name": "trainer.beta=0.04",
         "wandb_group": "sweep-1",
         "wandb_job_type": "train",
