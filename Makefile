@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 ARGS ?=
 
-.PHONY: install train test test-fast bench lint clean
+.PHONY: install train test test-fast bench learning-curve lint clean
 
 install: $(VENV)/.installed
 
@@ -31,6 +31,13 @@ bench: install  ## benchmarks (ratios measured side by side in one run); results
 	$(PY) -m benchmarks.rewards
 	$(PY) -m benchmarks.group_stats
 	$(PY) -m benchmarks.p_yes
+	$(PY) -m benchmarks.overhead
+
+# What the default experiment learns: 3 seeds of `make train`, then held-out accuracy (mean, spread) and a figure.
+CURVE_DIR ?= outputs/learning_curve
+learning-curve: install  ## ~35 min on 2 cores; results in BENCHMARKS.md, figure in experiments/
+	$(PY) -m grpo_exp.train -m trainer.seed=42,43,44 hydra.sweep.dir=$(CURVE_DIR) $(ARGS)
+	$(PY) -m benchmarks.learning_curve $(CURVE_DIR) --out experiments/learning_curve.png
 
 lint: install
 	$(PY) -m ruff check src tests benchmarks

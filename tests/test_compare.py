@@ -46,3 +46,23 @@ def test_the_notebook_runs_on_the_sweep(tiny_sweep, monkeypatch):
     outputs = "".join(o.get("text", "") for cell in notebook.cells for o in cell.get("outputs", []))
     assert "2 runs under" in outputs and "['trainer.num_generations']" in outputs
     assert any("image/png" in o.get("data", {}) for cell in notebook.cells for o in cell.get("outputs", []))
+
+
+def test_the_learning_curve_report_summarises_runs_and_draws_the_figure(tiny_sweep, capsys):
+    from benchmarks.learning_curve import main as curve_main
+
+    figure = tiny_sweep / "curve.png"
+    curve_main([str(tiny_sweep), "--out", str(figure)])
+    printed = capsys.readouterr().out
+    assert "2 seeds" in printed and "held-out accuracy after:" in printed and "gain:" in printed
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_overhead_benchmark_runs_both_variants_and_prints_the_ratios(capsys):
+    """The benchmark's machinery on the tiny model (the real numbers, embedded model: BENCHMARKS.md)."""
+    from benchmarks.overhead import main as overhead_main
+
+    overhead_main(["--pairs", "1", "--steps", "2", "model=tiny", "trainer=debug", "dataset.train_size=64"])
+    printed = capsys.readouterr().out
+    assert "grpo_exp vs bare TRL" in printed and "peak memory (RSS)" in printed
+    assert "rewards" in printed and "group statistics" in printed and "logging: W&B per step" in printed

@@ -25,6 +25,20 @@ def chat(text: str) -> list[dict]:
         ("First 12, then \\boxed{13}", "12", 0.0),  # the boxed answer wins over earlier numbers
         ("I don't know", "3", 0.0),
         ("", "3", 0.0),
+        ("The total is 1,000 apples.", "1000", 1.0),
+        ("\\boxed{3/4}", "0.75", 1.0),  # a fraction is a value
+        # Restating the question is not answering it (what the embedded model learned to exploit when
+        # math-verify's anchored extraction took "the final answer ... the expression 5 - 33." as the answer):
+        (
+            "To find the final answer, we need to evaluate the expression 5 - 33.\n\nFirst, 5 and 33 give 12.",
+            "-28",
+            0.0,
+        ),
+        ("the expression 4 - 1 is simply 4.\n\nHowever, in", "3", 0.0),
+        ("\\boxed{5 - 33}", "-28", 0.0),
+        ("\\boxed{7 \\times 6}", "42", 0.0),
+        ("5 - 33 = -28", "-28", 1.0),
+        ("\\boxed{1 + \\sqrt{2}}", "$1+\\sqrt{2}$", 1.0),  # a closed form is still a value
     ],
 )
 def test_math_reward(text, reference, expected):

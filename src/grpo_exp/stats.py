@@ -6,23 +6,17 @@ be decided) and is left out of every mean.
 """
 
 import math
-import re
 from collections import Counter
 
 import torch
 
-from grpo_exp.rewards.text import boxed_content
-
-LAST_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+from grpo_exp.rewards.text import stated_answer
 
 
 def final_answer(text: str) -> str | None:
-    """A cheap final answer for diversity and majority votes: the \\boxed{} content, else the last number."""
-    boxed = boxed_content(text)
-    if boxed is not None:
-        return boxed.strip().replace(" ", "")
-    numbers = LAST_NUMBER.findall(text)
-    return numbers[-1].replace(",", "") if numbers else None
+    """The stated final answer (\\boxed{} content, else the last number), spaces removed: for votes and diversity."""
+    answer = stated_answer(text)
+    return None if answer is None else answer.replace(" ", "")
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

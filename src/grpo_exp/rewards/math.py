@@ -1,23 +1,29 @@
 """Math accuracy with math-verify: the completion's final answer against the reference.
 
-The answer is taken as math-verify extracts it: a \\boxed{} answer first, else the last LaTeX or plain
-expression ('... so 3 + 4 = 7', '#### 72'). TRL's `accuracy_reward` is not used because it accepts
-LaTeX-anchored answers only, which would score a plain '7' as wrong.
+The final answer is the last \\boxed{} content, else the last number written ('... so 3 + 4 = 7',
+'#### 72'); math-verify then decides equivalence (fractions, LaTeX, units). An answer that is the
+arithmetic itself ('\\boxed{5 - 33}' for -28) scores 0: restating the question is not solving it.
+TRL's `accuracy_reward` is not used because it accepts LaTeX-anchored answers only, which would score a
+plain '7' as wrong.
 """
 
 import functools
 import logging
+import re
 import threading
 
 from latex2sympy2_extended import NormalizationConfig
-from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+from math_verify import LatexExtractionConfig, parse, verify
 
-from grpo_exp.rewards.text import completion_text
+from grpo_exp.rewards.text import BOXED, completion_text, stated_answer
 
-ANSWER_EXTRACTION = [
-    LatexExtractionConfig(normalization_config=NormalizationConfig(units=True), boxed_match_priority=0),
-    ExprExtractionConfig(),
+BOXED_ONLY = [
+    LatexExtractionConfig(
+        normalization_config=NormalizationConfig(units=True), boxed_match_priority=0, try_extract_without_anchor=False
+    )
 ]
+# Two numbers joined by + - * × · ÷ \times \cdot \div: unevaluated arithmetic, not a value (3/4 is a fraction).
+UNEVALUATED = re.compile(r"\d\s*(?:[-+*×·÷]|\\times|\\cdot|\\div)\s*\(?\s*-?\s*\d")
 # The final answer lives at the end; a bounded tail keeps parsing time bounded on huge completions.
 TAIL_CHARS = 4000
 # Per parse and per comparison. A real answer takes milliseconds; a power tower or (10^10)! hits the limit
@@ -45,8 +51,11 @@ def answer_score(text: str, reference: str) -> float | None:
     gold = parse_reference(reference)
     if not gold:
         return None
-    answer = parse(text[-TAIL_CHARS:], extraction_config=ANSWER_EXTRACTION, parsing_timeout=_timeout())
-    return float(verify(gold, answer, timeout_seconds=_timeout()))
+    answer = stated_answer(text[-TAIL_CHARS:])
+    if answer is None or UNEVALUATED.search(answer):
+        return 0.0
+    parsed = parse(BOXED + answer + "}", extraction_config=BOXED_ONLY, parsing_timeout=_timeout())
+    return float(verify(gold, parsed, timeout_seconds=_timeout()))
 
 
 def make_math_reward():

@@ -1,6 +1,9 @@
-"""Helpers shared by the reward components: completion text and the \\boxed{} answer."""
+"""Helpers shared by the reward components: completion text, the \\boxed{} answer, the stated final answer."""
+
+import re
 
 BOXED = "\\boxed{"
+LAST_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 
 def completion_text(completion) -> str:
@@ -33,3 +36,16 @@ def last_boxed_span(text: str) -> tuple[int, int] | None:
 def boxed_content(text: str) -> str | None:
     span = last_boxed_span(text)
     return None if span is None else text[span[0] + len(BOXED) : span[1] - 1]
+
+
+def stated_answer(text: str) -> str | None:
+    """The completion's final answer: its last \\boxed{} content, else the last number it writes.
+
+    The last number, not math-verify's anchored extraction: "the final answer ... the expression 5 - 33."
+    would be taken as the answer and evaluated to the right value, a hack the embedded model found in 40 steps.
+    """
+    boxed = boxed_content(text)
+    if boxed is not None:
+        return boxed.strip()
+    numbers = LAST_NUMBER.findall(text)
+    return numbers[-1].replace(",", "") if numbers else None
