@@ -185,14 +185,14 @@ class TrainerSchema:
     prompts_per_step: int = 2
     # GRPOConfig's own names from here on.
     num_generations: int = 4
-    max_steps: int = 20
-    learning_rate: float = 5e-6
+    max_steps: int = 40
+    learning_rate: float = 1e-5
     beta: float = 0.0
     loss_type: LossType = LossType.dapo
     scale_rewards: ScaleRewards = ScaleRewards.group
     epsilon: float = 0.2
     num_iterations: int = 1
-    max_completion_length: int = 96
+    max_completion_length: int = 64
     temperature: float = 1.0
     top_p: float = 1.0
     lr_scheduler_type: str = "constant"
