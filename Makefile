@@ -17,7 +17,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $@
 
-train: install  ## the default experiment: GRPO on the embedded SmolLM2-135M, offline arithmetic (~10 min on 2 cores)
+train: install  ## the default experiment: GRPO on the embedded SmolLM2-135M, offline arithmetic (~11 min on 2 cores)
 	$(PY) -m grpo_exp.train $(ARGS)
 
 test: install  ## the whole suite, slow tests included (the CI command)

@@ -38,7 +38,7 @@ def test_defaults_are_the_embedded_model_and_offline_arithmetic():
     cfg = compose_config()
     assert cfg.model.source is ModelSource.embedded
     assert cfg.dataset.source is DataSource.reasoning_gym
-    assert list(cfg.reward.components) == ["math", "format"]
+    assert list(cfg.reward.components) == ["math"]
     assert cfg.trainer.loss_type is LossType.dapo
 
 

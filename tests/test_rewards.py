@@ -38,6 +38,8 @@ def chat(text: str) -> list[dict]:
         ("\\boxed{5 - 33}", "-28", 0.0),
         ("\\boxed{7 \\times 6}", "42", 0.0),
         ("5 - 33 = -28", "-28", 1.0),
+        ("$$5 + 3 = \\frac{16}{2}$$", "8", 1.0),  # an unboxed LaTeX answer: the right-hand side
+        ("So we need $5 - 33$", "-28", 0.0),
         ("\\boxed{1 + \\sqrt{2}}", "$1+\\sqrt{2}$", 1.0),  # a closed form is still a value
     ],
 )

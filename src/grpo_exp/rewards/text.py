@@ -4,6 +4,7 @@ import re
 
 BOXED = "\\boxed{"
 LAST_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+LATEX_SPAN = re.compile(r"\$\$(.+?)\$\$|\\\[(.+?)\\\]|\$(.+?)\$", re.DOTALL)
 
 
 def completion_text(completion) -> str:
@@ -39,13 +40,18 @@ def boxed_content(text: str) -> str | None:
 
 
 def stated_answer(text: str) -> str | None:
-    """The completion's final answer: its last \\boxed{} content, else the last number it writes.
+    """The completion's final answer: its last \\boxed{} content, else what it writes last: a number, or a
+    LaTeX math span (its right-hand side after the last '=': "$$5 + 3 = \\frac{16}{2}$$" gives \\frac{16}{2}).
 
-    The last number, not math-verify's anchored extraction: "the final answer ... the expression 5 - 33."
-    would be taken as the answer and evaluated to the right value, a hack the embedded model found in 40 steps.
+    Not math-verify's anchored extraction: "the final answer ... the expression 5 - 33." would be taken as
+    the answer and evaluated to the right value, a hack the embedded model found in 40 steps.
     """
     boxed = boxed_content(text)
     if boxed is not None:
         return boxed.strip()
-    numbers = LAST_NUMBER.findall(text)
-    return numbers[-1].replace(",", "") if numbers else None
+    numbers = list(LAST_NUMBER.finditer(text))
+    spans = list(LATEX_SPAN.finditer(text))
+    if spans and (not numbers or spans[-1].end() >= numbers[-1].end()):
+        content = next(group for group in spans[-1].groups() if group is not None)
+        return content.rsplit("=", 1)[-1].strip()
+    return numbers[-1].group().replace(",", "") if numbers else None
