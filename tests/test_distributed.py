@@ -16,7 +16,7 @@ from grpo_exp.paths import REPO_ROOT
 from grpo_exp.tracking import read_metrics
 from tests.conftest import TINY_RUN, compose_config
 
-ACCELERATE_DIR = REPO_ROOT / "accelerate"
+ACCELERATE_DIR = REPO_ROOT / "accelerate_configs"
 
 
 def test_two_processes_train_data_parallel_and_only_the_main_one_writes(tmp_path):
