@@ -81,12 +81,17 @@ def _log_span(job: Path) -> tuple[datetime, datetime]:
     return first, last
 
 
-def test_the_joblib_launcher_runs_jobs_in_parallel(tmp_path):
+def sweep_over_group_sizes(sweep_dir: Path, *launcher: str):
+    """Two tiny jobs (G = 2 and 3) through the given launcher; asserts the sweep succeeded."""
     result = run_cli(
-        "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", *QUICK, "logger=none",
-        "trainer.num_generations=2,3", f"hydra.sweep.dir={tmp_path}",
-    )  # fmt: skip
+        "-m", *launcher, *QUICK, "logger=none", "trainer.num_generations=2,3", f"hydra.sweep.dir={sweep_dir}"
+    )
     assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def test_the_joblib_launcher_runs_jobs_in_parallel(tmp_path):
+    result = sweep_over_group_sizes(tmp_path, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2")
     first, second = job_dirs(tmp_path)
     assert {summary_of(first)["trl_num_generations"], summary_of(second)["trl_num_generations"]} == {2, 3}
     (start_a, end_a), (start_b, end_b) = _log_span(first), _log_span(second)
@@ -96,11 +101,7 @@ def test_the_joblib_launcher_runs_jobs_in_parallel(tmp_path):
 
 def test_the_submitit_local_launcher_runs_the_jobs_as_submitit_jobs(tmp_path):
     """submitit_local is the code path of submitit_slurm (the job is pickled, submitted, run and collected)."""
-    result = run_cli(
-        "-m", "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=15", *QUICK, "logger=none",
-        "trainer.num_generations=2,3", f"hydra.sweep.dir={tmp_path}",
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
+    sweep_over_group_sizes(tmp_path, "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=15")
     jobs = job_dirs(tmp_path)
     assert sorted(summary_of(job)["trl_num_generations"] for job in jobs) == [2, 3]
     assert list((tmp_path / ".submitit").rglob("*_result.pkl")), "no submitit job results"

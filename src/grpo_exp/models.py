@@ -51,6 +51,16 @@ def _publish(build_dir: Path, target: Path) -> None:
         shutil.rmtree(build_dir, ignore_errors=True)
 
 
+def _build_once(target: Path, build) -> None:
+    """build(directory) into a private directory, then publish it as target (safe for parallel jobs)."""
+    build_dir = target.with_name(f"{target.name}.building-{os.getpid()}")
+    try:
+        build(build_dir)
+        _publish(build_dir, target)
+    finally:
+        shutil.rmtree(build_dir, ignore_errors=True)
+
+
 def materialise_embedded(model_cfg: DictConfig, cache_dir: str, with_weights: bool = True) -> Path:
     """De-quantise the packaged GGUF once into a plain checkpoint (or tokenizer only) and return its directory.
 
@@ -63,8 +73,8 @@ def materialise_embedded(model_cfg: DictConfig, cache_dir: str, with_weights: bo
     if (target / "tokenizer_config.json").is_file() and (not with_weights or (target / "config.json").is_file()):
         return target
     log.info("Materialising %s from %s into %s (once)", kind[:-1], directory / file, target)
-    build_dir = target.with_name(f"{target.name}.building-{os.getpid()}")
-    try:
+
+    def build(build_dir: Path) -> None:
         tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=file)
         tokenizer.save_pretrained(build_dir)
         if with_weights:
@@ -75,9 +85,8 @@ def materialise_embedded(model_cfg: DictConfig, cache_dir: str, with_weights: bo
             plain.load_state_dict(quantized.state_dict())
             plain.generation_config = quantized.generation_config
             plain.save_pretrained(build_dir)
-        _publish(build_dir, target)
-    finally:
-        shutil.rmtree(build_dir, ignore_errors=True)
+
+    _build_once(target, build)
     return target
 
 
@@ -141,12 +150,7 @@ def materialise_tiny(model_cfg: DictConfig, tokenizer: PreTrainedTokenizerBase, 
     spec = json.dumps([OmegaConf.to_container(model_cfg.architecture), model_cfg.dtype.value, seed, len(tokenizer)])
     target = Path(cache_dir).expanduser() / "models" / f"tiny-{hashlib.sha256(spec.encode()).hexdigest()[:12]}"
     if not (target / "config.json").is_file():
-        build_dir = target.with_name(f"{target.name}.building-{os.getpid()}")
-        try:
-            build_tiny_model(model_cfg, tokenizer, seed).save_pretrained(build_dir)
-            _publish(build_dir, target)
-        finally:
-            shutil.rmtree(build_dir, ignore_errors=True)
+        _build_once(target, build_tiny_model(model_cfg, tokenizer, seed).save_pretrained)
     return target
 
 
