@@ -25,6 +25,7 @@ class EvalResult:
     scored: int
     samples: list[dict] = field(default_factory=list)
     verification: dict[str, float] = field(default_factory=dict)  # self-verification metrics, when the task is on
+    rollout: dict[str, float] = field(default_factory=dict)  # turns, tool calls... for rollout=multiturn
 
 
 @torch.no_grad()
@@ -64,31 +65,63 @@ def generate_completions(
     return completions
 
 
+def answer(model, tokenizer, prompts: list, max_new_tokens: int, batch_size: int, desc: str | None,
+           temperature: float = 0.0, rollout=None) -> tuple[list[str], list[dict]]:  # fmt: skip
+    """The texts that hold each prompt's answer, and per-prompt details: one completion each, or with a
+    multi-turn rollout each trajectory's final turn (details: the trajectory, its turns and tool calls)."""
+    if rollout is None:
+        texts = generate_completions(model, tokenizer, prompts, max_new_tokens, batch_size, desc, temperature)
+        return texts, [{} for _ in texts]
+    from grpo_exp.rollout import greedy_generation
+
+    generation = greedy_generation(tokenizer)
+    if temperature > 0:
+        generation |= {"do_sample": True, "temperature": temperature}
+    trajectories = rollout.run(model, tokenizer, prompts, generation, batch_size, desc)
+    details = [{"trajectory": tokenizer.decode(t.completion_ids, skip_special_tokens=True), **t.fields()}
+               for t in trajectories]  # fmt: skip
+    return [t.final_turn for t in trajectories], details
+
+
 def heldout_accuracy(
-    model, tokenizer, dataset: Dataset, verifier: Verifier, max_new_tokens: int, batch_size: int, desc: str
-) -> EvalResult:
-    completions = generate_completions(model, tokenizer, dataset["prompt"], max_new_tokens, batch_size, desc)
+    model, tokenizer, dataset: Dataset, verifier: Verifier, max_new_tokens: int, batch_size: int, desc: str,
+    rollout=None,
+) -> EvalResult:  # fmt: skip
+    """Greedy accuracy; with a multi-turn rollout, of each trajectory's final answer (the tools in reach)."""
+    completions, details = answer(model, tokenizer, dataset["prompt"], max_new_tokens, batch_size, desc, 0.0, rollout)
     labels = verifier(completions, dataset["solution"])
+    stats = {}
+    if rollout is not None:
+        from grpo_exp.flow import trajectory_statistics
+        from grpo_exp.rewards.text import stated_answer
+
+        stats = trajectory_statistics(
+            [d["num_turns"] for d in details], [d["tool_calls"] for d in details], [d["tool_errors"] for d in details],
+            [stated_answer(c) is not None for c in completions],
+            [float("nan") if label is None else float(label) for label in labels],
+        )  # fmt: skip
     scored = [label for label in labels if label is not None]
     samples = [
-        {"question": q, "solution": s, "completion": c, "correct": label}
-        for q, s, c, label in zip(dataset["question"], dataset["solution"], completions, labels, strict=True)
+        {"question": q, "solution": s, "completion": c, "correct": label, **extra}
+        for q, s, c, label, extra in zip(
+            dataset["question"], dataset["solution"], completions, labels, details, strict=True
+        )  # fmt: skip
     ]
     correct = sum(scored)
-    return EvalResult(correct / len(scored) if scored else float("nan"), correct, len(scored), samples)
+    return EvalResult(correct / len(scored) if scored else float("nan"), correct, len(scored), samples, rollout=stats)
 
 
 def sampled_metrics(
     model, tokenizer, dataset: Dataset, verifier: Verifier, samples: int, temperature: float, max_new_tokens: int,
-    batch_size: int,
+    batch_size: int, rollout=None,
 ) -> dict[str, float]:  # fmt: skip
     """pass@1..k (unbiased) and maj@k from k sampled completions per problem."""
     from grpo_exp.stats import correctness_stats, final_answer, majority_vote_accuracy
 
     prompts = [p for p in dataset["prompt"] for _ in range(samples)]
     solutions = [s for s in dataset["solution"] for _ in range(samples)]
-    texts = generate_completions(
-        model, tokenizer, prompts, max_new_tokens, batch_size, f"held-out samples (k={samples})", temperature
+    texts, _ = answer(
+        model, tokenizer, prompts, max_new_tokens, batch_size, f"held-out samples (k={samples})", temperature, rollout
     )
     labels = [float("nan") if label is None else float(label) for label in verifier(texts, solutions)]
     correct = torch.tensor(labels).view(-1, samples)
@@ -184,7 +217,8 @@ def main(argv: list[str] | None = None) -> dict:
     from grpo_exp.data import load_splits
     from grpo_exp.models import check_reachable, load_model, load_tokenizer
     from grpo_exp.paths import CONF_DIR
-    from grpo_exp.schema import register_schemas
+    from grpo_exp.rollout import MultiTurnRollout
+    from grpo_exp.schema import RolloutName, register_schemas
     from grpo_exp.tracking import Tracker, redact
     from grpo_exp.verification import math_verify_verifier
 
@@ -199,15 +233,19 @@ def main(argv: list[str] | None = None) -> dict:
     tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
     model = load_model(cfg.model, tokenizer, cfg.cache_dir, cfg.trainer.seed)
     max_new_tokens = cfg.eval.max_new_tokens or cfg.trainer.max_completion_length
-    greedy = heldout_accuracy(model, tokenizer, heldout, verifier, max_new_tokens, cfg.eval.batch_size, "greedy")
+    rollout = None if cfg.rollout.name is RolloutName.single else MultiTurnRollout(cfg.rollout)
+    greedy = heldout_accuracy(
+        model, tokenizer, heldout, verifier, max_new_tokens, cfg.eval.batch_size, "greedy", rollout
+    )
     results = {"model": cfg.model.name_or_path or cfg.model.name, "dataset": cfg.dataset.name,
                "problems": greedy.scored, "greedy accuracy": greedy.accuracy}  # fmt: skip
     if cfg.eval.samples > 0:
         torch.manual_seed(cfg.trainer.seed)
         results |= sampled_metrics(
             model, tokenizer, heldout, verifier, cfg.eval.samples, cfg.eval.temperature, max_new_tokens,
-            cfg.eval.batch_size,
+            cfg.eval.batch_size, rollout,
         )  # fmt: skip
+    results |= greedy.rollout
     out_dir.mkdir(parents=True, exist_ok=True)
     as_json = {k: None if isinstance(v, float) and v != v else v for k, v in results.items()}  # NaN -> null
     (out_dir / "evaluation.json").write_text(json.dumps(as_json, indent=2) + "\n", encoding="utf-8")

@@ -2,6 +2,7 @@
 
 import json
 import logging
+import os
 import signal
 import threading
 import time
@@ -32,7 +33,8 @@ from grpo_exp.resume import (
     write_record,
 )
 from grpo_exp.rewards.registry import build_rewards
-from grpo_exp.schema import VerifierName, VerifierSchema
+from grpo_exp.rollout import MultiTurnRollout, scored_on_final_turn
+from grpo_exp.schema import RolloutName, VerifierName, VerifierSchema
 from grpo_exp.tracking import METRICS_FILE, MetricsFileCallback, Tracker, redact, report_to, run_identity
 from grpo_exp.trainer import GRPOExpTrainer
 from grpo_exp.verification import PYesScorer, Verifier, build_p_yes, math_verify_verifier
@@ -43,7 +45,8 @@ log = logging.getLogger("grpo_exp.train")
 def check_and_build(cfg: DictConfig):
     """Everything in the config that can be wrong fails here, before any model loads.
 
-    Returns the reward functions, their weights and the verifier (all cheap to build).
+    Returns the reward functions, their weights, the verifier and the multi-turn rollout (None for
+    rollout=single), all cheap to build.
     """
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
@@ -57,18 +60,38 @@ def check_and_build(cfg: DictConfig):
             "reward.components.selfverify.schedule=joint mixes verification groups into batches of several "
             f"prompts, but trainer.prompts_per_step={cfg.trainer.prompts_per_step}: raise it or use schedule=interleave"
         )
+    rollout = build_rollout(cfg)
+    if rollout is not None:
+        reward_funcs = [scored_on_final_turn(func) for func in reward_funcs]
     check_data_files(cfg.dataset)
     check_reachable(cfg.model)
-    return reward_funcs, reward_weights, verifier
+    return reward_funcs, reward_weights, verifier, rollout
 
 
-def evaluate(model, tokenizer, heldout: Dataset, verifier: Verifier, cfg: DictConfig, run_dir: Path, when: str):
-    """Greedy held-out accuracy; every problem's completion and label go to eval_<when>.jsonl."""
+def build_rollout(cfg: DictConfig) -> MultiTurnRollout | None:
+    if cfg.rollout.name is RolloutName.single:
+        return None
+    if "selfverify" in cfg.reward.components:
+        raise UserError("reward=...selfverify with rollout=multiturn is not supported: use rollout=single")
+    if cfg.trainer.extra.get("use_vllm"):
+        raise UserError("rollout=multiturn generates with transformers; use generation=transformers")
+    if cfg.rollout.max_turns < 1 or cfg.rollout.max_tokens_per_turn < 1:
+        raise UserError("rollout.max_turns and rollout.max_tokens_per_turn must be at least 1")
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is "experimental" in TRL: we know
+    return MultiTurnRollout(cfg.rollout)
+
+
+def evaluate(model, tokenizer, heldout: Dataset, verifier: Verifier, cfg: DictConfig, run_dir: Path, when: str,
+             rollout: MultiTurnRollout | None = None):  # fmt: skip
+    """Greedy held-out accuracy (with the tools, for rollout=multiturn); every problem's completion and label go
+    to eval_<when>.jsonl."""
     max_new_tokens = cfg.eval.max_new_tokens or cfg.trainer.max_completion_length
     result = heldout_accuracy(
-        model, tokenizer, heldout, verifier, max_new_tokens, cfg.eval.batch_size, f"held-out eval ({when})"
+        model, tokenizer, heldout, verifier, max_new_tokens, cfg.eval.batch_size, f"held-out eval ({when})", rollout
     )
     log.info("Held-out accuracy %s training: %.3f (%d/%d)", when, result.accuracy, result.correct, result.scored)
+    if result.rollout:
+        log.info("Held-out trajectories %s training: %s", when, {k: round(v, 3) for k, v in result.rollout.items()})
     task_cfg = cfg.reward.components.get("selfverify")
     if task_cfg is not None:
         result.verification = self_verification_metrics(
@@ -86,7 +109,7 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     run_dir = shared_run_dir(Path(hydra_cfg.runtime.output_dir))
     main = is_main_process()
-    reward_funcs, reward_weights, verifier = check_and_build(cfg)
+    reward_funcs, reward_weights, verifier, rollout = check_and_build(cfg)
     bf16 = torch_dtype(cfg.model.dtype) == torch.bfloat16
     args = grpo_config(cfg.trainer, run_dir / TRAINER_DIR, report_to(cfg.logger), reward_weights, bf16)
 
@@ -111,7 +134,7 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
     tracker = Tracker(cfg.logger, run_dir, name, group, tags, {**resolved, "choices": choices}, run_id, enabled=main)
     failed = True
     try:
-        before = evaluate_before(model, tokenizer, heldout, verifier, cfg, run_dir, attempt) if main else None
+        before = evaluate_before(model, tokenizer, heldout, verifier, cfg, run_dir, attempt, rollout) if main else None
         if main:
             write_record(run_dir, {"wandb_id": tracker.run_id, "heldout_before": before and asdict_light(before)})
         wait_for_everyone()
@@ -128,6 +151,7 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
             processing_class=tokenizer,
             callbacks=[MetricsFileCallback(run_dir / METRICS_FILE)],
             peft_config=lora_config(cfg.model),
+            rollout_func=rollout,
         )
         bind_policy([*reward_funcs, trainer], trainer.model, tokenizer)
         started = time.perf_counter()
@@ -136,7 +160,7 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
         train_seconds = time.perf_counter() - started
         after = None
         if cfg.eval.after and main:
-            after = evaluate(trainer.model, tokenizer, heldout, verifier, cfg, run_dir, "after")
+            after = evaluate(trainer.model, tokenizer, heldout, verifier, cfg, run_dir, "after", rollout)
         checkpoint = run_dir / "checkpoint-final" if cfg.save_model else None
         if checkpoint:
             trainer.save_model(str(checkpoint))  # every rank: DeepSpeed/FSDP gather their shards here
@@ -180,7 +204,8 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
             }
         for when, result in (("before", before), ("after", after)):
             if result is not None:
-                summary |= {f"heldout_{k.replace('/', '_')}_{when}": v for k, v in result.verification.items()}
+                measured = result.verification | result.rollout
+                summary |= {f"heldout_{k.replace('/', '_')}_{when}": v for k, v in measured.items()}
         write_summary(summary, run_dir / SUMMARY_FILE)
         tracker.summary({k: v for k, v in summary.items() if isinstance(v, int | float)})
         failed = False
@@ -190,18 +215,18 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
     return summary
 
 
-def evaluate_before(model, tokenizer, heldout, verifier, cfg, run_dir: Path, attempt: Attempt | None):
+def evaluate_before(model, tokenizer, heldout, verifier, cfg, run_dir: Path, attempt: Attempt | None, rollout=None):
     """Held-out accuracy before training; a resumed run takes its first attempt's (measured on the initial model)."""
     recorded = attempt.record.get("heldout_before") if attempt else None
     if recorded:
         return EvalResult(**recorded)
-    return evaluate(model, tokenizer, heldout, verifier, cfg, run_dir, "before") if cfg.eval.before else None
+    return evaluate(model, tokenizer, heldout, verifier, cfg, run_dir, "before", rollout) if cfg.eval.before else None
 
 
 def asdict_light(result: EvalResult) -> dict:
     """What a later attempt needs of an evaluation (the per-problem samples are in eval_<when>.jsonl)."""
     return {"accuracy": result.accuracy, "correct": result.correct, "scored": result.scored,
-            "verification": result.verification}  # fmt: skip
+            "verification": result.verification, "rollout": result.rollout}  # fmt: skip
 
 
 def report_finished(attempt: Attempt, run_dir: Path) -> dict:

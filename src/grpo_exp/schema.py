@@ -52,6 +52,11 @@ class ScaleRewards(Enum):
     none = "none"
 
 
+class RolloutName(Enum):
+    single = "single"  # one completion, TRL's own generation
+    multiturn = "multiturn"  # several turns with tools between them (grpo_exp.rollout)
+
+
 class VerifierName(Enum):
     math_verify = "math_verify"  # rule-based, against the reference: the ground-truth label
     genrm = "genrm"  # a frozen generative verifier's P(Yes)
@@ -214,6 +219,26 @@ class TrainerSchema:
 
 
 @dataclass
+class SandboxSchema:
+    timeout_s: float = 2.0
+    memory_mb: int = 256
+    max_output_chars: int = 400
+
+
+@dataclass
+class RolloutSchema:
+    name: RolloutName = RolloutName.single
+    # multiturn only
+    tools: list[str] = field(default_factory=list)
+    max_turns: int = 3
+    max_tokens_per_turn: int = 64
+    max_observation_chars: int = 200
+    python: SandboxSchema = field(default_factory=SandboxSchema)
+    system: str | None = None
+    demo: list[dict[str, str]] = field(default_factory=list)
+
+
+@dataclass
 class EvalSchema:
     before: bool = True
     after: bool = True
@@ -250,6 +275,7 @@ class Schema:
     verifier: VerifierSchema = MISSING
     judge: JudgeSchema = MISSING
     trainer: TrainerSchema = MISSING
+    rollout: RolloutSchema = MISSING
     logger: LoggerSchema = MISSING
     eval: EvalSchema = field(default_factory=EvalSchema)
     stats: StatsSchema = field(default_factory=StatsSchema)

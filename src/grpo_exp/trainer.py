@@ -20,7 +20,9 @@ import torch
 from accelerate.utils import gather_object
 from trl import GRPOTrainer
 
-from grpo_exp.rewards.text import completion_text
+from grpo_exp.flow import broadcast_to_turns, trajectory_statistics
+from grpo_exp.rewards.text import completion_text, stated_answer
+from grpo_exp.rollout import TRAJECTORY_FIELDS
 from grpo_exp.selfverify import (
     YES,
     Candidate,
@@ -36,7 +38,7 @@ from grpo_exp.selfverify import (
 from grpo_exp.stats import group_statistics, group_std
 from grpo_exp.verification import Verifier
 
-ROW_KEYS = ("question", "solution", "task", "verify_label", "pass_rate")
+ROW_KEYS = ("question", "solution", "task", "verify_label", "pass_rate", *TRAJECTORY_FIELDS)
 
 
 class GRPOExpTrainer(GRPOTrainer):
@@ -77,7 +79,10 @@ class GRPOExpTrainer(GRPOTrainer):
         # TRL keeps exactly the last generation batch (gathered over processes) in these deques.
         names = list(self.reward_func_names)
         rows = gather_object([{key: row.get(key) for key in ROW_KEYS} for row in inputs])
-        texts = [completion_text(c) for c in self._logs["completion"]]
+        trajectories = [completion_text(c) for c in self._logs["completion"]]
+        multiturn = rows[0]["num_turns"] is not None
+        # A multi-turn trajectory is judged by its final turn (the tools' output is not the policy's answer).
+        texts = [row["final_turn"] for row in rows] if multiturn else trajectories
         per_component = torch.tensor([list(self._logs["rewards"][n]) for n in names], dtype=torch.float32).T
         total = (per_component * self.reward_weights.cpu()).nansum(dim=1)
         total[torch.isnan(per_component).all(dim=1)] = math.nan
@@ -87,6 +92,7 @@ class GRPOExpTrainer(GRPOTrainer):
             "rows": rows,
             "prompts": list(self._logs["prompt"]),
             "texts": texts,
+            "trajectories": trajectories if multiturn else None,
             "per_component": per_component,
             "total": total,
             "advantages": torch.tensor(list(self._logs["advantages"]), dtype=torch.float32),
@@ -106,6 +112,12 @@ class GRPOExpTrainer(GRPOTrainer):
             [texts[i : i + size] for i in range(0, len(texts), size)],
             batch["lengths"].view(-1, size),
         )
+        if batch["trajectories"] is not None:
+            rows = batch["rows"]
+            stats |= trajectory_statistics(
+                [r["num_turns"] for r in rows], [r["tool_calls"] for r in rows], [r["tool_errors"] for r in rows],
+                [stated_answer(t) is not None for t in texts], batch["total"].tolist(),
+            )  # fmt: skip
         for key, value in stats.items():
             self._metric(key, value)
         if self.accelerator.is_main_process:
@@ -232,18 +244,33 @@ class GRPOExpTrainer(GRPOTrainer):
                     "reward": _float(total[i]),
                     "advantage": _float(batch["advantages"][i]),
                     "correct": _float(batch["correct"][i]),
+                    **self._trajectory_columns(batch, i),
                 })  # fmt: skip
         with self.samples_path.open("a", encoding="utf-8") as f:
             f.writelines(json.dumps(row) + "\n" for row in rows)
         if wandb.run is not None and rows:
             columns = list(rows[0])
-            table = wandb.Table(columns=columns, data=[[row[c] for c in columns] for row in rows])
+            table = wandb.Table(columns=columns, data=[[_cell(row[c]) for c in columns] for row in rows])
             wandb.log({"groups/samples": table, "train/global_step": step})
+
+    @staticmethod
+    def _trajectory_columns(batch: dict, i: int) -> dict:
+        """Multi-turn: the whole trajectory, its turns, and the advantage each turn was trained with."""
+        if batch["trajectories"] is None:
+            return {}
+        row = batch["rows"][i]
+        [turn_advantages] = broadcast_to_turns([_float(batch["advantages"][i])], [row["num_turns"]])
+        return {"trajectory": batch["trajectories"][i], "turns": row["num_turns"], "tool_calls": row["tool_calls"],
+                "tool_errors": row["tool_errors"], "turn_advantages": turn_advantages}  # fmt: skip
 
 
 def _histogram_values(values: torch.Tensor):
     """Rounded: values a few ulps apart (float noise) make numpy refuse 64 bins over that range."""
     return torch.round(values.nan_to_num(), decimals=6).numpy()
+
+
+def _cell(value):
+    return json.dumps(value) if isinstance(value, list) else value
 
 
 def _float(value: torch.Tensor) -> float | None:

@@ -1,0 +1,176 @@
+"""Multi-turn, tool-using rollouts (rollout=multiturn): Flow-GRPO's outcome reward for every turn, on TRL.
+
+A trajectory is one TRL completion: the policy's turns with the tools' observations between them. A turn ends
+at a tool call (the tool runs and its output is appended) or, without one, ends the trajectory: that last turn
+holds the final answer. `max_turns` caps the turns; a trajectory still calling tools then has no answer.
+
+TRL's GRPO then does what Flow-GRPO asks, with trajectory-level groups: the final answer is scored once
+(the reward functions see the final turn only, never the observations), the reward is normalised over the G
+trajectories of a prompt (one member each, whatever their number of turns), and that advantage multiplies
+the log-probabilities of every policy token of every turn (grpo_exp.flow has these as pure functions).
+Observation tokens are masked out of the loss (TRL's env_mask); with beta > 0 the KL to TRL's frozen
+reference model is taken on the same policy tokens.
+"""
+
+import functools
+from dataclasses import dataclass, field
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from tqdm.auto import tqdm
+from transformers import StoppingCriteria, StoppingCriteriaList
+
+from grpo_exp.models import left_padded_eval
+from grpo_exp.tools import Tool, build_tools, first_call
+from grpo_exp.tools.python_sandbox import SandboxLimits
+
+# Per-trajectory fields handed to TRL (and on to the reward functions and grpo_exp's statistics).
+TRAJECTORY_FIELDS = ("final_turn", "num_turns", "tool_calls", "tool_errors", "ended")
+
+
+@dataclass
+class Trajectory:
+    prompt_ids: list[int]
+    completion_ids: list[int] = field(default_factory=list)
+    env_mask: list[int] = field(default_factory=list)  # 1: the policy's token, 0: a tool's observation
+    turns: list[str] = field(default_factory=list)  # the policy's text, turn by turn
+    observations: list[str] = field(default_factory=list)  # what the tools answered, call by call
+    tool_calls: int = 0
+    tool_errors: int = 0
+    ended: bool = False  # by a turn without a tool call (not by max_turns)
+    done: bool = False
+
+    @property
+    def final_turn(self) -> str:
+        """The text that holds the final answer: the last turn, when it called no tool."""
+        return self.turns[-1] if self.ended else ""
+
+    def fields(self) -> dict:
+        return {"final_turn": self.final_turn, "num_turns": len(self.turns), "tool_calls": self.tool_calls,
+                "tool_errors": self.tool_errors, "ended": self.ended}  # fmt: skip
+
+
+class StopAtToolCall(StoppingCriteria):
+    """Ends a sequence's turn as soon as its new text holds a complete tool call."""
+
+    def __init__(self, tokenizer, tools: list[Tool], prompt_length: int):
+        self.tokenizer, self.tools, self.prompt_length = tokenizer, tools, prompt_length
+
+    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+        texts = self.tokenizer.batch_decode(input_ids[:, self.prompt_length :], skip_special_tokens=True)
+        return torch.tensor([first_call(text, self.tools) is not None for text in texts], device=input_ids.device)
+
+
+class MultiTurnRollout:
+    """The rollout engine: TRL's `rollout_func` in training, and greedy trajectories for evaluation."""
+
+    def __init__(self, rollout_cfg: DictConfig):
+        self.cfg = rollout_cfg
+        limits = SandboxLimits(**OmegaConf.to_container(rollout_cfg.python))
+        self.tools = build_tools(list(rollout_cfg.tools), limits)
+
+    def messages(self, prompt: list[dict]) -> list[dict]:
+        """The task's chat prompt after the tools' system message and demonstration exchange."""
+        system = [{"role": "system", "content": self.cfg.system}] if self.cfg.system else []
+        if prompt and prompt[0]["role"] == "system":  # the dataset's own system message joins ours
+            system = [{"role": "system", "content": f"{self.cfg.system}\n\n{prompt[0]['content']}".strip()}]
+            prompt = prompt[1:]
+        demo = OmegaConf.to_container(self.cfg.demo) if self.cfg.demo else []
+        return system + demo + list(prompt)
+
+    def run(self, model, tokenizer, prompts: list, generation: dict, batch_size: int,
+            desc: str | None = None) -> list[Trajectory]:  # fmt: skip
+        """Play every prompt out, batching the trajectories still going at each turn."""
+        trajectories = [
+            Trajectory(tokenizer.apply_chat_template(self.messages(p), add_generation_prompt=True, tokenize=True,
+                                                     return_dict=True)["input_ids"])
+            for p in prompts
+        ]  # fmt: skip
+        eos = _eos_ids(tokenizer)
+        with left_padded_eval(model, tokenizer), torch.no_grad():
+            for turn in tqdm(range(self.cfg.max_turns), desc=desc, unit="turn", disable=desc is None):
+                active = [t for t in trajectories if not t.done]
+                if not active:
+                    break
+                for start in range(0, len(active), batch_size):
+                    batch = active[start : start + batch_size]
+                    contexts = [t.prompt_ids + t.completion_ids for t in batch]
+                    for trajectory, ids in zip(batch, self._generate(model, tokenizer, contexts, generation, eos),
+                                               strict=True):  # fmt: skip
+                        self._advance(trajectory, ids, tokenizer, last_turn=turn == self.cfg.max_turns - 1)
+        return trajectories
+
+    def _generate(self, model, tokenizer, contexts: list[list[int]], generation: dict, eos: set[int]):
+        batch = tokenizer.pad({"input_ids": contexts}, return_tensors="pt").to(model.device)
+        length = batch["input_ids"].shape[1]
+        output = model.generate(
+            **batch,
+            **(generation | {"max_new_tokens": self.cfg.max_tokens_per_turn}),
+            stopping_criteria=StoppingCriteriaList([StopAtToolCall(tokenizer, self.tools, length)]),
+        )
+        return [_trim(row[length:].tolist(), eos, tokenizer.pad_token_id) for row in output]
+
+    def _advance(self, trajectory: Trajectory, ids: list[int], tokenizer, last_turn: bool) -> None:
+        text = tokenizer.decode(ids, skip_special_tokens=True)
+        trajectory.completion_ids += ids
+        trajectory.env_mask += [1] * len(ids)
+        trajectory.turns.append(text)
+        call = first_call(text, self.tools)
+        if call is None:
+            trajectory.ended = trajectory.done = True
+            return
+        result = call.tool.run(call.argument)
+        trajectory.tool_calls += 1
+        trajectory.tool_errors += result.error
+        if last_turn:  # no turn left to read the observation
+            trajectory.done = True
+            return
+        output = result.output[: self.cfg.max_observation_chars]
+        trajectory.observations.append(call.tool.observation.format(output=output))
+        observation = tokenizer(trajectory.observations[-1], add_special_tokens=False)["input_ids"]
+        trajectory.completion_ids += observation
+        trajectory.env_mask += [0] * len(observation)
+
+    def __call__(self, prompts: list, trainer) -> dict:
+        """TRL's rollout_func: this process's prompts (one per trajectory, groups already repeated)."""
+        from trl.models.utils import unwrap_model_for_generation
+
+        with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator) as model:
+            trajectories = self.run(model, trainer.processing_class, prompts, trainer.generation_kwargs, len(prompts))
+        return {
+            "prompt_ids": [t.prompt_ids for t in trajectories],
+            "completion_ids": [t.completion_ids for t in trajectories],
+            "logprobs": None,  # TRL recomputes them
+            "env_mask": [t.env_mask for t in trajectories],
+            **{key: [t.fields()[key] for t in trajectories] for key in TRAJECTORY_FIELDS},
+        }
+
+
+def _eos_ids(tokenizer) -> set[int]:
+    eos = tokenizer.eos_token_id
+    return set(eos) if isinstance(eos, list) else {eos}
+
+
+def _trim(ids: list[int], eos: set[int], pad: int | None) -> list[int]:
+    """A generated row without what follows its end: through the first EOS, else without the trailing padding."""
+    for index, token in enumerate(ids):
+        if token in eos:
+            return ids[: index + 1]
+    while ids and ids[-1] == pad:
+        ids = ids[:-1]
+    return ids
+
+
+def scored_on_final_turn(reward_func):
+    """A reward function that sees each trajectory's final turn as the completion (never the tools' output)."""
+
+    @functools.wraps(reward_func)
+    def on_final_turn(completions, final_turn, **kwargs):
+        return reward_func([[{"role": "assistant", "content": text}] for text in final_turn], **kwargs)
+
+    return on_final_turn
+
+
+def greedy_generation(tokenizer) -> dict:
+    return {"do_sample": False, "pad_token_id": tokenizer.pad_token_id, "temperature": None, "top_p": None,
+            "top_k": None}  # fmt: skip

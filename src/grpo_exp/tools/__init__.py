@@ -1,0 +1,75 @@
+"""Tools the policy can call in a multi-turn rollout (rollout=multiturn), and their call protocol.
+
+    calculator   <calc>12 * 34</calc>                  ->  <result>408</result>
+    python       ```python\\nprint(12 * 34)\\n```       ->  ```output\\n408\\n```
+
+Plain tags and fenced blocks, because SmolLM2-135M-Instruct writes them after one demonstration (BENCHMARKS.md:
+27/32 python blocks, 20/32 calculator tags at temperature 1) where it never produces TRL's JSON tool calls.
+A call ends the policy's turn; the tool's output (or error) is appended as an observation, which the policy
+reads in its next turn and which is masked out of the loss.
+"""
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from grpo_exp.errors import UserError
+from grpo_exp.tools.calculator import CalculatorError, calculate, format_number
+from grpo_exp.tools.python_sandbox import SandboxLimits, run_python
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    output: str
+    error: bool  # the call failed (bad input, a refused import, a time limit...): the policy sees why
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    call: re.Pattern  # a complete call; group 1 is the tool's input
+    observation: str  # how the output is shown to the policy ({output})
+    run: Callable[[str], ToolResult]
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    tool: Tool
+    argument: str
+    end: int  # where the call ends in the turn's text
+
+
+def run_calculator(expression: str) -> ToolResult:
+    try:
+        return ToolResult(format_number(calculate(expression)), False)
+    except CalculatorError as err:
+        return ToolResult(f"error: {err}", True)
+
+
+def make_python(limits: SandboxLimits) -> Callable[[str], ToolResult]:
+    def run(snippet: str) -> ToolResult:
+        result = run_python(snippet, limits)
+        return ToolResult(result.output, result.error)
+
+    return run
+
+
+def build_tools(names: list[str], python_limits: SandboxLimits) -> list[Tool]:
+    available = {
+        "calculator": Tool("calculator", re.compile(r"<calc>(.*?)</calc>", re.S), "\n<result>{output}</result>\n",
+                           run_calculator),
+        "python": Tool("python", re.compile(r"```python\n(.*?)```", re.S), "\n```output\n{output}\n```\n",
+                       make_python(python_limits)),
+    }  # fmt: skip
+    unknown = [name for name in names if name not in available]
+    if unknown:
+        raise UserError(f"rollout.tools: unknown tool(s) {unknown}; the tools are {sorted(available)}")
+    if not names:
+        raise UserError(f"rollout.tools is empty; rollout=multiturn needs some of {sorted(available)}")
+    return [available[name] for name in names]
+
+
+def first_call(text: str, tools: list[Tool]) -> ToolCall | None:
+    """The call that completes first in a turn's text (generation stops there), if any."""
+    calls = [ToolCall(tool, match.group(1), match.end()) for tool in tools if (match := tool.call.search(text))]
+    return min(calls, key=lambda call: call.end, default=None)

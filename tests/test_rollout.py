@@ -1,0 +1,151 @@
+"""Multi-turn rollouts with a tiny model that has been taught the tool protocol: the trajectories, their
+masks, what TRL receives, and an end-to-end run in which TRL's GRPOTrainer updates the weights."""
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from grpo_exp.build import grpo_config
+from grpo_exp.data import load_splits
+from grpo_exp.flow import group_advantages, turn_spans
+from grpo_exp.models import build_tiny_model, load_tokenizer
+from grpo_exp.rewards.math import make_math_reward
+from grpo_exp.rollout import MultiTurnRollout, greedy_generation, scored_on_final_turn
+from grpo_exp.tracking import read_metrics
+from grpo_exp.trainer import GRPOExpTrainer
+from grpo_exp.verification import math_verify_verifier
+from tests.conftest import TINY_RUN, compose_config, run_cli
+
+MULTITURN = [*TINY_RUN, "rollout=multiturn", "rollout.tools=[calculator]", "rollout.max_turns=3",
+             "rollout.max_tokens_per_turn=24"]  # fmt: skip
+SAMPLING = {"do_sample": True, "temperature": 1.0, "top_p": None, "top_k": None}
+
+
+def demonstration(row: dict) -> str:
+    """What a tool-using answer to 'Calculate 88 + 94.' looks like, with the calculator's real result."""
+    expression = row["question"].splitlines()[0].removeprefix("Calculate ").rstrip(".")
+    return f"<calc>{expression}</calc>\n<result>{row['solution']}</result>\nThe answer is \\boxed{{{row['solution']}}}."
+
+
+@pytest.fixture(scope="module")
+def protocol_model(tmp_path_factory):
+    """The tiny random model, fine-tuned for a few seconds on demonstrations so that it calls the calculator
+    (a random model never writes <calc>...</calc>); saved like any pretrained model."""
+    cfg = compose_config(MULTITURN)
+    tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
+    torch.manual_seed(0)
+    model = build_tiny_model(cfg.model, tokenizer, cfg.trainer.seed)
+    rollout = MultiTurnRollout(cfg.rollout)
+    rows = list(load_splits(cfg.dataset)[0])[:48]
+    examples = []
+    for row in rows:
+        prompt = tokenizer.apply_chat_template(rollout.messages(row["prompt"]), add_generation_prompt=True,
+                                               return_dict=True)["input_ids"]  # fmt: skip
+        answer = tokenizer(demonstration(row) + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
+        examples.append((prompt, answer))
+    optimiser = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    model.train()
+    for step in range(80):
+        prompt, answer = examples[step % len(examples)]
+        ids = torch.tensor([prompt + answer])
+        labels = torch.tensor([[-100] * len(prompt) + answer])
+        model(input_ids=ids, labels=labels).loss.backward()
+        optimiser.step()
+        optimiser.zero_grad()
+    directory = tmp_path_factory.mktemp("protocol_model")
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def test_trajectories_interleave_turns_and_masked_observations(protocol_model):
+    cfg = compose_config(MULTITURN)
+    tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
+    model = AutoModelForCausalLM.from_pretrained(protocol_model)
+    rollout = MultiTurnRollout(cfg.rollout)
+    prompts = [row["prompt"] for row in list(load_splits(cfg.dataset)[1])] * 2
+    torch.manual_seed(0)
+    trajectories = rollout.run(model, tokenizer, prompts, SAMPLING | {"pad_token_id": tokenizer.pad_token_id}, 4)
+
+    assert any(t.tool_calls for t in trajectories), "the taught model should call the calculator"
+    for t in trajectories:
+        assert len(t.env_mask) == len(t.completion_ids)
+        assert 1 <= len(t.turns) <= cfg.rollout.max_turns
+        # The masked tokens are exactly the calculator's observations, in order.
+        masked = [i for i, m in zip(t.completion_ids, t.env_mask, strict=True) if not m]
+        assert masked == [i for o in t.observations for i in tokenizer(o, add_special_tokens=False)["input_ids"]]
+        assert len(t.observations) == len(turn_spans(t.env_mask)) - 1
+        assert len(turn_spans(t.env_mask)) == len(t.turns) or (not t.ended and len(t.turns) == cfg.rollout.max_turns)
+        # Every turn but the last called a tool; the final turn holds the answer only when it called none.
+        assert t.tool_calls >= len(t.turns) - 1
+        assert t.final_turn == (t.turns[-1] if t.ended else "")
+
+    greedy = greedy_generation(tokenizer)
+    first, second = (rollout.run(model, tokenizer, prompts[:4], greedy, 4) for _ in range(2))
+    assert [t.completion_ids for t in first] == [t.completion_ids for t in second]
+
+
+def test_trl_receives_the_mask_and_normalises_rewards_per_trajectory(protocol_model, tmp_path):
+    cfg = compose_config([*MULTITURN, "model=pretrained", f"model.name_or_path={protocol_model}",
+                          "trainer.num_generations=4"])  # fmt: skip
+    tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
+    train_set, _ = load_splits(cfg.dataset)
+    math_reward = scored_on_final_turn(make_math_reward())
+    trainer = GRPOExpTrainer(
+        verifier=math_verify_verifier(),
+        stats_cfg=cfg.stats,
+        samples_path=tmp_path / "samples.jsonl",
+        model=AutoModelForCausalLM.from_pretrained(protocol_model),
+        reward_funcs=[math_reward],
+        args=grpo_config(cfg.trainer, tmp_path / "trainer", "none", [1.0], False),
+        train_dataset=train_set,
+        processing_class=tokenizer,
+        rollout_func=MultiTurnRollout(cfg.rollout),
+    )
+    inputs = [dict(train_set[i]) for i in range(2) for _ in range(4)]
+    torch.manual_seed(0)
+    output = trainer._generate_and_score_completions(inputs)
+
+    loss_mask = output["completion_mask"] * output["tool_mask"]
+    assert (output["tool_mask"] == 0).any(), "some trajectory should hold an observation"
+    for row, ids, mask, full in zip(inputs, output["completion_ids"], loss_mask, output["completion_mask"],
+                                    strict=True):  # fmt: skip
+        kept = ids[mask.bool()].tolist()
+        dropped = ids[(full - mask).bool()].tolist()
+        # The loss sees the policy's turns only (the final turn among them), never a calculator's answer.
+        assert tokenizer.decode(dropped).count("\n<result>") == row["tool_calls"] - (not row["ended"])
+        assert row["final_turn"] in tokenizer.decode(kept, skip_special_tokens=True)
+        assert len(turn_spans(mask[full.bool()].tolist())) == row["num_turns"]
+    rewards = torch.tensor(list(trainer._logs["rewards"]["math"])).view(2, 4)
+    assert torch.allclose(output["advantages"], group_advantages(rewards).flatten(), atol=1e-5)
+
+
+def test_multiturn_training_end_to_end(protocol_model, tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_cli(
+        *MULTITURN, "model=pretrained", f"model.name_or_path={protocol_model}", "model.dtype=float32",
+        "reward=math+format", "trainer.num_generations=4", "trainer.beta=0.04", "trainer.learning_rate=1e-3",
+        "stats.table_every=1", "logger=none", f"hydra.run.dir={run_dir}",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    steps = [m for m in read_metrics(run_dir / "metrics.jsonl") if "reward" in m]
+    assert len(steps) == 2
+    assert any(m["rollout/tool_calls_mean"] > 0 for m in steps)
+    assert all(k in steps[0] for k in ("rollout/turns_mean", "rollout/tool_errors_mean", "rollout/final_answer_frac",
+                                       "kl"))  # fmt: skip
+    assert any(k.startswith("rollout/reward_by_turns/") for k in steps[0])
+    assert any(m["grad_norm"] > 0 for m in steps)
+    trained = AutoModelForCausalLM.from_pretrained(run_dir / "checkpoint-final").state_dict()
+    initial = AutoModelForCausalLM.from_pretrained(protocol_model).state_dict()
+    assert any(not torch.equal(p, initial[name]) for name, p in trained.items()), "GRPO did not change any weight"
+
+    samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    assert samples and all(len(s["turn_advantages"]) == s["turns"] for s in samples)
+    assert all(len(set(s["turn_advantages"])) == 1 for s in samples)  # one advantage for all of a trajectory's turns
+    evaluated = [json.loads(line) for line in (run_dir / "eval_after.jsonl").read_text().splitlines()]
+    assert all({"trajectory", "num_turns", "tool_calls", "final_turn"} <= set(e) for e in evaluated)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert "heldout_rollout_turns_mean_after" in summary
