@@ -31,6 +31,7 @@ bench: install  ## benchmarks (ratios measured side by side in one run); results
 	$(PY) -m benchmarks.rewards
 	$(PY) -m benchmarks.group_stats
 	$(PY) -m benchmarks.p_yes
+	$(PY) -m benchmarks.tool_protocol
 	$(PY) -m benchmarks.overhead
 
 # What the default experiment learns: 3 seeds of `make train`, then held-out accuracy (mean, spread) and a figure.

@@ -11,7 +11,7 @@ from grpo_exp.rewards.registry import COMPONENTS
 from grpo_exp.schema import DataSource, LossType, ModelSource
 from tests.conftest import compose_config
 
-GROUPS = ["model", "dataset", "reward", "verifier", "trainer", "logger"]
+GROUPS = ["model", "dataset", "reward", "verifier", "trainer", "rollout", "logger"]
 # Options that need a value from the user.
 REQUIRED = {
     ("model", "pretrained"): ["model.name_or_path=some/model"],

@@ -72,6 +72,8 @@ def test_trajectories_interleave_turns_and_masked_observations(protocol_model):
     assert any(t.tool_calls for t in trajectories), "the taught model should call the calculator"
     for t in trajectories:
         assert len(t.env_mask) == len(t.completion_ids)
+        # Only a final turn may end with EOS: a turn that stopped at a call carries no padding EOS.
+        assert tokenizer.eos_token_id not in t.completion_ids[:-1]
         assert 1 <= len(t.turns) <= cfg.rollout.max_turns
         # The masked tokens are exactly the calculator's observations, in order.
         masked = [i for i, m in zip(t.completion_ids, t.env_mask, strict=True) if not m]
@@ -149,3 +151,36 @@ def test_multiturn_training_end_to_end(protocol_model, tmp_path):
     assert all({"trajectory", "num_turns", "tool_calls", "final_turn"} <= set(e) for e in evaluated)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert "heldout_rollout_turns_mean_after" in summary
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["rollout.tools=[calculator,shell]"],
+            r"unknown tool\(s\) \['shell'\]; the tools are \['calculator', 'python'\]",
+        ),
+        (["rollout.tools=[]"], "rollout.tools is empty"),
+        (["reward=math+selfverify"], "selfverify with rollout=multiturn is not supported"),
+        (["rollout.max_turns=0"], "rollout.max_turns and rollout.max_tokens_per_turn must be at least 1"),
+    ],
+)
+def test_bad_multiturn_settings_are_refused_before_any_model_loads(overrides, message):
+    from grpo_exp.errors import UserError
+    from grpo_exp.experiment import check_and_build
+
+    with pytest.raises(UserError, match=message):
+        check_and_build(compose_config([*MULTITURN, *overrides]))
+
+
+@pytest.mark.slow
+def test_the_embedded_model_calls_the_calculator_in_the_preset(tmp_path):
+    """The protocol is one the real SmolLM2-135M-Instruct follows, untrained: the preset's first step."""
+    run_dir = tmp_path / "run"
+    result = run_cli("+experiment=calculator", "trainer.max_steps=1", "dataset.eval_size=8", "eval.after=false",
+                     "logger=none", f"hydra.run.dir={run_dir}")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["heldout_rollout_used_tool_frac_before"] >= 0.5
+    [step] = [m for m in read_metrics(run_dir / "metrics.jsonl") if "reward" in m]
+    assert step["rollout/tool_calls_mean"] > 0

@@ -108,7 +108,23 @@ class MultiTurnRollout:
             **(generation | {"max_new_tokens": self.cfg.max_tokens_per_turn}),
             stopping_criteria=StoppingCriteriaList([StopAtToolCall(tokenizer, self.tools, length)]),
         )
-        return [_trim(row[length:].tolist(), eos, tokenizer.pad_token_id) for row in output]
+        return [self._turn_tokens(row[length:].tolist(), eos, tokenizer) for row in output]
+
+    def _turn_tokens(self, ids: list[int], eos: set[int], tokenizer) -> list[int]:
+        """The tokens the policy generated in a turn, without the padding that follows its end.
+
+        A turn ends at its EOS or where its tool call completes. The padding after a stopped row is often the
+        EOS token itself (SmolLM2's pad is its EOS), so a turn that stopped at a call is cut where the call
+        completes: training on a padding EOS the policy never sampled would teach it to end the conversation.
+        """
+        end = next((i + 1 for i, token in enumerate(ids) if token in eos), len(ids))
+        while end and ids[end - 1] == tokenizer.pad_token_id and ids[end - 1] not in eos:
+            end -= 1
+        ids = ids[:end]
+        if first_call(tokenizer.decode(ids, skip_special_tokens=True), self.tools) is None:
+            return ids
+        return next(ids[:n] for n in range(1, len(ids) + 1)
+                    if first_call(tokenizer.decode(ids[:n], skip_special_tokens=True), self.tools))  # fmt: skip
 
     def _advance(self, trajectory: Trajectory, ids: list[int], tokenizer, last_turn: bool) -> None:
         text = tokenizer.decode(ids, skip_special_tokens=True)
@@ -149,16 +165,6 @@ class MultiTurnRollout:
 def _eos_ids(tokenizer) -> set[int]:
     eos = tokenizer.eos_token_id
     return set(eos) if isinstance(eos, list) else {eos}
-
-
-def _trim(ids: list[int], eos: set[int], pad: int | None) -> list[int]:
-    """A generated row without what follows its end: through the first EOS, else without the trailing padding."""
-    for index, token in enumerate(ids):
-        if token in eos:
-            return ids[: index + 1]
-    while ids and ids[-1] == pad:
-        ids = ids[:-1]
-    return ids
 
 
 def scored_on_final_turn(reward_func):
