@@ -73,3 +73,23 @@ def test_the_reward_sees_the_final_turn_never_the_tools_output():
         solution=["408"] * 3,
     )
     assert rewards == [1.0, 0.0, 0.0]
+
+
+def test_the_tools_system_message_and_demo_come_before_the_task():
+    from omegaconf import OmegaConf
+
+    from grpo_exp.rollout import MultiTurnRollout
+    from tests.conftest import compose_config
+
+    cfg = compose_config(["rollout=multiturn"]).rollout
+    task = [{"role": "user", "content": "Calculate 1 + 2."}]
+    messages = MultiTurnRollout(cfg).messages(task)
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "user"]
+    assert messages[0]["content"] == cfg.system and messages[-1] == task[0]
+    with_system = MultiTurnRollout(cfg).messages([{"role": "system", "content": "Be brief."}, *task])
+    assert with_system[0]["content"] == f"{cfg.system}\n\nBe brief." and len(with_system) == 4
+    bare = OmegaConf.merge(cfg, {"system": None, "demo": []})
+    assert MultiTurnRollout(bare).messages([{"role": "system", "content": "Be brief."}, *task]) == [
+        {"role": "system", "content": "Be brief."},
+        *task,
+    ]

@@ -71,10 +71,11 @@ class MultiTurnRollout:
 
     def messages(self, prompt: list[dict]) -> list[dict]:
         """The task's chat prompt after the tools' system message and demonstration exchange."""
-        system = [{"role": "system", "content": self.cfg.system}] if self.cfg.system else []
+        parts = [self.cfg.system] if self.cfg.system else []
         if prompt and prompt[0]["role"] == "system":  # the dataset's own system message joins ours
-            system = [{"role": "system", "content": f"{self.cfg.system}\n\n{prompt[0]['content']}".strip()}]
+            parts.append(prompt[0]["content"])
             prompt = prompt[1:]
+        system = [{"role": "system", "content": "\n\n".join(parts)}] if parts else []
         demo = OmegaConf.to_container(self.cfg.demo) if self.cfg.demo else []
         return system + demo + list(prompt)
 

@@ -81,6 +81,7 @@ class GRPOExpTrainer(GRPOTrainer):
         rows = gather_object([{key: row.get(key) for key in ROW_KEYS} for row in inputs])
         trajectories = [completion_text(c) for c in self._logs["completion"]]
         multiturn = rows[0]["num_turns"] is not None
+        policy_tokens = output["completion_mask"] * output.get("tool_mask", 1)
         # A multi-turn trajectory is judged by its final turn (the tools' output is not the policy's answer).
         texts = [row["final_turn"] for row in rows] if multiturn else trajectories
         per_component = torch.tensor([list(self._logs["rewards"][n]) for n in names], dtype=torch.float32).T
@@ -96,7 +97,8 @@ class GRPOExpTrainer(GRPOTrainer):
             "per_component": per_component,
             "total": total,
             "advantages": torch.tensor(list(self._logs["advantages"]), dtype=torch.float32),
-            "lengths": self.accelerator.gather(output["completion_mask"].sum(dim=1)).float().cpu(),
+            # The policy's own tokens: a multi-turn trajectory's observations are not its length.
+            "lengths": self.accelerator.gather(policy_tokens.sum(dim=1)).float().cpu(),
             "correct": torch.tensor([math.nan if label is None else float(label) for label in labels]),
         }
 
