@@ -153,6 +153,15 @@ def test_multiturn_training_end_to_end(protocol_model, tmp_path):
     assert "heldout_rollout_turns_mean_after" in summary
 
 
+def test_evaluate_plays_trajectories_with_the_tools(protocol_model):
+    result = run_cli(str(protocol_model), "rollout=multiturn", "rollout.tools=[calculator]", "dataset.eval_size=4",
+                     "rollout.max_tokens_per_turn=24", "eval.samples=2", module="grpo_exp.evaluate")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = json.loads((protocol_model / "evaluation.json").read_text())
+    assert results["problems"] == 4 and "pass@2" in results
+    assert results["greedy rollout/tool_calls_mean"] > 0
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [

@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> dict:
             model, tokenizer, heldout, verifier, cfg.eval.samples, cfg.eval.temperature, max_new_tokens,
             cfg.eval.batch_size, rollout,
         )  # fmt: skip
-    results |= greedy.rollout
+    results |= {f"greedy {key}": value for key, value in greedy.rollout.items()}
     out_dir.mkdir(parents=True, exist_ok=True)
     as_json = {k: None if isinstance(v, float) and v != v else v for k, v in results.items()}  # NaN -> null
     (out_dir / "evaluation.json").write_text(json.dumps(as_json, indent=2) + "\n", encoding="utf-8")

@@ -3,8 +3,9 @@
     calculator   <calc>12 * 34</calc>                  ->  <result>408</result>
     python       ```python\\nprint(12 * 34)\\n```       ->  ```output\\n408\\n```
 
-Plain tags and fenced blocks, because SmolLM2-135M-Instruct writes them after one demonstration (BENCHMARKS.md:
-27/32 python blocks, 20/32 calculator tags at temperature 1) where it never produces TRL's JSON tool calls.
+Plain tags and fenced blocks, because SmolLM2-135M-Instruct writes them after one demonstration, sampled at
+temperature 1 (`python -m benchmarks.tool_protocol`: 56% calculator tags, 59% python blocks), against 9% for
+TRL's JSON tool calls shown the same way (0% for the tags described without a demonstration).
 A call ends the policy's turn; the tool's output (or error) is appended as an observation, which the policy
 reads in its next turn and which is masked out of the loss.
 """
