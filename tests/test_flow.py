@@ -42,10 +42,13 @@ def test_turn_spans_are_the_policy_tokens_between_observations():
 
 
 def test_trajectory_statistics_count_each_trajectory_once():
-    stats = trajectory_statistics(
-        turns=[1, 3, 2, 2], tool_calls=[0, 2, 1, 1], tool_errors=[0, 1, 0, 0],
-        answered=[True, False, True, True], rewards=[0.0, 0.0, 1.0, math.nan],
-    )  # fmt: skip
+    records = [
+        {"num_turns": 1, "tool_calls": 0, "tool_errors": 0, "final_turn": "It is \\boxed{7}."},
+        {"num_turns": 3, "tool_calls": 2, "tool_errors": 1, "final_turn": ""},  # max_turns ran out mid-call
+        {"num_turns": 2, "tool_calls": 1, "tool_errors": 0, "final_turn": "So 408."},
+        {"num_turns": 2, "tool_calls": 1, "tool_errors": 0, "final_turn": "The answer is \\boxed{12}."},
+    ]
+    stats = trajectory_statistics(records, rewards=[0.0, 0.0, 1.0, math.nan])
     assert stats["rollout/turns_mean"] == 2.0
     assert stats["rollout/turns_max"] == 3.0
     assert stats["rollout/tool_calls_mean"] == 1.0

@@ -93,13 +93,8 @@ def heldout_accuracy(
     stats = {}
     if rollout is not None:
         from grpo_exp.flow import trajectory_statistics
-        from grpo_exp.rewards.text import stated_answer
 
-        stats = trajectory_statistics(
-            [d["num_turns"] for d in details], [d["tool_calls"] for d in details], [d["tool_errors"] for d in details],
-            [stated_answer(c) is not None for c in completions],
-            [float("nan") if label is None else float(label) for label in labels],
-        )  # fmt: skip
+        stats = trajectory_statistics(details, [float("nan") if label is None else float(label) for label in labels])
     scored = [label for label in labels if label is not None]
     samples = [
         {"question": q, "solution": s, "completion": c, "correct": label, **extra}
@@ -215,10 +210,10 @@ def main(argv: list[str] | None = None) -> dict:
     from rich.table import Table
 
     from grpo_exp.data import load_splits
+    from grpo_exp.experiment import build_rollout
     from grpo_exp.models import check_reachable, load_model, load_tokenizer
     from grpo_exp.paths import CONF_DIR
-    from grpo_exp.rollout import MultiTurnRollout
-    from grpo_exp.schema import RolloutName, register_schemas
+    from grpo_exp.schema import register_schemas
     from grpo_exp.tracking import Tracker, redact
     from grpo_exp.verification import math_verify_verifier
 
@@ -233,7 +228,7 @@ def main(argv: list[str] | None = None) -> dict:
     tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
     model = load_model(cfg.model, tokenizer, cfg.cache_dir, cfg.trainer.seed)
     max_new_tokens = cfg.eval.max_new_tokens or cfg.trainer.max_completion_length
-    rollout = None if cfg.rollout.name is RolloutName.single else MultiTurnRollout(cfg.rollout)
+    rollout = build_rollout(cfg)
     greedy = heldout_accuracy(
         model, tokenizer, heldout, verifier, max_new_tokens, cfg.eval.batch_size, "greedy", rollout
     )

@@ -11,6 +11,8 @@ from collections import defaultdict
 
 import torch
 
+from grpo_exp.rewards.text import stated_answer
+
 EPSILON = 1e-4  # TRL's guard against a zero group std
 
 
@@ -52,20 +54,22 @@ def reward_by_turns(rewards: list[float], turns: list[int]) -> dict[int, float]:
     return {count: sum(values) / len(values) for count, values in sorted(by_turns.items())}
 
 
-def trajectory_statistics(turns: list[int], tool_calls: list[int], tool_errors: list[int], answered: list[bool],
-                          rewards: list[float], prefix: str = "rollout") -> dict[str, float]:  # fmt: skip
-    """Per-trajectory means (each trajectory counts once): turns, tool calls and errors, the share that ended
-    with a final answer, and the reward by number of turns."""
-    n = len(turns)
-    calls = sum(tool_calls)
+def trajectory_statistics(records: list[dict], rewards: list[float], prefix: str = "rollout") -> dict[str, float]:
+    """Per-trajectory means (each trajectory counts once) over records with `num_turns`, `tool_calls`,
+    `tool_errors` and `final_turn` (grpo_exp.rollout's fields): turns, tool calls and errors, the share that
+    ended with a final answer, and the reward by number of turns."""
+    n = len(records)
+    turns = [r["num_turns"] for r in records]
+    calls = sum(r["tool_calls"] for r in records)
+    errors = sum(r["tool_errors"] for r in records)
     stats = {
         f"{prefix}/turns_mean": sum(turns) / n,
         f"{prefix}/turns_max": float(max(turns)),
         f"{prefix}/tool_calls_mean": calls / n,
-        f"{prefix}/tool_errors_mean": sum(tool_errors) / n,
-        f"{prefix}/tool_error_rate": sum(tool_errors) / calls if calls else 0.0,
-        f"{prefix}/used_tool_frac": sum(c > 0 for c in tool_calls) / n,
-        f"{prefix}/final_answer_frac": sum(answered) / n,
+        f"{prefix}/tool_errors_mean": errors / n,
+        f"{prefix}/tool_error_rate": errors / calls if calls else 0.0,
+        f"{prefix}/used_tool_frac": sum(r["tool_calls"] > 0 for r in records) / n,
+        f"{prefix}/final_answer_frac": sum(stated_answer(r["final_turn"]) is not None for r in records) / n,
     }
     stats |= {f"{prefix}/reward_by_turns/{count}": value for count, value in reward_by_turns(rewards, turns).items()}
     return stats

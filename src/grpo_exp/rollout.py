@@ -154,12 +154,13 @@ class MultiTurnRollout:
 
         with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator) as model:
             trajectories = self.run(model, trainer.processing_class, prompts, trainer.generation_kwargs, len(prompts))
+        fields = [t.fields() for t in trajectories]
         return {
             "prompt_ids": [t.prompt_ids for t in trajectories],
             "completion_ids": [t.completion_ids for t in trajectories],
             "logprobs": None,  # TRL recomputes them
             "env_mask": [t.env_mask for t in trajectories],
-            **{key: [t.fields()[key] for t in trajectories] for key in TRAJECTORY_FIELDS},
+            **{key: [f[key] for f in fields] for key in TRAJECTORY_FIELDS},
         }
 
 

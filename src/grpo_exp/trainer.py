@@ -21,7 +21,7 @@ from accelerate.utils import gather_object
 from trl import GRPOTrainer
 
 from grpo_exp.flow import broadcast_to_turns, trajectory_statistics
-from grpo_exp.rewards.text import completion_text, stated_answer
+from grpo_exp.rewards.text import completion_text
 from grpo_exp.rollout import TRAJECTORY_FIELDS
 from grpo_exp.selfverify import (
     YES,
@@ -115,11 +115,7 @@ class GRPOExpTrainer(GRPOTrainer):
             batch["lengths"].view(-1, size),
         )
         if batch["trajectories"] is not None:
-            rows = batch["rows"]
-            stats |= trajectory_statistics(
-                [r["num_turns"] for r in rows], [r["tool_calls"] for r in rows], [r["tool_errors"] for r in rows],
-                [stated_answer(t) is not None for t in texts], batch["total"].tolist(),
-            )  # fmt: skip
+            stats |= trajectory_statistics(batch["rows"], batch["total"].tolist())
         for key, value in stats.items():
             self._metric(key, value)
         if self.accelerator.is_main_process:
@@ -234,6 +230,7 @@ class GRPOExpTrainer(GRPOTrainer):
         if (step - 1) % self.stats_cfg.table_every:
             return
         rows = []
+        trajectory_columns = self._trajectory_columns(batch)
         for group in range(min(self.stats_cfg.table_groups, len(texts) // size)):
             for i in range(group * size, (group + 1) * size):
                 rows.append({
@@ -246,7 +243,7 @@ class GRPOExpTrainer(GRPOTrainer):
                     "reward": _float(total[i]),
                     "advantage": _float(batch["advantages"][i]),
                     "correct": _float(batch["correct"][i]),
-                    **self._trajectory_columns(batch, i),
+                    **trajectory_columns[i],
                 })  # fmt: skip
         with self.samples_path.open("a", encoding="utf-8") as f:
             f.writelines(json.dumps(row) + "\n" for row in rows)
@@ -256,14 +253,17 @@ class GRPOExpTrainer(GRPOTrainer):
             wandb.log({"groups/samples": table, "train/global_step": step})
 
     @staticmethod
-    def _trajectory_columns(batch: dict, i: int) -> dict:
-        """Multi-turn: the whole trajectory, its turns, and the advantage each turn was trained with."""
+    def _trajectory_columns(batch: dict) -> list[dict]:
+        """Multi-turn: each whole trajectory, its turns, and the advantage each of its turns was trained with."""
         if batch["trajectories"] is None:
-            return {}
-        row = batch["rows"][i]
-        [turn_advantages] = broadcast_to_turns([_float(batch["advantages"][i])], [row["num_turns"]])
-        return {"trajectory": batch["trajectories"][i], "turns": row["num_turns"], "tool_calls": row["tool_calls"],
-                "tool_errors": row["tool_errors"], "turn_advantages": turn_advantages}  # fmt: skip
+            return [{}] * len(batch["texts"])
+        rows = batch["rows"]
+        per_turn = broadcast_to_turns([_float(a) for a in batch["advantages"]], [r["num_turns"] for r in rows])
+        return [
+            {"trajectory": trajectory, "turns": row["num_turns"], "tool_calls": row["tool_calls"],
+             "tool_errors": row["tool_errors"], "turn_advantages": advantages}
+            for trajectory, row, advantages in zip(batch["trajectories"], rows, per_turn, strict=True)
+        ]  # fmt: skip
 
 
 def _histogram_values(values: torch.Tensor):

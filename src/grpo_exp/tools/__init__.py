@@ -10,6 +10,7 @@ A call ends the policy's turn; the tool's output (or error) is appended as an ob
 reads in its next turn and which is masked out of the loss.
 """
 
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,12 +18,7 @@ from dataclasses import dataclass
 from grpo_exp.errors import UserError
 from grpo_exp.tools.calculator import CalculatorError, calculate, format_number
 from grpo_exp.tools.python_sandbox import SandboxLimits, run_python
-
-
-@dataclass(frozen=True)
-class ToolResult:
-    output: str
-    error: bool  # the call failed (bad input, a refused import, a time limit...): the policy sees why
+from grpo_exp.tools.result import ToolResult
 
 
 @dataclass(frozen=True)
@@ -47,20 +43,12 @@ def run_calculator(expression: str) -> ToolResult:
         return ToolResult(f"error: {err}", True)
 
 
-def make_python(limits: SandboxLimits) -> Callable[[str], ToolResult]:
-    def run(snippet: str) -> ToolResult:
-        result = run_python(snippet, limits)
-        return ToolResult(result.output, result.error)
-
-    return run
-
-
 def build_tools(names: list[str], python_limits: SandboxLimits) -> list[Tool]:
     available = {
         "calculator": Tool("calculator", re.compile(r"<calc>(.*?)</calc>", re.S), "\n<result>{output}</result>\n",
                            run_calculator),
         "python": Tool("python", re.compile(r"```python\n(.*?)```", re.S), "\n```output\n{output}\n```\n",
-                       make_python(python_limits)),
+                       functools.partial(run_python, limits=python_limits)),
     }  # fmt: skip
     unknown = [name for name in names if name not in available]
     if unknown:

@@ -12,6 +12,7 @@ This stops a policy's snippets (loops, huge output, `import os`, sockets), not a
 run untrusted code from people in a container or VM.
 """
 
+import os
 import resource
 import signal
 import subprocess
@@ -19,6 +20,8 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from grpo_exp.tools.result import ToolResult
 
 # Runs inside the child: the snippet is sys.argv[1].
 BOOTSTRAP = r"""
@@ -97,13 +100,7 @@ class SandboxLimits:
     max_output_chars: int = 400
 
 
-@dataclass(frozen=True)
-class SandboxResult:
-    output: str  # stdout (truncated), or the error's last line
-    error: bool
-
-
-def run_python(snippet: str, limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
+def run_python(snippet: str, limits: SandboxLimits = SandboxLimits()) -> ToolResult:
     """Run a snippet; what it printed, or why it failed (a time limit, an exception, a refused import...)."""
     output_bytes = 64 * limits.max_output_chars  # written beyond this, the child is killed (SIGXFSZ)
 
@@ -132,21 +129,19 @@ def run_python(snippet: str, limits: SandboxLimits = SandboxLimits()) -> Sandbox
         printed = _read(stdout_path, limits.max_output_chars)
         failure = _read(stderr_path, 100 * limits.max_output_chars)
     if code in (None, -signal.SIGXCPU, -signal.SIGKILL):
-        return SandboxResult(f"error: time limit of {limits.timeout_s:g} s exceeded", True)
+        return ToolResult(f"error: time limit of {limits.timeout_s:g} s exceeded", True)
     if code == -signal.SIGXFSZ:
-        return SandboxResult(f"error: output limit exceeded; printed: {printed[:100]}", True)
+        return ToolResult(f"error: output limit exceeded; printed: {printed[:100]}", True)
     if code != 0:
         lines = failure.strip().splitlines()
-        return SandboxResult(f"error: {lines[-1] if lines else f'exit status {code}'}", True)
+        return ToolResult(f"error: {lines[-1] if lines else f'exit status {code}'}", True)
     if len(printed) >= limits.max_output_chars:
         printed = printed[: limits.max_output_chars] + "... (truncated)"
-    return SandboxResult(printed.strip() or "(no output: print the result)", False)
+    return ToolResult(printed.strip() or "(no output: print the result)", False)
 
 
 def _kill_group(process: subprocess.Popen) -> None:
     try:
-        import os
-
         os.killpg(process.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
