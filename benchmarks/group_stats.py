@@ -10,7 +10,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from grpo_exp.tracking import read_metrics
+from grpo_exp.run.tracking import read_metrics
 
 STEPS = 4
 

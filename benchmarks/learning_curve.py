@@ -10,7 +10,7 @@ import argparse
 import statistics
 from pathlib import Path
 
-from grpo_exp.compare import discover_runs
+from grpo_exp.run.comparison import discover_runs
 
 
 def spread(values: list[float]) -> str:

@@ -40,9 +40,9 @@ def run_grpo_exp(steps: int, out_dir: Path, overrides: list[str]) -> dict:
     from trl import GRPOTrainer
 
     from grpo_exp import train
-    from grpo_exp.tracking import MetricsFileCallback, read_metrics
-    from grpo_exp.trainer import GRPOExpTrainer
-    from grpo_exp.verification import PYesScorer
+    from grpo_exp.run.tracking import MetricsFileCallback, read_metrics
+    from grpo_exp.trainer.trainer import GRPOExpTrainer
+    from grpo_exp.verification.p_yes import PYesScorer
 
     timed(GRPOTrainer, "_calculate_rewards", "rewards")
     timed(GRPOExpTrainer, "_record_group_statistics", "group statistics (incl. their W&B histograms/tables)")

@@ -11,10 +11,10 @@ import time
 import torch
 
 from grpo_exp.data import load_splits
-from grpo_exp.evaluate import generate_completions
+from grpo_exp.generation import generate_completions
 from grpo_exp.models import load_model, load_tokenizer
 from grpo_exp.schema import VerifierSchema
-from grpo_exp.verification import p_yes_from_logits, question_messages, yes_no_token_ids
+from grpo_exp.verification.p_yes import p_yes_from_logits, question_messages, yes_no_token_ids
 from tests.conftest import compose_config
 
 ROUNDS = 3

@@ -15,7 +15,7 @@ import re
 import torch
 
 from grpo_exp.data import load_splits
-from grpo_exp.evaluate import generate_completions
+from grpo_exp.generation import generate_completions
 from grpo_exp.models import load_model, load_tokenizer
 from tests.conftest import compose_config
 

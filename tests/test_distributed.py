@@ -10,10 +10,10 @@ import torch
 from accelerate.commands.config.config_args import load_config_from_file
 from accelerate.utils import DistributedType
 
-from grpo_exp.build import check_trainer, grpo_config
 from grpo_exp.errors import UserError
 from grpo_exp.paths import REPO_ROOT
-from grpo_exp.tracking import read_metrics
+from grpo_exp.run.tracking import read_metrics
+from grpo_exp.trainer.config import check_trainer, grpo_config
 from tests.conftest import TINY_RUN, compose_config
 
 ACCELERATE_DIR = REPO_ROOT / "accelerate_configs"
@@ -57,13 +57,13 @@ def test_the_accelerate_configs_are_valid_for_accelerate(name, kind, detail):
     assert detail.items() <= section.items()
 
 
-def test_the_batch_must_split_evenly_over_the_processes(monkeypatch):
+def test_the_batch_must_split_evenly_over_the_processes():
     cfg = compose_config([*TINY_RUN, "trainer.prompts_per_step=3", "trainer.num_generations=3"])
-    monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(UserError, match="9 completions per step cannot be split evenly over 2 processes"):
-        check_trainer(cfg.trainer)
-    monkeypatch.setenv("WORLD_SIZE", "3")
-    check_trainer(cfg.trainer)  # 3 completions per process (the 2-process run above checks what TRL derives)
+        check_trainer(cfg.trainer, processes=2)
+    check_trainer(
+        cfg.trainer, processes=3
+    )  # 3 completions per process (the 2-process run above checks what TRL derives)
 
 
 @pytest.mark.parametrize("option", ["vllm_colocate", "vllm_server"])

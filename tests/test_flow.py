@@ -5,9 +5,15 @@ import math
 import pytest
 import torch
 
-from grpo_exp.flow import broadcast_to_turns, group_advantages, reward_by_turns, trajectory_statistics, turn_spans
 from grpo_exp.rewards.math import make_math_reward
-from grpo_exp.rollout import Trajectory, scored_on_final_turn
+from grpo_exp.rollout.flow import (
+    broadcast_to_turns,
+    group_advantages,
+    reward_by_turns,
+    trajectory_statistics,
+    turn_spans,
+)
+from grpo_exp.rollout.multiturn import Trajectory, scored_on_final_turn
 
 
 def test_group_advantages_normalise_each_trajectory_once_against_its_group():
@@ -81,7 +87,7 @@ def test_the_reward_sees_the_final_turn_never_the_tools_output():
 def test_the_tools_system_message_and_demo_come_before_the_task():
     from omegaconf import OmegaConf
 
-    from grpo_exp.rollout import MultiTurnRollout
+    from grpo_exp.rollout.multiturn import MultiTurnRollout
     from tests.conftest import compose_config
 
     cfg = compose_config(["rollout=multiturn"]).rollout

@@ -8,9 +8,10 @@ import os
 import pytest
 from omegaconf import OmegaConf
 
-from grpo_exp.rewards.judge import make_judge_reward, prompt_text
+from grpo_exp.rewards.judge import make_judge_reward
 from grpo_exp.rewards.rubric import parse_rubric_reply, rubric_messages
-from grpo_exp.tracking import read_metrics
+from grpo_exp.run.tracking import read_metrics
+from grpo_exp.text import prompt_text
 from tests.conftest import TINY_RUN, compose_config, run_cli
 from tests.servers import LLAMA_ALIAS, free_port, llama_cpp_server, stub_server
 

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from grpo_exp.errors import UserError
-from grpo_exp.resume import carry_history, explicit_attempt, find_attempt, last_checkpoint, load_attempt
-from grpo_exp.tracking import read_metrics
+from grpo_exp.run.resume import carry_history, explicit_attempt, find_attempt, last_checkpoint, load_attempt
+from grpo_exp.run.tracking import read_metrics
 from tests.conftest import TINY_RUN, run_cli
 
 # Eight steps, a resumable checkpoint every two; `length` gives the tiny model's completions a reward spread.

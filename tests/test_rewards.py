@@ -8,7 +8,7 @@ from grpo_exp.rewards.format import make_format_reward
 from grpo_exp.rewards.length import make_length_reward
 from grpo_exp.rewards.math import make_math_reward
 from grpo_exp.rewards.registry import build_rewards
-from grpo_exp.rewards.text import boxed_content, completion_text, last_boxed_span
+from grpo_exp.text import boxed_content, completion_text, last_boxed_span
 
 
 def chat(text: str) -> list[dict]:

@@ -7,15 +7,16 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from grpo_exp.build import grpo_config
 from grpo_exp.data import load_splits
-from grpo_exp.flow import group_advantages, turn_spans
 from grpo_exp.models import build_tiny_model, load_tokenizer
 from grpo_exp.rewards.math import make_math_reward
-from grpo_exp.rollout import MultiTurnRollout, greedy_generation, scored_on_final_turn
-from grpo_exp.tracking import read_metrics
-from grpo_exp.trainer import GRPOExpTrainer
-from grpo_exp.verification import math_verify_verifier
+from grpo_exp.rollout.flow import group_advantages, turn_spans
+from grpo_exp.rollout.multiturn import MultiTurnRollout, greedy_generation, scored_on_final_turn
+from grpo_exp.run.tracking import read_metrics
+from grpo_exp.trainer.config import grpo_config
+from grpo_exp.trainer.seam import as_rollout_func
+from grpo_exp.trainer.trainer import GRPOExpTrainer
+from grpo_exp.verification.rule import math_verify_verifier
 from tests.conftest import TINY_RUN, compose_config, run_cli
 
 MULTITURN = [*TINY_RUN, "rollout=multiturn", "rollout.tools=[calculator]", "rollout.max_turns=3",
@@ -104,7 +105,7 @@ def test_trl_receives_the_mask_and_normalises_rewards_per_trajectory(protocol_mo
         args=grpo_config(cfg.trainer, tmp_path / "trainer", "none", [1.0], False),
         train_dataset=train_set,
         processing_class=tokenizer,
-        rollout_func=MultiTurnRollout(cfg.rollout),
+        rollout_func=as_rollout_func(MultiTurnRollout(cfg.rollout)),
     )
     inputs = [dict(train_set[i]) for i in range(2) for _ in range(4)]
     torch.manual_seed(0)
@@ -176,7 +177,7 @@ def test_evaluate_plays_trajectories_with_the_tools(protocol_model):
 )
 def test_bad_multiturn_settings_are_refused_before_any_model_loads(overrides, message):
     from grpo_exp.errors import UserError
-    from grpo_exp.experiment import check_and_build
+    from grpo_exp.run.experiment import check_and_build
 
     with pytest.raises(UserError, match=message):
         check_and_build(compose_config([*MULTITURN, *overrides]))

@@ -10,7 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grpo_exp.models import build_tiny_model, load_tokenizer
-from grpo_exp.selfverify import (
+from grpo_exp.run.tracking import read_metrics
+from grpo_exp.verification.p_yes import p_yes_from_logits, question_messages, yes_no_token_ids
+from grpo_exp.verification.selfverify import (
     NO,
     YES,
     Candidate,
@@ -24,8 +26,6 @@ from grpo_exp.selfverify import (
     verification_prompt,
     verification_reward,
 )
-from grpo_exp.tracking import read_metrics
-from grpo_exp.verification import p_yes_from_logits, question_messages, yes_no_token_ids
 from tests.conftest import TINY_RUN, compose_config, run_cli
 
 candidate_lists = st.lists(
@@ -198,7 +198,7 @@ def test_confidence_reward_from_a_frozen_genrm_trains_end_to_end(tmp_path):
 def test_genrm_p_yes_from_an_openai_compatible_endpoint_with_logprobs():
     from omegaconf import OmegaConf
 
-    from grpo_exp.verification import build_p_yes
+    from grpo_exp.verification.p_yes import build_p_yes
     from tests.servers import LLAMA_ALIAS, free_port, llama_cpp_server
 
     port = free_port()
@@ -213,7 +213,7 @@ def test_genrm_p_yes_from_an_openai_compatible_endpoint_with_logprobs():
 
 
 def test_candidates_from_groups():
-    from grpo_exp.selfverify import candidates_from_groups
+    from grpo_exp.verification.selfverify import candidates_from_groups
 
     found = candidates_from_groups(["q0", "q1"], ["\\boxed{1}", "2", "x", "y"], [True, False, None, None], 2, 10)
     assert [(c.problem, c.answer, c.correct, c.pass_rate) for c in found] == [

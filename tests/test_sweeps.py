@@ -9,8 +9,8 @@ import yaml
 from hydra import compose, initialize_config_dir
 
 from grpo_exp.paths import CONF_DIR
-from grpo_exp.sweep import STATUS_FILE
-from grpo_exp.tracking import read_metrics
+from grpo_exp.run.files import STATUS_FILE
+from grpo_exp.run.tracking import read_metrics
 from tests.conftest import TINY_RUN, run_cli
 
 QUICK = [*TINY_RUN, "eval.before=false"]

@@ -3,9 +3,9 @@
 import pytest
 
 from grpo_exp.errors import UserError
-from grpo_exp.tools import build_tools, first_call, run_calculator
-from grpo_exp.tools.calculator import CalculatorError, calculate, format_number
-from grpo_exp.tools.python_sandbox import SandboxLimits, run_python
+from grpo_exp.rollout.tools import build_tools, first_call, run_calculator
+from grpo_exp.rollout.tools.calculator import CalculatorError, calculate, format_number
+from grpo_exp.rollout.tools.python_sandbox import SandboxLimits, run_python
 
 
 @pytest.mark.parametrize(

@@ -2,8 +2,8 @@
 
 import math
 
-from grpo_exp.report import reward_trend
-from grpo_exp.tracking import REDACTED, MetricsFileCallback, read_metrics, redact, run_name
+from grpo_exp.run.report import reward_trend
+from grpo_exp.run.tracking import REDACTED, MetricsFileCallback, read_metrics, redact, run_name
 
 
 def test_redact_masks_secrets_but_keeps_env_var_names():
@@ -47,7 +47,7 @@ def test_reward_trend_compares_first_and_last_quarter():
 
 
 def test_swept_keys_come_from_sweep_syntax_and_sweeper_params():
-    from grpo_exp.tracking import swept_keys
+    from grpo_exp.run.tracking import swept_keys
 
     overrides = ["model=tiny", "trainer.beta=0.0,0.04", "reward=math,math+format", "trainer.seed=range(1,3)"]
     assert swept_keys(overrides, {"trainer.learning_rate": "interval(1e-6, 1e-4)"}) == {
@@ -62,8 +62,8 @@ def test_swept_keys_come_from_sweep_syntax_and_sweeper_params():
 def test_an_offline_wandb_run_is_created_and_finished_even_on_failure(tmp_path, monkeypatch):
     import wandb
 
+    from grpo_exp.run.tracking import Tracker
     from grpo_exp.schema import LoggerBackend, WandbMode
-    from grpo_exp.tracking import Tracker
 
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc credentials either: auto means offline

@@ -8,7 +8,7 @@ import yaml
 from transformers import AutoModelForCausalLM
 
 from grpo_exp.models import build_tiny_model, load_tokenizer
-from grpo_exp.tracking import read_metrics
+from grpo_exp.run.tracking import read_metrics
 from tests.conftest import TINY_RUN, compose_config, run_cli
 
 

@@ -6,7 +6,6 @@ import json
 import logging
 import os
 import shutil
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -14,7 +13,8 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedTokenizerBase
 
 from grpo_exp.errors import UserError
-from grpo_exp.schema import DType, ModelSource
+from grpo_exp.paths import CONF_DIR
+from grpo_exp.schema import DType, ModelSchema, ModelSource
 
 log = logging.getLogger(__name__)
 
@@ -195,14 +195,13 @@ def describe(model_cfg: DictConfig, model) -> str:
     return f"{model_cfg.name} ({origin}, {millions:.1f}M parameters{lora})"
 
 
-@contextmanager
-def left_padded_eval(model, tokenizer):
-    """Eval mode and left padding (batched generation / last-token scoring), restored afterwards."""
-    was_training, padding_side = model.training, tokenizer.padding_side
-    model.eval()
-    tokenizer.padding_side = "left"
-    try:
-        yield
-    finally:
-        model.train(was_training)
-        tokenizer.padding_side = padding_side
+def model_option_config(model: str | None, key: str = "judge.model") -> DictConfig:
+    """A frozen model named by a setting (judge.model, verifier.model) as a model config: a model group option by
+    name, else a hub id or local directory."""
+    if not model:
+        raise UserError(f"{key} is required: a model option (smollm2_135m, tiny), a hub id or a directory")
+    schema = OmegaConf.structured(ModelSchema)
+    option = CONF_DIR / "model" / f"{model}.yaml"
+    if option.is_file():
+        return OmegaConf.merge(schema, OmegaConf.load(option))
+    return OmegaConf.merge(schema, {"name": Path(model).name, "source": "pretrained", "name_or_path": model})

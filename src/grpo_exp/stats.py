@@ -10,7 +10,7 @@ from collections import Counter
 
 import torch
 
-from grpo_exp.rewards.text import stated_answer
+from grpo_exp.text import stated_answer
 
 
 def final_answer(text: str) -> str | None:

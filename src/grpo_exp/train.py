@@ -1,6 +1,6 @@
 """`python -m grpo_exp.train`: compose the config, train with TRL's GRPOTrainer, evaluate, summarise.
 
-The training job itself lives in grpo_exp.experiment, imported on demand so that `--help` and
+The training job itself lives in grpo_exp.run.experiment, imported on demand so that `--help` and
 `--cfg job` answer without loading torch and TRL.
 """
 
@@ -17,7 +17,7 @@ register_schemas()
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def main(cfg: DictConfig) -> float | None:
     """Returns the held-out accuracy after training (the objective of Hydra sweepers such as Optuna)."""
-    from grpo_exp.experiment import run_experiment
+    from grpo_exp.run.experiment import run_experiment
 
     return run_experiment(cfg, HydraConfig.get())["heldout_accuracy_after"]
 

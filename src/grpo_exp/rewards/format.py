@@ -2,7 +2,7 @@
 
 import re
 
-from grpo_exp.rewards.text import completion_text, last_boxed_span
+from grpo_exp.text import completion_text, last_boxed_span
 
 STYLES = ("boxed", "think_answer", "hash")
 # After the answer, allow closing punctuation / math delimiters only.

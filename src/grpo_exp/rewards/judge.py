@@ -9,25 +9,18 @@ fails scores None, so TRL skips it for this component, and is counted in judge/f
 import asyncio
 import logging
 import os
-from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from grpo_exp.errors import UserError
-from grpo_exp.paths import CONF_DIR
+from grpo_exp.generation import generate_completions
+from grpo_exp.models import check_reachable, load_model, load_tokenizer, model_option_config
 from grpo_exp.rewards.rubric import parse_rubric_reply, rubric_messages
-from grpo_exp.rewards.text import completion_text
-from grpo_exp.schema import JudgeBackend, JudgeSchema, ModelSchema
+from grpo_exp.schema import JudgeBackend, JudgeSchema
+from grpo_exp.text import completion_text, prompt_text
 
 log = logging.getLogger(__name__)
 PLACEHOLDER_KEY = "not-needed"  # local OpenAI-compatible servers accept any key
-
-
-def prompt_text(prompt) -> str:
-    """The question a response answers: the last user message of a chat prompt (or the prompt string)."""
-    if isinstance(prompt, str):
-        return prompt
-    return next((m["content"] for m in reversed(prompt) if m["role"] == "user"), "")
 
 
 class LocalJudge:
@@ -35,19 +28,15 @@ class LocalJudge:
 
     def __init__(self, cfg: DictConfig, cache_dir: str):
         self.cfg, self.cache_dir = cfg, cache_dir
-        self.model_cfg = judge_model_config(cfg.model)
+        self.model_cfg = model_option_config(cfg.model)
         self._model = self._tokenizer = None
 
     def _load(self):
-        from grpo_exp.models import load_model, load_tokenizer
-
         log.info("Loading the judge model %s", self.cfg.model)
         self._tokenizer = load_tokenizer(self.model_cfg, self.cache_dir)
         self._model = load_model(self.model_cfg, self._tokenizer, self.cache_dir, seed=0).eval().requires_grad_(False)
 
     async def complete(self, conversations: list[list[dict]], temperature: float) -> list[str | None]:
-        from grpo_exp.evaluate import generate_completions
-
         if self._model is None:
             self._load()
         # The rubric JSON is flat: generation can stop at its closing brace instead of running to the limit.
@@ -97,17 +86,6 @@ class OpenAIJudge:
             return list(await asyncio.gather(*(one(m) for m in conversations)))
 
 
-def judge_model_config(model: str | None) -> DictConfig:
-    """judge.model as a model config: a model group option by name, else a hub id or local directory."""
-    if not model:
-        raise UserError("judge.model is required: a model option (smollm2_135m, tiny), a hub id or a directory")
-    schema = OmegaConf.structured(ModelSchema)
-    option = CONF_DIR / "model" / f"{model}.yaml"
-    if option.is_file():
-        return OmegaConf.merge(schema, OmegaConf.load(option))
-    return OmegaConf.merge(schema, {"name": Path(model).name, "source": "pretrained", "name_or_path": model})
-
-
 def build_judge(cfg: DictConfig, cache_dir: str) -> LocalJudge | OpenAIJudge:
     """The judge client, with its config checked (cheap: no model is loaded, no request sent)."""
     if cfg.backend is JudgeBackend.openai:
@@ -120,8 +98,6 @@ def build_judge(cfg: DictConfig, cache_dir: str) -> LocalJudge | OpenAIJudge:
     if cfg.batch_size < 1:
         raise UserError(f"judge.batch_size={cfg.batch_size} must be at least 1")
     judge = LocalJudge(cfg, cache_dir)
-    from grpo_exp.models import check_reachable
-
     check_reachable(judge.model_cfg)
     return judge
 

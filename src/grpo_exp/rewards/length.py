@@ -1,6 +1,6 @@
 """Length shaping: prefer concise completions."""
 
-from grpo_exp.rewards.text import completion_text
+from grpo_exp.text import completion_text
 
 
 def make_length_reward(target_chars: int = 400):

@@ -5,9 +5,9 @@ samples get None (skipped by this component). A malformed judgement (no boxed Ye
 strict_verdict=false, no Yes/No word at all) earns 0.
 """
 
-from grpo_exp.rewards.text import completion_text
 from grpo_exp.schema import SelfVerifySchedule
-from grpo_exp.selfverify import parse_judgement, verification_reward
+from grpo_exp.text import completion_text
+from grpo_exp.verification.selfverify import parse_judgement, verification_reward
 
 SHOW = ("answer", "solution")
 

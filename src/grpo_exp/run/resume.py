@@ -15,16 +15,21 @@ from pathlib import Path
 import yaml
 
 from grpo_exp.errors import UserError
+from grpo_exp.run.files import (
+    ATTEMPT_FILE,
+    CONFIG_FILE,
+    METRICS_FILE,
+    SAMPLES_FILE,
+    SUMMARY_FILE,
+    TRAINER_DIR,
+    eval_file,
+)
 
 log = logging.getLogger(__name__)
 
-ATTEMPT_FILE = "attempt.json"  # what a later attempt needs of this one: W&B run id, held-out accuracy before
-CONFIG_FILE = "config.yaml"
-SUMMARY_FILE = "summary.json"
-TRAINER_DIR = "trainer"  # TRL's output_dir inside a run directory: its checkpoint-N folders
 # Logged per step (carried up to the checkpoint) / written once (carried whole from a finished attempt).
-STEP_FILES = ("metrics.jsonl", "samples.jsonl")
-RUN_FILES = ("eval_before.jsonl", "eval_after.jsonl", ATTEMPT_FILE)
+STEP_FILES = (METRICS_FILE, SAMPLES_FILE)
+RUN_FILES = (eval_file("before"), eval_file("after"), ATTEMPT_FILE)
 
 
 @dataclass

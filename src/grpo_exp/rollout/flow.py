@@ -11,7 +11,7 @@ from collections import defaultdict
 
 import torch
 
-from grpo_exp.rewards.text import stated_answer
+from grpo_exp.text import stated_answer
 
 EPSILON = 1e-4  # TRL's guard against a zero group std
 

@@ -14,7 +14,8 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 
-from grpo_exp.rewards.text import boxed_content
+from grpo_exp.stats import final_answer
+from grpo_exp.text import boxed_content
 
 YES, NO = "Yes", "No"
 
@@ -40,7 +41,6 @@ def candidates_from_groups(
 
     `questions` has one entry per group; unlabelled completions are left out, and so are groups with no label.
     """
-    from grpo_exp.stats import final_answer
 
     found = []
     for index, question in enumerate(questions):

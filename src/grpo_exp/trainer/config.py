@@ -6,14 +6,13 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from grpo_exp.distributed import world_size
 from grpo_exp.errors import UserError
 
 # TrainerSchema keys that are grpo_exp's own, not GRPOConfig fields.
 OWN_KEYS = {"prompts_per_step", "extra", "keep_checkpoints", "resume"}
 
 
-def check_trainer(trainer_cfg: DictConfig) -> None:
+def check_trainer(trainer_cfg: DictConfig, processes: int = 1) -> None:
     """The checks GRPOConfig would make later (after the model loaded), made early and naming our keys."""
     from trl import GRPOConfig
 
@@ -26,7 +25,6 @@ def check_trainer(trainer_cfg: DictConfig) -> None:
     for key in positive:
         if trainer_cfg[key] < 1:
             raise UserError(f"trainer.{key}={trainer_cfg[key]} must be at least 1")
-    processes = world_size()
     if (trainer_cfg.prompts_per_step * trainer_cfg.num_generations) % processes:
         raise UserError(
             f"trainer.prompts_per_step * trainer.num_generations = "
@@ -77,7 +75,14 @@ def check_vllm() -> None:
         )
 
 
-def grpo_config(trainer_cfg: DictConfig, output_dir: Path, report_to: str, reward_weights: list[float], bf16: bool):
+def grpo_config(
+    trainer_cfg: DictConfig,
+    output_dir: Path,
+    report_to: str,
+    reward_weights: list[float],
+    bf16: bool,
+    processes: int = 1,
+):
     """GRPOConfig: every trainer.* knob under its own name, batch sizes derived, our logging conventions."""
     import torch
     from trl import GRPOConfig
@@ -89,7 +94,7 @@ def grpo_config(trainer_cfg: DictConfig, output_dir: Path, report_to: str, rewar
     if not knobs["save_steps"]:
         knobs.pop("save_steps")
     # prompts_per_step is per optimisation step over all processes, so adding processes keeps the experiment.
-    completions_per_process = trainer_cfg.prompts_per_step * trainer_cfg.num_generations // world_size()
+    completions_per_process = trainer_cfg.prompts_per_step * trainer_cfg.num_generations // processes
     ours = {
         "output_dir": str(output_dir),
         "per_device_train_batch_size": completions_per_process,

@@ -1,36 +1,22 @@
-"""Verifiers: who decides whether an answer is correct, and how sure a model is that it is.
+"""P(Yes) scorers: how sure a model is that an answer is correct (GenRM-style).
 
-- The rule verifier (math-verify against the reference) gives the ground-truth labels: held-out accuracy,
-  group statistics, and the labels of the self-verification task. It is `verifier=math_verify`.
-- A generative verifier (`verifier=genrm` or `verifier=self`) is asked "Is the answer correct? Answer Yes or
-  No." and scored by P(Yes), normalised over the Yes/No tokens and read from the next-token logits of one
-  batched forward pass (no sampling); `genrm` uses a frozen model (by default a copy of the initial policy)
-  or an OpenAI-compatible endpoint that returns logprobs, `self` the current policy weights.
+A generative verifier (`verifier=genrm` or `verifier=self`) is asked "Is the answer correct? Answer Yes or
+No." and scored by P(Yes), normalised over the Yes/No tokens and read from the next-token logits of one
+batched forward pass (no sampling); `genrm` uses a frozen model (by default a copy of the initial policy)
+or an OpenAI-compatible endpoint that returns logprobs, `self` the current policy weights.
 """
 
 import asyncio
 import math
 import os
-from collections.abc import Callable
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from grpo_exp.errors import UserError
-from grpo_exp.rewards.math import answer_score
-from grpo_exp.schema import VerifierName
-
-Verifier = Callable[[list[str], list[str]], list[bool | None]]
-
-
-def math_verify_verifier() -> Verifier:
-    """Rule-based: math-verify equivalence of the final answer with the reference (None: no usable reference)."""
-
-    def verify(texts: list[str], solutions: list[str | None]) -> list[bool | None]:
-        scores = [None if s is None else answer_score(t, s) for t, s in zip(texts, solutions, strict=True)]
-        return [None if s is None else s >= 0.5 for s in scores]
-
-    return verify
+from grpo_exp.generation import left_padded_eval
+from grpo_exp.models import check_reachable, load_model, load_tokenizer, model_option_config
+from grpo_exp.schema import VerifierName, VerifierSchema
 
 
 def yes_no_token_ids(tokenizer, yes: str, no: str) -> tuple[int, int]:
@@ -49,8 +35,6 @@ def question_messages(template: str, question: str, answer: str) -> list[dict[st
 @torch.no_grad()
 def p_yes_from_logits(model, tokenizer, conversations: list, yes_id: int, no_id: int, batch_size: int) -> list[float]:
     """P(Yes) / (P(Yes) + P(No)) of the first reply token, one forward pass per batch (left padding)."""
-    from grpo_exp.models import left_padded_eval
-
     texts = [tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in conversations]
     scores: list[float] = []
     with left_padded_eval(model, tokenizer):
@@ -83,10 +67,11 @@ class PYesScorer:
         self.ids = yes_no_token_ids(tokenizer, self.cfg.yes_token, self.cfg.no_token)
 
     def _load(self) -> None:
-        from grpo_exp.models import load_model, load_tokenizer
-        from grpo_exp.rewards.judge import judge_model_config
-
-        model_cfg = self.policy_cfg if self.cfg.model == "initial_policy" else judge_model_config(self.cfg.model)
+        model_cfg = (
+            self.policy_cfg
+            if self.cfg.model == "initial_policy"
+            else model_option_config(self.cfg.model, "verifier.model")
+        )
         tokenizer = load_tokenizer(model_cfg, self.cache_dir)
         model = load_model(model_cfg, tokenizer, self.cache_dir, seed=0).eval().requires_grad_(False)
         self.bind(model, tokenizer)
@@ -129,8 +114,12 @@ def build_p_yes(verifier_cfg: DictConfig, policy_cfg: DictConfig, cache_dir: str
     if verifier_cfg.name is VerifierName.math_verify:
         return None
     if verifier_cfg.name is VerifierName.genrm and verifier_cfg.model != "initial_policy" and not verifier_cfg.base_url:
-        from grpo_exp.models import check_reachable
-        from grpo_exp.rewards.judge import judge_model_config
-
-        check_reachable(judge_model_config(verifier_cfg.model))
+        check_reachable(model_option_config(verifier_cfg.model, "verifier.model"))
     return PYesScorer(verifier_cfg, policy_cfg, cache_dir)
+
+
+def policy_p_yes(model, tokenizer, batch_size: int) -> PYesScorer:
+    """These weights' own P(Yes), asked with the default verifier question (held-out self-verification)."""
+    scorer = PYesScorer(OmegaConf.structured(VerifierSchema(name=VerifierName.self, batch_size=batch_size)), None, "")
+    scorer.bind(model, tokenizer)
+    return scorer

@@ -13,11 +13,11 @@ from hydra.core.utils import JobStatus
 from hydra.experimental.callback import Callback
 from rich.console import Console
 
-from grpo_exp.distributed import is_main_process
+from grpo_exp.run.comparison import compare, discover_runs, print_failures, print_table
+from grpo_exp.run.distributed import is_main_process
+from grpo_exp.run.files import STATUS_FILE
 
 log = logging.getLogger(__name__)
-
-STATUS_FILE = "job_status.json"
 
 
 def job_status(job_return) -> dict:
@@ -49,8 +49,6 @@ class SweepSummary(Callback):
         if self.reported or self.sweep_dir is None or not is_main_process():
             return
         self.reported = True
-        from grpo_exp.compare import compare, discover_runs, print_failures, print_table
-
         runs = discover_runs([self.sweep_dir])
         if not runs:
             return

@@ -21,7 +21,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from grpo_exp.tools.result import ToolResult
+from grpo_exp.rollout.tools.result import ToolResult
 
 # Runs inside the child: the snippet is sys.argv[1].
 BOOTSTRAP = r"""

@@ -15,7 +15,6 @@ log = logging.getLogger(__name__)
 
 SECRET_MARKERS = ("api_key", "apikey", "token", "secret", "password")
 REDACTED = "***redacted***"
-METRICS_FILE = "metrics.jsonl"
 # Overrides that say where or how a run is kept, not what it is: left out of its name.
 BOOKKEEPING = ("hydra.", "outputs_dir=", "trainer.resume=")
 

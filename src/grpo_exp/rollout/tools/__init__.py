@@ -16,9 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from grpo_exp.errors import UserError
-from grpo_exp.tools.calculator import CalculatorError, calculate, format_number
-from grpo_exp.tools.python_sandbox import SandboxLimits, run_python
-from grpo_exp.tools.result import ToolResult
+from grpo_exp.rollout.tools.calculator import CalculatorError, calculate, format_number
+from grpo_exp.rollout.tools.python_sandbox import SandboxLimits, run_python
+from grpo_exp.rollout.tools.result import ToolResult
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Helpers shared by the reward components: completion text, the \\boxed{} answer, the stated final answer."""
+"""Text helpers shared by rewards, verifiers and statistics: a prompt's question, a completion's text, the
+\\boxed{} answer, the stated final answer."""
 
 import re
 
@@ -55,3 +56,10 @@ def stated_answer(text: str) -> str | None:
         content = next(group for group in spans[-1].groups() if group is not None)
         return content.rsplit("=", 1)[-1].strip()
     return numbers[-1].group().replace(",", "") if numbers else None
+
+
+def prompt_text(prompt) -> str:
+    """The question a response answers: the last user message of a chat prompt (or the prompt string)."""
+    if isinstance(prompt, str):
+        return prompt
+    return next((m["content"] for m in reversed(prompt) if m["role"] == "user"), "")

@@ -7,7 +7,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from grpo_exp.tracking import read_metrics
+from grpo_exp.run.tracking import read_metrics
 
 
 def quarter_means(values: list[float]) -> tuple[float, float]:

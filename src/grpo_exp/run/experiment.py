@@ -2,7 +2,6 @@
 
 import json
 import logging
-import os
 import signal
 import threading
 import time
@@ -15,74 +14,35 @@ from datasets import Dataset
 from omegaconf import DictConfig, OmegaConf
 from transformers import set_seed
 
-from grpo_exp.build import check_trainer, grpo_config
-from grpo_exp.data import check_data_files, load_splits
-from grpo_exp.distributed import is_main_process, shared_run_dir, wait_for_everyone
-from grpo_exp.errors import UserError
-from grpo_exp.evaluate import EvalResult, heldout_accuracy, self_verification_metrics
-from grpo_exp.models import check_reachable, describe, load_model, load_tokenizer, lora_config, torch_dtype
-from grpo_exp.report import build_summary, print_summary, write_summary
-from grpo_exp.resume import (
+from grpo_exp.data import load_splits
+from grpo_exp.models import describe, load_model, load_tokenizer, lora_config, torch_dtype
+from grpo_exp.rollout.multiturn import MultiTurnRollout
+from grpo_exp.run.build import check_and_build
+from grpo_exp.run.distributed import is_main_process, shared_run_dir, wait_for_everyone, world_size
+from grpo_exp.run.evaluation import EvalResult, heldout_accuracy
+from grpo_exp.run.files import (
+    CONFIG_FILE,
+    FINAL_CHECKPOINT_DIR,
+    METRICS_FILE,
+    SAMPLES_FILE,
     SUMMARY_FILE,
     TRAINER_DIR,
-    Attempt,
-    carry_history,
-    is_complete,
-    remove_checkpoints,
-    resolve_attempt,
-    write_record,
+    eval_file,
 )
-from grpo_exp.rewards.registry import build_rewards
-from grpo_exp.rollout import MultiTurnRollout, scored_on_final_turn
-from grpo_exp.schema import RolloutName, VerifierName, VerifierSchema
-from grpo_exp.tracking import METRICS_FILE, MetricsFileCallback, Tracker, redact, report_to, run_identity
-from grpo_exp.trainer import GRPOExpTrainer
-from grpo_exp.verification import PYesScorer, Verifier, build_p_yes, math_verify_verifier
+from grpo_exp.run.report import build_summary, print_summary, write_summary
+from grpo_exp.run.resume import Attempt, carry_history, is_complete, remove_checkpoints, resolve_attempt, write_record
+from grpo_exp.run.tracking import MetricsFileCallback, Tracker, redact, report_to, run_identity
+from grpo_exp.trainer.config import grpo_config
+from grpo_exp.trainer.seam import as_rollout_func
+from grpo_exp.trainer.trainer import GRPOExpTrainer
+from grpo_exp.verification.rule import Verifier
+from grpo_exp.verification.task import SelfVerificationTask
 
 log = logging.getLogger("grpo_exp.train")
 
 
-def check_and_build(cfg: DictConfig):
-    """Everything in the config that can be wrong fails here, before any model loads.
-
-    Returns the reward functions, their weights, the verifier and the multi-turn rollout (None for
-    rollout=single), all cheap to build.
-    """
-    missing = sorted(OmegaConf.missing_keys(cfg))
-    if missing:
-        raise UserError(f"required value(s) not set: {', '.join(missing)} (add e.g. {missing[0]}=...)")
-    reward_funcs, reward_weights = build_rewards(cfg.reward)
-    verifier = math_verify_verifier()
-    check_trainer(cfg.trainer)
-    task = cfg.reward.components.get("selfverify")
-    if task is not None and task.schedule == "joint" and cfg.trainer.prompts_per_step < 2:
-        raise UserError(
-            "reward.components.selfverify.schedule=joint mixes verification groups into batches of several "
-            f"prompts, but trainer.prompts_per_step={cfg.trainer.prompts_per_step}: raise it or use schedule=interleave"
-        )
-    rollout = build_rollout(cfg)
-    if rollout is not None:
-        reward_funcs = [scored_on_final_turn(func) for func in reward_funcs]
-    check_data_files(cfg.dataset)
-    check_reachable(cfg.model)
-    return reward_funcs, reward_weights, verifier, rollout
-
-
-def build_rollout(cfg: DictConfig) -> MultiTurnRollout | None:
-    if cfg.rollout.name is RolloutName.single:
-        return None
-    if "selfverify" in cfg.reward.components:
-        raise UserError("reward=...selfverify with rollout=multiturn is not supported: use rollout=single")
-    if cfg.trainer.extra.get("use_vllm"):
-        raise UserError("rollout=multiturn generates with transformers; use generation=transformers")
-    if cfg.rollout.max_turns < 1 or cfg.rollout.max_tokens_per_turn < 1:
-        raise UserError("rollout.max_turns and rollout.max_tokens_per_turn must be at least 1")
-    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is "experimental" in TRL: we know
-    return MultiTurnRollout(cfg.rollout)
-
-
 def evaluate(model, tokenizer, heldout: Dataset, verifier: Verifier, cfg: DictConfig, run_dir: Path, when: str,
-             rollout: MultiTurnRollout | None = None):  # fmt: skip
+             rollout: MultiTurnRollout | None = None, selfverify: SelfVerificationTask | None = None):  # fmt: skip
     """Greedy held-out accuracy (with the tools, for rollout=multiturn); every problem's completion and label go
     to eval_<when>.jsonl."""
     max_new_tokens = cfg.eval.max_new_tokens or cfg.trainer.max_completion_length
@@ -92,13 +52,10 @@ def evaluate(model, tokenizer, heldout: Dataset, verifier: Verifier, cfg: DictCo
     log.info("Held-out accuracy %s training: %.3f (%d/%d)", when, result.accuracy, result.correct, result.scored)
     if result.rollout:
         log.info("Held-out trajectories %s training: %s", when, {k: round(v, 3) for k, v in result.rollout.items()})
-    task_cfg = cfg.reward.components.get("selfverify")
-    if task_cfg is not None:
-        result.verification = self_verification_metrics(
-            model, tokenizer, heldout, verifier, task_cfg, max_new_tokens, cfg.eval.batch_size, cfg.trainer.seed
-        )
+    if selfverify is not None:
+        result.verification = selfverify.heldout_metrics(model, tokenizer, heldout, max_new_tokens, cfg.eval.batch_size)
         log.info("Held-out self-verification %s training: %s", when, result.verification)
-    with (run_dir / f"eval_{when}.jsonl").open("w", encoding="utf-8") as f:
+    with (run_dir / eval_file(when)).open("w", encoding="utf-8") as f:
         f.writelines(json.dumps(sample) + "\n" for sample in result.samples)
     return result
 
@@ -109,14 +66,17 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     run_dir = shared_run_dir(Path(hydra_cfg.runtime.output_dir))
     main = is_main_process()
-    reward_funcs, reward_weights, verifier, rollout = check_and_build(cfg)
+    parts = check_and_build(cfg)
+    verifier, rollout = parts.verifier, parts.rollout
     bf16 = torch_dtype(cfg.model.dtype) == torch.bfloat16
-    args = grpo_config(cfg.trainer, run_dir / TRAINER_DIR, report_to(cfg.logger), reward_weights, bf16)
+    args = grpo_config(
+        cfg.trainer, run_dir / TRAINER_DIR, report_to(cfg.logger), parts.reward_weights, bf16, world_size()
+    )
 
     resolved = redact(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
     attempt = resolve_attempt(cfg.trainer.resume, Path(cfg.outputs_dir), resolved)
     if main:
-        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(resolved), encoding="utf-8")
+        (run_dir / CONFIG_FILE).write_text(OmegaConf.to_yaml(resolved), encoding="utf-8")
         if attempt:
             carry_history(attempt, run_dir)
     if attempt and attempt.finished:
@@ -134,34 +94,35 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
     tracker = Tracker(cfg.logger, run_dir, name, group, tags, {**resolved, "choices": choices}, run_id, enabled=main)
     failed = True
     try:
-        before = evaluate_before(model, tokenizer, heldout, verifier, cfg, run_dir, attempt, rollout) if main else None
+        before = evaluate_before(model, tokenizer, heldout, parts, cfg, run_dir, attempt) if main else None
         if main:
             write_record(run_dir, {"wandb_id": tracker.run_id, "heldout_before": before and asdict_light(before)})
         wait_for_everyone()
         trainer = GRPOExpTrainer(
             verifier=verifier,
             stats_cfg=cfg.stats,
-            samples_path=run_dir / "samples.jsonl",
-            selfverify_cfg=cfg.reward.components.get("selfverify"),
-            p_yes=p_yes_scorer(cfg),
+            samples_path=run_dir / SAMPLES_FILE,
+            selfverify=parts.selfverify,
             model=model,
-            reward_funcs=reward_funcs,
+            reward_funcs=parts.reward_funcs,
             args=args,
             train_dataset=train_set,
             processing_class=tokenizer,
             callbacks=[MetricsFileCallback(run_dir / METRICS_FILE)],
             peft_config=lora_config(cfg.model),
-            rollout_func=rollout,
+            rollout_func=None if rollout is None else as_rollout_func(rollout),
         )
-        bind_policy([*reward_funcs, trainer], trainer.model, tokenizer)
+        parts.bind_policy(trainer.model, tokenizer)
         started = time.perf_counter()
         with interruptible(trainer):
             trainer.train(resume_from_checkpoint=str(attempt.checkpoint) if attempt else None)
         train_seconds = time.perf_counter() - started
         after = None
         if cfg.eval.after and main:
-            after = evaluate(trainer.model, tokenizer, heldout, verifier, cfg, run_dir, "after", rollout)
-        checkpoint = run_dir / "checkpoint-final" if cfg.save_model else None
+            after = evaluate(
+                trainer.model, tokenizer, heldout, verifier, cfg, run_dir, "after", rollout, parts.selfverify
+            )
+        checkpoint = run_dir / FINAL_CHECKPOINT_DIR if cfg.save_model else None
         if checkpoint:
             trainer.save_model(str(checkpoint))  # every rank: DeepSpeed/FSDP gather their shards here
         if not cfg.trainer.keep_checkpoints and main:
@@ -181,7 +142,7 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
                 accuracy=(_accuracy(before), _accuracy(after)),
                 paths={
                     "run_dir": run_dir,
-                    "config": run_dir / "config.yaml",
+                    "config": run_dir / CONFIG_FILE,
                     "metrics": run_dir / METRICS_FILE,
                     "log": run_dir / f"{hydra_cfg.job.name}.log",
                     "checkpoint": checkpoint,
@@ -215,12 +176,14 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
     return summary
 
 
-def evaluate_before(model, tokenizer, heldout, verifier, cfg, run_dir: Path, attempt: Attempt | None, rollout=None):
+def evaluate_before(model, tokenizer, heldout, parts, cfg, run_dir: Path, attempt: Attempt | None):
     """Held-out accuracy before training; a resumed run takes its first attempt's (measured on the initial model)."""
     recorded = attempt.record.get("heldout_before") if attempt else None
     if recorded:
         return EvalResult(**recorded)
-    return evaluate(model, tokenizer, heldout, verifier, cfg, run_dir, "before", rollout) if cfg.eval.before else None
+    if not cfg.eval.before:
+        return None
+    return evaluate(model, tokenizer, heldout, parts.verifier, cfg, run_dir, "before", parts.rollout, parts.selfverify)
 
 
 def asdict_light(result: EvalResult) -> dict:
@@ -263,30 +226,10 @@ def save_resumable_checkpoint(trainer) -> None:
     if step == 0 or is_complete(Path(trainer.args.output_dir) / f"checkpoint-{step}"):
         return
     try:
-        trainer._save_checkpoint(trainer.model, trial=None)  # weights, optimiser, scheduler, RNG, trainer state
+        trainer.save_checkpoint()
         log.warning("Training stopped at step %d; resumable checkpoint saved in %s", step, trainer.args.output_dir)
     except Exception as err:  # noqa: BLE001
         log.warning("Could not save a checkpoint of the interrupted run: %s", err)
-
-
-def p_yes_scorer(cfg: DictConfig) -> PYesScorer | None:
-    """The P(Yes) scorer behind the self-verification metrics: the configured generative verifier, or the
-    policy itself when the verifier is rule-based. None when the task is off."""
-    if "selfverify" not in cfg.reward.components:
-        return None
-    scorer = build_p_yes(cfg.verifier, cfg.model, cfg.cache_dir)
-    if scorer is None:
-        policy_verifier = OmegaConf.structured(VerifierSchema(name=VerifierName.self))
-        scorer = PYesScorer(policy_verifier, cfg.model, cfg.cache_dir)
-    return scorer
-
-
-def bind_policy(holders: list, model, tokenizer) -> None:
-    """Point every P(Yes) scorer that follows the policy (verifier=self) at the live, trained weights."""
-    for holder in holders:
-        scorer = getattr(holder, "scorer", None) or getattr(holder, "p_yes", None)
-        if scorer is not None and scorer.follows_policy:
-            scorer.bind(model, tokenizer)
 
 
 def _accuracy(result: EvalResult | None) -> float | None:

@@ -7,7 +7,7 @@ holds the final answer. `max_turns` caps the turns; a trajectory still calling t
 TRL's GRPO then does what Flow-GRPO asks, with trajectory-level groups: the final answer is scored once
 (the reward functions see the final turn only, never the observations), the reward is normalised over the G
 trajectories of a prompt (one member each, whatever their number of turns), and that advantage multiplies
-the log-probabilities of every policy token of every turn (grpo_exp.flow has these as pure functions).
+the log-probabilities of every policy token of every turn (grpo_exp.rollout.flow has these as pure functions).
 Observation tokens are masked out of the loss (TRL's env_mask); with beta > 0 the KL to TRL's frozen
 reference model is taken on the same policy tokens.
 """
@@ -20,9 +20,9 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 from transformers import StoppingCriteria, StoppingCriteriaList
 
-from grpo_exp.models import left_padded_eval
-from grpo_exp.tools import Tool, build_tools, first_call
-from grpo_exp.tools.python_sandbox import SandboxLimits
+from grpo_exp.generation import left_padded_eval
+from grpo_exp.rollout.tools import Tool, build_tools, first_call
+from grpo_exp.rollout.tools.python_sandbox import SandboxLimits
 
 # Per-trajectory fields handed to TRL (and on to the reward functions and grpo_exp's statistics).
 TRAJECTORY_FIELDS = ("final_turn", "num_turns", "tool_calls", "tool_errors", "ended")
@@ -148,12 +148,10 @@ class MultiTurnRollout:
         trajectory.completion_ids += observation
         trajectory.env_mask += [0] * len(observation)
 
-    def __call__(self, prompts: list, trainer) -> dict:
-        """TRL's rollout_func: this process's prompts (one per trajectory, groups already repeated)."""
-        from trl.models.utils import unwrap_model_for_generation
-
-        with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator) as model:
-            trajectories = self.run(model, trainer.processing_class, prompts, trainer.generation_kwargs, len(prompts))
+    def trl_batch(self, model, tokenizer, prompts: list, generation_kwargs: dict) -> dict:
+        """What TRL's rollout_func returns (grpo_exp.trainer.seam.as_rollout_func): this process's prompts, one
+        per trajectory (groups already repeated)."""
+        trajectories = self.run(model, tokenizer, prompts, generation_kwargs, len(prompts))
         fields = [t.fields() for t in trajectories]
         return {
             "prompt_ids": [t.prompt_ids for t in trajectories],

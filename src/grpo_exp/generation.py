@@ -1,0 +1,56 @@
+"""Batched generation helpers: left-padded eval mode, and completions for chat prompts (greedy or sampled)."""
+
+from contextlib import contextmanager
+
+import torch
+from tqdm.auto import tqdm
+
+
+@contextmanager
+def left_padded_eval(model, tokenizer):
+    """Eval mode and left padding (batched generation / last-token scoring), restored afterwards."""
+    was_training, padding_side = model.training, tokenizer.padding_side
+    model.eval()
+    tokenizer.padding_side = "left"
+    try:
+        yield
+    finally:
+        model.train(was_training)
+        tokenizer.padding_side = padding_side
+
+
+@torch.no_grad()
+def generate_completions(
+    model,
+    tokenizer,
+    prompts: list,
+    max_new_tokens: int,
+    batch_size: int,
+    desc: str | None,
+    temperature: float = 0.0,
+    stop_strings: list[str] | None = None,
+) -> list[str]:
+    """Completions for chat prompts, batched with left padding: greedy at temperature 0, else sampled.
+
+    Generation of a sequence ends at EOS or at the first of `stop_strings` (kept in the text)."""
+    texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
+    completions: list[str] = []
+    with left_padded_eval(model, tokenizer):
+        for start in tqdm(range(0, len(texts), batch_size), desc=desc, unit="batch", disable=desc is None):
+            batch = tokenizer(
+                texts[start : start + batch_size], return_tensors="pt", padding=True, add_special_tokens=False
+            ).to(model.device)
+            output = model.generate(
+                **batch,
+                do_sample=temperature > 0,
+                max_new_tokens=max_new_tokens,
+                pad_token_id=tokenizer.pad_token_id,
+                temperature=temperature or None,
+                top_p=None,
+                top_k=None,
+                stop_strings=stop_strings,
+                tokenizer=tokenizer if stop_strings else None,
+            )
+            new_tokens = output[:, batch["input_ids"].shape[1] :]
+            completions += tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
+    return completions

@@ -1,0 +1,82 @@
+"""Held-out evaluation: greedy accuracy, and pass@k / maj@k from k samples, judged by the rule verifier.
+
+Training measures it before and after (grpo_exp.run.experiment); `python -m grpo_exp.evaluate` on its own.
+With a multi-turn rollout the policy answers with its tools in reach and each trajectory's final turn is judged.
+"""
+
+from dataclasses import dataclass, field
+
+import torch
+from datasets import Dataset
+
+from grpo_exp.generation import generate_completions
+from grpo_exp.rollout.flow import trajectory_statistics
+from grpo_exp.rollout.multiturn import MultiTurnRollout, greedy_generation
+from grpo_exp.stats import correctness_stats, final_answer, majority_vote_accuracy
+from grpo_exp.verification.rule import Verifier
+
+
+@dataclass
+class EvalResult:
+    accuracy: float  # correct / scored (problems with an unparseable reference are not scored)
+    correct: int
+    scored: int
+    samples: list[dict] = field(default_factory=list)
+    verification: dict[str, float] = field(default_factory=dict)  # self-verification metrics, when the task is on
+    rollout: dict[str, float] = field(default_factory=dict)  # turns, tool calls... for rollout=multiturn
+
+
+def answer(
+    model, tokenizer, prompts: list, max_new_tokens: int, batch_size: int, desc: str | None,
+    temperature: float = 0.0, rollout: MultiTurnRollout | None = None,
+) -> tuple[list[str], list[dict]]:  # fmt: skip
+    """The texts that hold each prompt's answer, and per-prompt details: one completion each, or with a
+    multi-turn rollout each trajectory's final turn (details: the trajectory, its turns and tool calls)."""
+    if rollout is None:
+        texts = generate_completions(model, tokenizer, prompts, max_new_tokens, batch_size, desc, temperature)
+        return texts, [{} for _ in texts]
+    generation = greedy_generation(tokenizer)
+    if temperature > 0:
+        generation |= {"do_sample": True, "temperature": temperature}
+    trajectories = rollout.run(model, tokenizer, prompts, generation, batch_size, desc)
+    details = [{"trajectory": tokenizer.decode(t.completion_ids, skip_special_tokens=True), **t.fields()}
+               for t in trajectories]  # fmt: skip
+    return [t.final_turn for t in trajectories], details
+
+
+def heldout_accuracy(
+    model, tokenizer, dataset: Dataset, verifier: Verifier, max_new_tokens: int, batch_size: int, desc: str,
+    rollout: MultiTurnRollout | None = None,
+) -> EvalResult:  # fmt: skip
+    """Greedy accuracy; with a multi-turn rollout, of each trajectory's final answer (the tools in reach)."""
+    completions, details = answer(model, tokenizer, dataset["prompt"], max_new_tokens, batch_size, desc, 0.0, rollout)
+    labels = verifier(completions, dataset["solution"])
+    stats = {}
+    if rollout is not None:
+        stats = trajectory_statistics(details, [float("nan") if label is None else float(label) for label in labels])
+    scored = [label for label in labels if label is not None]
+    samples = [
+        {"question": q, "solution": s, "completion": c, "correct": label, **extra}
+        for q, s, c, label, extra in zip(
+            dataset["question"], dataset["solution"], completions, labels, details, strict=True
+        )  # fmt: skip
+    ]
+    correct = sum(scored)
+    return EvalResult(correct / len(scored) if scored else float("nan"), correct, len(scored), samples, rollout=stats)
+
+
+def sampled_metrics(
+    model, tokenizer, dataset: Dataset, verifier: Verifier, samples: int, temperature: float, max_new_tokens: int,
+    batch_size: int, rollout: MultiTurnRollout | None = None,
+) -> dict[str, float]:  # fmt: skip
+    """pass@1..k (unbiased) and maj@k from k sampled completions per problem."""
+    prompts = [p for p in dataset["prompt"] for _ in range(samples)]
+    solutions = [s for s in dataset["solution"] for _ in range(samples)]
+    texts, _ = answer(
+        model, tokenizer, prompts, max_new_tokens, batch_size, f"held-out samples (k={samples})", temperature, rollout
+    )
+    labels = [float("nan") if label is None else float(label) for label in verifier(texts, solutions)]
+    correct = torch.tensor(labels).view(-1, samples)
+    answers = [[final_answer(t) for t in texts[i : i + samples]] for i in range(0, len(texts), samples)]
+    stats = {k.removeprefix("groups/"): v for k, v in correctness_stats(correct).items() if "@" in k}
+    return stats | {f"maj@{samples}": majority_vote_accuracy(answers, correct)}

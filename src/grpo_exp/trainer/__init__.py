@@ -1,0 +1,1 @@
+"""GRPOExpTrainer (hooks only) and the one seam through which grpo_exp reads TRL's state."""

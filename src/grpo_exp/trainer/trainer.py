@@ -1,0 +1,171 @@
+"""GRPOExpTrainer: TRL's GRPOTrainer plus group statistics and the self-verification task, as hooks only.
+
+TRL's sampling and loss are untouched; through the seam (grpo_exp.trainer.seam):
+- before generation, when `selfverify` is in the reward mix, some groups of the batch are replaced by
+  verification prompts built from recent on-policy samples (grpo_exp.verification.task), per the schedule;
+- after scoring, the ScoredBatch (prompts, completions, per-component rewards, advantages) is summarised per
+  group by grpo_exp.stats; the scalars join TRL's own metrics (averaged and logged each logging step, reaching
+  W&B and metrics.jsonl alike). Histograms of the per-group reward go to W&B, and every `stats.table_every`
+  steps a few whole groups go to a W&B table and samples.jsonl. Labelled generation samples feed the
+  self-verification buffer.
+"""
+
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from grpo_exp.generation import generate_completions
+from grpo_exp.rollout.flow import broadcast_to_turns, trajectory_statistics
+from grpo_exp.stats import group_statistics, group_std
+from grpo_exp.text import completion_text
+from grpo_exp.trainer.seam import HookedGRPOTrainer, ScoredBatch
+from grpo_exp.verification.rule import Verifier
+from grpo_exp.verification.task import VERIFY, SelfVerificationTask
+
+
+class GRPOExpTrainer(HookedGRPOTrainer):
+    def __init__(self, *args, verifier: Verifier, stats_cfg, samples_path: Path,
+                 selfverify: SelfVerificationTask | None = None, **kwargs):  # fmt: skip
+        super().__init__(*args, **kwargs)
+        self.verifier = verifier
+        self.stats_cfg = stats_cfg
+        self.samples_path = samples_path
+        self.selfverify = selfverify
+
+    @property
+    def wants_scored_batch(self) -> bool:
+        return self.stats_cfg.enabled or self.selfverify is not None
+
+    def before_generation(self, inputs: list[dict]) -> list[dict]:
+        if self.selfverify is None:
+            return inputs
+        rows, metrics = self.selfverify.mix_in(
+            inputs, self.num_generations, self.state.global_step + 1, self._sample_answers
+        )
+        for key, value in metrics.items():
+            self.record_metric(key, value)
+        return rows
+
+    def after_scoring(self, batch: ScoredBatch) -> None:
+        started = time.perf_counter()
+        correct = self._correctness(batch)
+        if self.stats_cfg.enabled:
+            self._record_group_statistics(batch, correct)
+        if self.selfverify is not None:
+            self._record_self_verification(batch, correct)
+        # Our own cost, logged beside TRL's step_time so that the overhead is always visible.
+        self.record_metric("timing/group_stats_s", time.perf_counter() - started)
+
+    def _correctness(self, batch: ScoredBatch) -> torch.Tensor:
+        """The rule verifier's label of every completion: 1, 0, or NaN (no usable reference)."""
+        solutions = [None if r["solution"] is None else str(r["solution"]) for r in batch.rows]
+        labels = self.verifier(batch.texts, solutions)
+        return torch.tensor([math.nan if label is None else float(label) for label in labels])
+
+    def _record_group_statistics(self, batch: ScoredBatch, correct: torch.Tensor) -> None:
+        size, texts = batch.group_size, batch.texts
+        stats = group_statistics(
+            batch.grouped(batch.rewards),
+            batch.reward_names,
+            batch.grouped(batch.total),
+            batch.grouped(batch.advantages),
+            batch.grouped(correct),
+            [texts[i : i + size] for i in range(0, len(texts), size)],
+            batch.grouped(batch.lengths),
+        )
+        if batch.trajectories is not None:
+            stats |= trajectory_statistics(batch.rows, batch.total.tolist())
+        for key, value in stats.items():
+            self.record_metric(key, value)
+        if self.accelerator.is_main_process:
+            self._log_groups(self.state.global_step + 1, batch, correct)  # the optimisation step this batch feeds
+
+    # ---- self-verification ---------------------------------------------------------------------------------
+
+    def _record_self_verification(self, batch: ScoredBatch, correct: torch.Tensor) -> None:
+        """Verdict metrics of this batch's verification groups; its generation groups join the candidates."""
+        size, rows = batch.group_size, batch.rows
+        verify = [i for i, row in enumerate(rows) if row["task"] == VERIFY]
+        if verify:
+            texts, labels = [batch.texts[i] for i in verify], [rows[i]["verify_label"] for i in verify]
+            for key, value in self.selfverify.verdict_metrics(texts, labels).items():
+                self.record_metric(key, value)
+        starts = [s for s in range(0, len(batch.texts), size) if rows[s]["task"] != VERIFY]
+        texts = [t for s in starts for t in batch.texts[s : s + size]]
+        labels = [None if math.isnan(v) else v == 1.0 for s in starts for v in correct[s : s + size].tolist()]
+        self.selfverify.observe([rows[s]["question"] for s in starts], texts, labels, size)
+
+    def _sample_answers(self, prompts: list) -> list[str]:
+        """verify_only: the current policy's answers to judge (sampled as in training, not trained on)."""
+        return generate_completions(
+            self.model, self.processing_class, prompts, self.max_completion_length, len(prompts), None,
+            self.temperature,
+        )  # fmt: skip
+
+    # ---- sampled groups: W&B histograms and tables, samples.jsonl ------------------------------------------
+
+    def _log_groups(self, step: int, batch: ScoredBatch, correct: torch.Tensor) -> None:
+        import wandb
+
+        size, texts, total = batch.group_size, batch.texts, batch.total
+        grouped_total = batch.grouped(total)
+        if wandb.run is not None:
+            wandb.log({
+                "groups/reward_mean_hist": wandb.Histogram(_histogram_values(torch.nanmean(grouped_total, dim=1))),
+                "groups/reward_std_hist": wandb.Histogram(_histogram_values(group_std(grouped_total))),
+                "train/global_step": step,
+            })  # fmt: skip
+        if (step - 1) % self.stats_cfg.table_every:
+            return
+        rows = []
+        trajectory_columns = _trajectory_columns(batch)
+        for group in range(min(self.stats_cfg.table_groups, len(texts) // size)):
+            for i in range(group * size, (group + 1) * size):
+                rows.append({
+                    "step": step,
+                    "group": group,
+                    "task": batch.rows[i]["task"] or "generate",
+                    "prompt": completion_text(batch.prompts[i]),
+                    "completion": texts[i],
+                    **{f"reward/{n}": _float(batch.rewards[i, j]) for j, n in enumerate(batch.reward_names)},
+                    "reward": _float(total[i]),
+                    "advantage": _float(batch.advantages[i]),
+                    "correct": _float(correct[i]),
+                    **trajectory_columns[i],
+                })  # fmt: skip
+        with self.samples_path.open("a", encoding="utf-8") as f:
+            f.writelines(json.dumps(row) + "\n" for row in rows)
+        if wandb.run is not None and rows:
+            columns = list(rows[0])
+            table = wandb.Table(columns=columns, data=[[_cell(row[c]) for c in columns] for row in rows])
+            wandb.log({"groups/samples": table, "train/global_step": step})
+
+
+def _trajectory_columns(batch: ScoredBatch) -> list[dict]:
+    """Multi-turn: each whole trajectory, its turns, and the advantage each of its turns was trained with."""
+    if batch.trajectories is None:
+        return [{}] * len(batch.texts)
+    rows = batch.rows
+    per_turn = broadcast_to_turns([_float(a) for a in batch.advantages], [r["num_turns"] for r in rows])
+    return [
+        {"trajectory": trajectory, "turns": row["num_turns"], "tool_calls": row["tool_calls"],
+         "tool_errors": row["tool_errors"], "turn_advantages": advantages}
+        for trajectory, row, advantages in zip(batch.trajectories, rows, per_turn, strict=True)
+    ]  # fmt: skip
+
+
+def _histogram_values(values: torch.Tensor):
+    """Rounded: values a few ulps apart (float noise) make numpy refuse 64 bins over that range."""
+    return torch.round(values.nan_to_num(), decimals=6).numpy()
+
+
+def _cell(value):
+    return json.dumps(value) if isinstance(value, list) else value
+
+
+def _float(value: torch.Tensor) -> float | None:
+    value = float(value)
+    return None if math.isnan(value) else value

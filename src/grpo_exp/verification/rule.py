@@ -1,0 +1,69 @@
+"""The rule verifier: math-verify equivalence of a completion's final answer with the reference.
+
+It gives the ground-truth labels: held-out accuracy, group statistics, the labels of the self-verification
+task, and the `math` reward. The final answer is the last \\boxed{} content, else what is written last
+(grpo_exp.text.stated_answer); an answer that restates the arithmetic ('\\boxed{5 - 33}') scores 0.
+"""
+
+import functools
+import logging
+import re
+import threading
+from collections.abc import Callable
+
+from latex2sympy2_extended import NormalizationConfig
+from math_verify import LatexExtractionConfig, parse, verify
+
+from grpo_exp.text import BOXED, stated_answer
+
+Verifier = Callable[[list[str], list[str]], list[bool | None]]
+
+BOXED_ONLY = [
+    LatexExtractionConfig(
+        normalization_config=NormalizationConfig(units=True), boxed_match_priority=0, try_extract_without_anchor=False
+    )
+]
+# Two numbers joined by + - * × · ÷ \times \cdot \div: unevaluated arithmetic, not a value (3/4 is a fraction).
+UNEVALUATED = re.compile(r"\d\s*(?:[-+*×·÷]|\\times|\\cdot|\\div)\s*\(?\s*-?\s*\d")
+# The final answer lives at the end; a bounded tail keeps parsing time bounded on huge completions.
+TAIL_CHARS = 4000
+# Per parse and per comparison. A real answer takes milliseconds; a power tower or (10^10)! hits the limit
+# and scores 0 (see `make bench` for the worst case).
+TIMEOUT_SECONDS = 2
+# A timeout is an expected outcome here (the answer scores 0), not a warning for every such completion.
+for _name in ("math_verify.parser", "math_verify.grader"):
+    logging.getLogger(_name).setLevel(logging.ERROR)
+
+
+def _timeout() -> int | None:
+    # math-verify's timeouts use signal.alarm, which only works in the main thread (where TRL calls
+    # synchronous reward functions); elsewhere only the tail limit bounds the work.
+    return TIMEOUT_SECONDS if threading.current_thread() is threading.main_thread() else None
+
+
+@functools.lru_cache(maxsize=4096)
+def parse_reference(reference: str) -> list:
+    """Cached: the G completions of a group share one reference."""
+    return parse(str(reference), parsing_timeout=_timeout())
+
+
+def answer_score(text: str, reference: str) -> float | None:
+    """1.0 if the answer equals the reference, 0.0 if not, None if the reference cannot be parsed."""
+    gold = parse_reference(reference)
+    if not gold:
+        return None
+    answer = stated_answer(text[-TAIL_CHARS:])
+    if answer is None or UNEVALUATED.search(answer):
+        return 0.0
+    parsed = parse(BOXED + answer + "}", extraction_config=BOXED_ONLY, parsing_timeout=_timeout())
+    return float(verify(gold, parsed, timeout_seconds=_timeout()))
+
+
+def math_verify_verifier() -> Verifier:
+    """Rule-based: math-verify equivalence of the final answer with the reference (None: no usable reference)."""
+
+    def verify(texts: list[str], solutions: list[str | None]) -> list[bool | None]:
+        scores = [None if s is None else answer_score(t, s) for t, s in zip(texts, solutions, strict=True)]
+        return [None if s is None else s >= 0.5 for s in scores]
+
+    return verify

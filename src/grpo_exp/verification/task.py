@@ -1,0 +1,146 @@
+"""The self-verification task as one object, used by training (every step) and by held-out evaluation.
+
+Its pipeline (grpo_exp.verification.selfverify, pure functions): labelled on-policy answers -> candidates ->
+filter -> balanced, diverse selection -> verification prompts; the policy's verdicts -> parsed -> metrics;
+a P(Yes) scorer's probabilities -> AUROC / Brier / ECE.
+"""
+
+from collections import deque
+from collections.abc import Callable
+
+import torch
+from datasets import Dataset
+from omegaconf import DictConfig
+
+from grpo_exp.generation import generate_completions
+from grpo_exp.schema import SelfVerifySchedule
+from grpo_exp.verification.p_yes import PYesScorer, policy_p_yes
+from grpo_exp.verification.rule import Verifier
+from grpo_exp.verification.selfverify import (
+    YES,
+    Candidate,
+    candidates_from_groups,
+    filter_candidates,
+    judgement_metrics,
+    parse_judgement,
+    probability_metrics,
+    select_samples,
+    shown_answer,
+    verification_prompt,
+)
+
+GENERATE, VERIFY = "generate", "verify"  # a row's task: answer the problem, or judge an answer to it
+
+
+class SelfVerificationTask:
+    def __init__(self, cfg: DictConfig, verifier: Verifier, p_yes: PYesScorer | None, seed: int):
+        """cfg: reward.components.selfverify; verifier: the rule verifier (labels); p_yes: the scorer whose
+        P(Yes) on the selected answers is measured every step (None: not measured)."""
+        self.cfg, self.verifier, self.p_yes, self.seed = cfg, verifier, p_yes, seed
+        self.candidates: deque[Candidate] = deque(maxlen=cfg.buffer_size)
+        self._problems_seen = 0
+
+    # ---- training -------------------------------------------------------------------------------------------
+
+    def wanted_groups(self, groups: int, step: int) -> int:
+        """How many of a batch's groups the schedule turns into verification groups at this (1-based) step."""
+        schedule = SelfVerifySchedule(self.cfg.schedule)
+        if schedule is SelfVerifySchedule.joint:
+            return max(1, round(self.cfg.fraction * groups))
+        if schedule is SelfVerifySchedule.interleave:
+            return groups if step % self.cfg.every == 0 else 0
+        return groups
+
+    def mix_in(
+        self, rows: list[dict], size: int, step: int, sample: Callable[[list], list[str]]
+    ) -> tuple[list[dict], dict[str, float]]:
+        """The batch's rows with its last groups replaced by verification prompts, as the schedule says, and the
+        metrics of the selection. `sample(prompts)` answers prompts with the current policy (verify_only: the
+        answers to judge are sampled first, not trained on)."""
+        rows = [{**row, "task": GENERATE, "verify_label": None, "pass_rate": None} for row in rows]
+        groups = len(rows) // size
+        wanted = self.wanted_groups(groups, step)
+        if SelfVerifySchedule(self.cfg.schedule) is SelfVerifySchedule.verify_only:
+            problems = rows[::size]
+            prompts = [row["prompt"] for row in problems for _ in range(size)]
+            texts = sample(prompts)
+            labels = self.verifier(texts, [str(row["solution"]) for row in problems for _ in range(size)])
+            self.observe([row["question"] for row in problems], texts, labels, size)
+        if not wanted:
+            return rows, {}
+        kept, removed = filter_candidates(list(self.candidates), self.cfg.drop_no_answer, self.cfg.drop_all_wrong)
+        chosen = select_samples(kept, wanted, self.cfg.yes_share, self.cfg.per_problem, seed=self.seed + step - 1)
+        metrics = {
+            "selfverify/candidates": float(len(self.candidates)),
+            "selfverify/removed_no_answer": float(removed["no_answer"]),
+            "selfverify/removed_all_wrong": float(removed["all_wrong"]),
+            "selfverify/groups": float(len(chosen)),
+        }
+        if not chosen:
+            return rows, metrics
+        metrics["selfverify/yes_share"] = sum(c.correct for c in chosen) / len(chosen)
+        metrics |= self.p_yes_metrics(chosen, "selfverify/p_yes")
+        for offset, candidate in enumerate(chosen):
+            group = groups - len(chosen) + offset
+            row = {
+                "prompt": verification_prompt(candidate, self.cfg.template, self.cfg.show),
+                "question": candidate.question,
+                "solution": None,
+                "task": VERIFY,
+                "verify_label": candidate.label,
+                "pass_rate": candidate.pass_rate,
+            }
+            rows[group * size : (group + 1) * size] = [dict(row) for _ in range(size)]
+        return rows, metrics
+
+    def observe(self, questions: list[str], texts: list[str], labels: list[bool | None], size: int) -> None:
+        """Labelled answers of generation groups (one problem per group of `size`) join the candidate buffer."""
+        found = candidates_from_groups(questions, texts, labels, size, first_problem=self._problems_seen)
+        self._problems_seen += len(questions)
+        self.candidates.extend(found)
+
+    def verdict_metrics(self, texts: list[str], labels: list[str], prefix: str = "selfverify") -> dict[str, float]:
+        """Accuracy, precision / recall / F1 of "Yes" and the malformed share of verdicts against their labels."""
+        predicted = [parse_judgement(text, self.cfg.strict_verdict) for text in texts]
+        return judgement_metrics(
+            [None if p is None else p == YES for p in predicted], [label == YES for label in labels], prefix
+        )
+
+    def p_yes_metrics(self, chosen: list[Candidate], prefix: str, scorer: PYesScorer | None = None) -> dict[str, float]:
+        """AUROC / Brier / ECE of a scorer's P(Yes) on the chosen answers (one forward pass)."""
+        scorer = scorer or self.p_yes
+        if scorer is None:
+            return {}
+        scores = scorer([c.question for c in chosen], [shown_answer(c, self.cfg.show) for c in chosen])
+        return probability_metrics(scores, [c.correct for c in chosen], prefix)
+
+    # ---- held-out evaluation ---------------------------------------------------------------------------------
+
+    def heldout_metrics(
+        self, model, tokenizer, dataset: Dataset, max_new_tokens: int, batch_size: int, samples: int = 2,
+        temperature: float = 1.0,
+    ) -> dict[str, float]:  # fmt: skip
+        """How well the policy judges its own answers on held-out problems.
+
+        Answers are sampled (`samples` per problem) and labelled by the rule verifier; a balanced, diverse set of
+        them (the training task's own selection, all-wrong problems kept) is put to the policy as verification
+        prompts, answered greedily. Reports verdict accuracy (50% is chance on a balanced set), precision /
+        recall / F1 of "Yes", and AUROC / Brier / ECE of the policy's own P(Yes).
+        """
+        torch.manual_seed(self.seed)
+        prompts = [p for p in dataset["prompt"] for _ in range(samples)]
+        texts = generate_completions(model, tokenizer, prompts, max_new_tokens, batch_size, "own answers", temperature)
+        labels = self.verifier(texts, [s for s in dataset["solution"] for _ in range(samples)])
+        candidates = candidates_from_groups(dataset["question"], texts, labels, samples)
+        kept, _ = filter_candidates(candidates, drop_no_answer=True, drop_all_wrong=False)
+        chosen = select_samples(kept, len(dataset), 0.5, samples, self.seed)
+        if not chosen:
+            return {}
+        conversations = [verification_prompt(c, self.cfg.template, self.cfg.show) for c in chosen]
+        verdicts = generate_completions(model, tokenizer, conversations, max_new_tokens, batch_size, "verdicts")
+        actual = [c.correct for c in chosen]
+        return (
+            {"verify/examples": len(chosen), "verify/yes_share": sum(actual) / len(actual)}
+            | self.verdict_metrics(verdicts, [c.label for c in chosen], "verify")
+            | self.p_yes_metrics(chosen, "verify/p_yes", policy_p_yes(model, tokenizer, batch_size))
+        )
