@@ -16,6 +16,7 @@ import torch
 from accelerate.utils import gather_object
 from trl import GRPOTrainer
 from trl.models.utils import unwrap_model_for_generation
+from trl.trainer.utils import nanstd
 
 from grpo_exp.rollout.multiturn import TRAJECTORY_FIELDS
 from grpo_exp.text import completion_text
@@ -36,7 +37,7 @@ class ScoredBatch:
     trajectories: list[str] | None  # multi-turn: each whole trajectory (policy turns and observations); else None
     rows: list[dict]  # the dataset / rollout columns of each completion (ROW_KEYS and the rollout's fields)
     rewards: torch.Tensor  # [N, components], NaN where a component skipped the completion
-    total: torch.Tensor  # [N] TRL's weighted reward: nansum over components, NaN where every component is NaN
+    total: torch.Tensor  # [N] the reward TRL normalised into advantages (aggregated_reward); NaN: unscorable
     advantages: torch.Tensor  # [N] as TRL computed them
     lengths: torch.Tensor  # [N] the policy's own tokens (a multi-turn trajectory's observations left out)
 
@@ -45,10 +46,21 @@ class ScoredBatch:
         return values.view(-1, self.group_size, *values.shape[1:])
 
 
-def weighted_total(rewards: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """TRL's reward under multi_objective_aggregation=sum_then_normalize: the weighted nansum of the components;
-    a completion that every component skipped is unscorable (NaN), not 0."""
-    total = (rewards * weights).nansum(dim=1)
+def aggregated_reward(rewards: torch.Tensor, weights: torch.Tensor, aggregation: str, group_size: int) -> torch.Tensor:
+    """The reward TRL turns into advantages, from the per-component rewards [N, C] (NaN: skipped), as TRL 1.16
+    aggregates them: `sum_then_normalize` takes the weighted nansum; `normalize_then_sum` first normalises each
+    component inside its group (minus the group's mean, over its std + 1e-4). Either way a completion that every
+    component skipped is unscorable (NaN), not 0."""
+    if aggregation == "normalize_then_sum":
+        grouped = rewards.view(-1, group_size, rewards.shape[1])
+        mean = torch.nanmean(grouped, dim=1, keepdim=True)
+        std = nanstd(grouped, dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(mean)
+        rewards_for_sum = ((grouped - mean) / (std + 1e-4)).view(-1, rewards.shape[1])
+    elif aggregation == "sum_then_normalize":
+        rewards_for_sum = rewards
+    else:
+        raise ValueError(f"unknown multi_objective_aggregation '{aggregation}'")
+    total = (rewards_for_sum * weights).nansum(dim=1)
     total[torch.isnan(rewards).all(dim=1)] = math.nan
     return total
 
@@ -104,7 +116,9 @@ class HookedGRPOTrainer(GRPOTrainer):
             trajectories=trajectories if multiturn else None,
             rows=rows,
             rewards=rewards,
-            total=weighted_total(rewards, self.reward_weights.cpu()),
+            total=aggregated_reward(
+                rewards, self.reward_weights.cpu(), self.multi_objective_aggregation, self.num_generations
+            ),
             advantages=torch.tensor(list(self._logs["advantages"]), dtype=torch.float32),
             lengths=self.accelerator.gather(policy_tokens.sum(dim=1)).float().cpu(),
         )
