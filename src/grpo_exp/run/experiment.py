@@ -12,12 +12,13 @@ from pathlib import Path
 import torch
 from datasets import Dataset
 from omegaconf import DictConfig, OmegaConf
-from transformers import set_seed
+from transformers import PrinterCallback, ProgressCallback, set_seed
 
 from grpo_exp.data import load_splits
 from grpo_exp.models import describe, load_model, load_tokenizer, lora_config, torch_dtype
 from grpo_exp.rollout.multiturn import MultiTurnRollout
 from grpo_exp.run.build import check_and_build
+from grpo_exp.run.console import ConsoleView
 from grpo_exp.run.distributed import is_main_process, shared_run_dir, wait_for_everyone, world_size
 from grpo_exp.run.evaluation import EvalResult, heldout_accuracy
 from grpo_exp.run.files import (
@@ -108,10 +109,12 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
             args=args,
             train_dataset=train_set,
             processing_class=tokenizer,
-            callbacks=[MetricsFileCallback(run_dir / METRICS_FILE)],
+            callbacks=[MetricsFileCallback(run_dir / METRICS_FILE), ConsoleView(_accuracy(before))],
             peft_config=lora_config(cfg.model),
             rollout_func=None if rollout is None else as_rollout_func(rollout),
         )
+        for dict_dump in (ProgressCallback, PrinterCallback):  # they print all 50+ metrics; ConsoleView shows a few
+            trainer.remove_callback(dict_dump)
         parts.bind_policy(trainer.model, tokenizer)
         started = time.perf_counter()
         with interruptible(trainer):
