@@ -6,11 +6,17 @@ TRL passes `solution` on to the reward functions.
 
 import difflib
 import inspect
+import json
 import logging
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+import reasoning_gym
 from datasets import Dataset, load_dataset
+from datasets.exceptions import DatasetGenerationError
 from omegaconf import DictConfig, OmegaConf
+from reasoning_gym.factory import DATASETS
 
 from grpo_exp.errors import UserError
 from grpo_exp.schema import AnswerFormat, DataSource
@@ -42,11 +48,7 @@ def _rows(questions: list[str], answers: list[str], data_cfg: DictConfig) -> lis
     ]
 
 
-def _reasoning_gym_task(data_cfg: DictConfig):
-    import reasoning_gym
-    from reasoning_gym.factory import DATASETS
-
-    task = data_cfg.task
+def _check_task_name(task: str | None) -> None:
     if task not in DATASETS:
         close = difflib.get_close_matches(str(task), DATASETS, n=5)
         raise UserError(
@@ -54,6 +56,12 @@ def _reasoning_gym_task(data_cfg: DictConfig):
             + (f"; did you mean one of {close}?" if close else "")
             + f" ({len(DATASETS)} tasks: python -c 'import reasoning_gym.factory as f; print(sorted(f.DATASETS))')"
         )
+
+
+def _reasoning_gym_task(data_cfg: DictConfig):
+
+    task = data_cfg.task
+    _check_task_name(task)
     size = (data_cfg.train_size or 1000) + data_cfg.eval_size
     task_config = OmegaConf.to_container(data_cfg.task_config)
     try:
@@ -136,18 +144,59 @@ def _table_splits(data_cfg: DictConfig) -> tuple[list[dict], list[dict]]:
 
 
 def check_data_files(data_cfg: DictConfig) -> None:
-    """Fail before any model loads when a local data file is missing."""
-    if data_cfg.source is not DataSource.reasoning_gym and not data_cfg.path:
+    """Fail before any model loads when a data file is missing, unreadable, or does not hold what the config says
+    (its question and answer columns; GSM8K-style answers), or a reasoning-gym task does not exist."""
+    if data_cfg.source is DataSource.reasoning_gym:
+        _check_task_name(data_cfg.task)
+        return
+    if not data_cfg.path:
         raise UserError(f"dataset.path is required with dataset={data_cfg.name} (dataset.path=...)")
-    if data_cfg.source is DataSource.files or (data_cfg.path and Path(data_cfg.path).suffix in FILE_BUILDERS):
-        _check_exists(data_cfg.path, "dataset.path")
-    if data_cfg.eval_path:
-        _check_exists(data_cfg.eval_path, "dataset.eval_path")
+    files = [("dataset.eval_path", data_cfg.eval_path)] if data_cfg.eval_path else []
+    if data_cfg.source is DataSource.files or Path(data_cfg.path).suffix in FILE_BUILDERS:
+        files.insert(0, ("dataset.path", data_cfg.path))
+    for key, path in files:
+        _check_first_row(data_cfg, _first_row(path, key), key, path)
 
 
 def _check_exists(path: str, key: str) -> None:
     if not Path(path).expanduser().is_file():
         raise UserError(f"{key}='{path}' does not exist")
+
+
+def _first_row(path: str, key: str) -> dict:
+    """The file's first record, read without loading the whole file."""
+    _check_exists(path, key)
+    file = Path(path).expanduser()
+    if file.suffix not in FILE_BUILDERS:
+        raise UserError(f"{key}='{path}': unsupported file type; use one of {sorted(FILE_BUILDERS)}")
+    try:
+        if file.suffix == ".parquet":
+            table = pq.ParquetFile(file).read_row_group(0) if pq.ParquetFile(file).num_row_groups else None
+            rows = table.slice(0, 1).to_pylist() if table is not None else []
+        elif file.suffix == ".jsonl":
+            with file.open(encoding="utf-8") as f:
+                line = next((line for line in f if line.strip()), None)
+            rows = [] if line is None else [json.loads(line)]
+        else:
+            rows = load_dataset("json", data_files=str(file), split="train").select(range(1)).to_list()
+    except (OSError, ValueError, UnicodeDecodeError, pa.ArrowException, DatasetGenerationError) as err:
+        raise UserError(f"{key}='{path}' could not be read as {file.suffix[1:]}: {str(err).splitlines()[0]}") from None
+    if not rows or not isinstance(rows[0], dict):
+        raise UserError(f"{key}='{path}' holds no records (one object per row, with a question and an answer)")
+    return rows[0]
+
+
+def _check_first_row(data_cfg: DictConfig, row: dict, key: str, path: str) -> None:
+    for field in ("question_field", "answer_field"):
+        if data_cfg[field] not in row:
+            raise UserError(
+                f"dataset.{field}='{data_cfg[field]}' is not a column of {key}='{path}'; columns: {list(row)}"
+            )
+    if data_cfg.answer_format is AnswerFormat.gsm8k and "####" not in str(row[data_cfg.answer_field]):
+        raise UserError(
+            f"dataset.answer_format=gsm8k, but the first answer in {key}='{path}' has no '#### <answer>' line; "
+            "use dataset.answer_format=plain for answers that are the answer itself"
+        )
 
 
 def load_splits(data_cfg: DictConfig) -> tuple[Dataset, Dataset]:

@@ -28,7 +28,7 @@ from grpo_exp.run.build import build_rollout
 from grpo_exp.run.evaluation import heldout_accuracy, sampled_metrics
 from grpo_exp.run.files import EVALUATION_FILE, FINAL_CHECKPOINT_DIR
 from grpo_exp.run.tracking import Tracker, redact
-from grpo_exp.schema import register_schemas
+from grpo_exp.schema import check_values, register_schemas
 from grpo_exp.verification.rule import math_verify_verifier
 
 EPILOG = """\
@@ -77,6 +77,7 @@ def main(argv: list[str] | None = None) -> dict:
     overrides, out_dir = resolve_source(parse_args(sys.argv[1:] if argv is None else argv))
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
+    check_values(cfg)
     verifier = math_verify_verifier()
     rollout = build_rollout(cfg)
     check_reachable(cfg.model)

