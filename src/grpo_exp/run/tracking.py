@@ -7,6 +7,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.types import RunMode
+from omegaconf import OmegaConf
 from transformers import TrainerCallback
 
 from grpo_exp.schema import LoggerBackend, WandbMode
@@ -48,17 +51,12 @@ def run_name(task_overrides: list[str], swept: set[str] | None = None) -> str:
 
 def swept_keys(sweep_overrides: list[str], sweeper_params: dict | None = None) -> set[str]:
     """The keys a multirun sweeps: command-line overrides with several values, and hydra.sweeper.params."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     parsed = OverridesParser.create().parse_overrides(sweep_overrides)
     return {o.get_key_element().lstrip("+~") for o in parsed if o.is_sweep_override()} | set(sweeper_params or {})
 
 
 def run_identity(hydra_cfg) -> tuple[str, str | None]:
     """(W&B run name, W&B group): a sweep is one group, named after its directory; its runs by what differs."""
-    from hydra.types import RunMode
-    from omegaconf import OmegaConf
-
     task = list(hydra_cfg.overrides.task)
     if hydra_cfg.mode != RunMode.MULTIRUN:
         return run_name(task), None
