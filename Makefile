@@ -24,8 +24,8 @@ test: install  ## the whole suite, slow tests included (the CI command)
 	$(PY) -m ruff check src tests benchmarks
 	$(PY) -m pytest $(ARGS)
 
-test-fast: install  ## without the tests that run the embedded model
-	$(PY) -m pytest -m "not slow" $(ARGS)
+test-fast: install  ## without the embedded model (slow) and the end-to-end runs through the CLI (e2e)
+	$(PY) -m pytest -m "not slow and not e2e" $(ARGS)
 
 bench: install  ## benchmarks (ratios measured side by side in one run); results go in BENCHMARKS.md
 	$(PY) -m benchmarks.rewards

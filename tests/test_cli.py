@@ -1,9 +1,16 @@
-"""The command line as users meet it: Hydra's flags, and one clear message (no stack trace) for user errors."""
+"""The command line as users meet it: Hydra's flags, and one clear message (no stack trace) for user errors.
+
+Every config mistake is checked in-process (composition, then `check_and_build`, the first thing a training
+job does); one mistake of each kind also goes through the real command line, to prove what the user sees."""
 
 import pytest
 import yaml
+from hydra.errors import CompactHydraException
+from omegaconf.errors import OmegaConfBaseException
+from transformers import AutoModelForCausalLM
 
-from tests.conftest import TINY_RUN, run_cli
+from grpo_exp.run.build import check_and_build
+from tests.conftest import TINY_RUN, compose_config, run_cli
 
 
 def test_cfg_job_composes_a_reward_mix():
@@ -24,31 +31,57 @@ def test_help_lists_groups_and_options():
         assert line in result.stdout
 
 
+USER_ERRORS = [
+    (["model=nope"], "Could not find 'model/nope'"),
+    (["trainer.beta=abc"], "full_key: trainer.beta"),
+    (["reward=math+nope"], "known components: confidence, format, judge, length, math, repetition, selfverify"),
+    (["reward=math+judge", "judge=openai"], "judge.model is required with judge=openai"),
+    (["reward=math+judge", "judge.model=nobody/no-such-judge"], "model.name_or_path='nobody/no-such-judge'"),
+    (["trainer.num_generations=1"], "trainer.num_generations=1: GRPO needs a group of at least 2"),
+    (["dataset=files", "dataset.path=/nope/train.jsonl"], "dataset.path='/nope/train.jsonl' does not exist"),
+    (["model=pretrained", "model.name_or_path=Qwen/Qwen2.5-1.5B-Instruct"], "model.name_or_path='Qwen/Qwen"),
+    (["dataset=files"], "dataset.path is required with dataset=files"),
+    (["reward=math+selfverify", "trainer.prompts_per_step=1"], "schedule=joint mixes verification groups"),
+    (["model=pretrained"], "model.name_or_path is required with model=pretrained"),
+    (["+trainer.extra.per_device_train_batch_size=3"], "derived from trainer.prompts_per_step"),
+    (["+trainer.extra.num_generatoins=3"], "did you mean ['num_generations'"),
+]
+
+
+@pytest.fixture
+def no_model_loads(monkeypatch):
+    """Any attempt to load or build a model fails the test."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the config was checked")
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", refuse)
+    monkeypatch.setattr(AutoModelForCausalLM, "from_config", refuse)
+
+
+def printed_error(overrides: list[str]) -> str:
+    """What the command line prints for a config mistake, raised in-process: Hydra prints a
+    CompactHydraException as its message alone (and an OmegaConf cause under it), with no stack trace."""
+    with pytest.raises(CompactHydraException) as caught:
+        check_and_build(compose_config([*TINY_RUN, "logger=none", *overrides]))
+    error = caught.value
+    cause = f"\n{error.__cause__}" if isinstance(error.__cause__, OmegaConfBaseException) else ""
+    return f"{error}{cause}"
+
+
+@pytest.mark.parametrize("overrides,expected", USER_ERRORS)
+def test_user_errors_are_one_message_before_any_model_loads(overrides, expected, no_model_loads):
+    assert expected in printed_error(overrides)
+
+
 @pytest.mark.parametrize(
     "overrides,expected",
     [
-        (["model=nope"], "Could not find 'model/nope'"),
-        (["trainer.beta=abc"], "full_key: trainer.beta"),
-        (["reward=math+nope"], "known components: confidence, format, judge, length, math, repetition, selfverify"),
-        (["reward=math+judge", "judge=openai"], "judge.model is required with judge=openai"),
-        (["reward=math+judge", "judge.model=nobody/no-such-judge"], "model.name_or_path='nobody/no-such-judge'"),
-        (["trainer.num_generations=1"], "trainer.num_generations=1: GRPO needs a group of at least 2"),
-        (
-            ["dataset=files", "dataset.path=/nope/train.jsonl"],
-            "dataset.path='/nope/train.jsonl' does not exist",
-        ),
-        (
-            ["model=pretrained", "model.name_or_path=Qwen/Qwen2.5-1.5B-Instruct"],
-            "model.name_or_path='Qwen/Qwen",
-        ),
-        (["dataset=files"], "dataset.path is required with dataset=files"),
-        (["reward=math+selfverify", "trainer.prompts_per_step=1"], "schedule=joint mixes verification groups"),
-        (["model=pretrained"], "model.name_or_path is required with model=pretrained"),
-        (["+trainer.extra.per_device_train_batch_size=3"], "derived from trainer.prompts_per_step"),
-        (["+trainer.extra.num_generatoins=3"], "did you mean ['num_generations'"),
+        (["trainer.beta=abc"], "full_key: trainer.beta"),  # refused by Hydra's composition, before the job
+        (["trainer.num_generations=1"], "GRPO needs a group of at least 2"),  # refused by the job's first check
     ],
 )
-def test_user_errors_are_one_message_before_any_model_loads(overrides, expected, tmp_path):
+def test_the_command_line_prints_a_user_error_without_a_traceback_or_a_model(overrides, expected, tmp_path):
     result = run_cli(*TINY_RUN, "logger=none", f"hydra.run.dir={tmp_path}", *overrides)
     assert result.returncode != 0
     assert expected in result.stderr, result.stderr

@@ -19,6 +19,7 @@ def tiny_sweep(tmp_path_factory):
     return sweep
 
 
+@pytest.mark.e2e
 def test_compare_writes_a_table_and_plots_of_the_sweep(tiny_sweep, capsys):
     assert compare_main([str(tiny_sweep)]) == 0
     printed = capsys.readouterr().out
@@ -37,6 +38,7 @@ def test_compare_refuses_a_directory_without_runs(tmp_path):
         compare_main([str(tmp_path)])
 
 
+@pytest.mark.e2e
 def test_the_notebook_runs_on_the_sweep(tiny_sweep, monkeypatch):
     monkeypatch.setenv("GRPO_EXP_RUNS", str(tiny_sweep))
     notebook = nbformat.read(REPO_ROOT / "notebooks" / "compare_runs.ipynb", as_version=4)
@@ -48,6 +50,7 @@ def test_the_notebook_runs_on_the_sweep(tiny_sweep, monkeypatch):
     assert any("image/png" in o.get("data", {}) for cell in notebook.cells for o in cell.get("outputs", []))
 
 
+@pytest.mark.e2e
 def test_the_learning_curve_report_summarises_runs_and_draws_the_figure(tiny_sweep, capsys):
     from benchmarks.learning_curve import main as curve_main
 
@@ -58,6 +61,7 @@ def test_the_learning_curve_report_summarises_runs_and_draws_the_figure(tiny_swe
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.e2e
 def test_the_overhead_benchmark_runs_both_variants_and_prints_the_ratios(capsys):
     """The benchmark's machinery on the tiny model (the real numbers, embedded model: BENCHMARKS.md)."""
     from benchmarks.overhead import main as overhead_main

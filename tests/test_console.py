@@ -2,6 +2,7 @@
 
 import math
 
+import pytest
 from transformers import TrainerControl, TrainerState
 
 from grpo_exp.run.console import ConsoleView, format_step
@@ -51,6 +52,7 @@ def test_log_events_that_are_not_training_steps_print_nothing(capsys):
     assert capsys.readouterr().out == ""
 
 
+@pytest.mark.e2e
 def test_a_tiny_run_prints_the_compact_line_and_still_records_every_metric(tmp_path):
     run_dir = tmp_path / "run"
     result = run_cli(*TINY_RUN, "logger=none", "eval.after=false", "save_model=false", f"hydra.run.dir={run_dir}")

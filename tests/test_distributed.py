@@ -19,6 +19,7 @@ from tests.conftest import TINY_RUN, compose_config
 ACCELERATE_DIR = REPO_ROOT / "accelerate_configs"
 
 
+@pytest.mark.e2e
 def test_two_processes_train_data_parallel_and_only_the_main_one_writes(tmp_path):
     outputs = tmp_path / "outputs"
     result = subprocess.run(

@@ -15,6 +15,7 @@ def tiny_run(tmp_path_factory):
     return run_dir
 
 
+@pytest.mark.e2e
 def test_evaluate_a_run_directory_with_samples(tiny_run):
     result = run_cli(str(tiny_run), "eval.samples=2", module="grpo_exp.evaluate")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -25,6 +26,7 @@ def test_evaluate_a_run_directory_with_samples(tiny_run):
     assert "greedy accuracy" in result.stdout
 
 
+@pytest.mark.e2e
 def test_evaluate_a_checkpoint_and_a_model_config(tiny_run, tmp_path, monkeypatch):
     checkpoint = tiny_run / "checkpoint-final"
     result = run_cli(str(checkpoint), "dataset.eval_size=3", "eval.samples=0", module="grpo_exp.evaluate")

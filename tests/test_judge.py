@@ -130,6 +130,7 @@ def test_local_backend_scores_a_batch_with_a_frozen_model():
     assert metrics == {"judge/failures": 2.0, "judge/requests": 4.0, "judge/unique_pairs": 2.0}
 
 
+@pytest.mark.e2e
 def test_tiny_training_with_math_format_judge_learns_from_the_judge_and_never_stores_the_key(tmp_path):
     secret = "sk-grpo-exp-test-0123456789"
     port = free_port()
@@ -154,6 +155,7 @@ def test_tiny_training_with_math_format_judge_learns_from_the_judge_and_never_st
     assert secret not in result.stdout + result.stderr
 
 
+@pytest.mark.e2e
 def test_tiny_training_with_the_local_judge_runs_end_to_end(tmp_path):
 
     run_dir = tmp_path / "run"

@@ -47,6 +47,7 @@ def interrupt_after_first_checkpoint(args: list[str], outputs: Path) -> subproce
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
+@pytest.mark.e2e
 def test_an_interrupted_run_resumes_from_its_checkpoint_and_ends_as_if_never_stopped(tmp_path):
     outputs = tmp_path / "outputs"
     args = [*RUN, "logger=wandb", f"outputs_dir={outputs}"]
@@ -83,6 +84,7 @@ def test_an_interrupted_run_resumes_from_its_checkpoint_and_ends_as_if_never_sto
     assert per_step(third_dir) == per_step(second_dir)
 
 
+@pytest.mark.e2e
 def test_the_same_command_twice_gives_the_same_metrics(tmp_path):
     dirs = []
     for attempt in ("a", "b"):

@@ -61,6 +61,7 @@ def protocol_model(tmp_path_factory):
     return directory
 
 
+@pytest.mark.e2e  # the protocol_model fixture fine-tunes for a minute on 2 cores
 def test_trajectories_interleave_turns_and_masked_observations(protocol_model):
     cfg = compose_config(MULTITURN)
     tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
@@ -90,6 +91,7 @@ def test_trajectories_interleave_turns_and_masked_observations(protocol_model):
     assert [t.completion_ids for t in first] == [t.completion_ids for t in second]
 
 
+@pytest.mark.e2e  # the protocol_model fixture fine-tunes for a minute on 2 cores
 def test_trl_receives_the_mask_and_normalises_rewards_per_trajectory(protocol_model, tmp_path):
     cfg = compose_config([*MULTITURN, "model=pretrained", f"model.name_or_path={protocol_model}",
                           "trainer.num_generations=4"])  # fmt: skip
@@ -125,6 +127,7 @@ def test_trl_receives_the_mask_and_normalises_rewards_per_trajectory(protocol_mo
     assert torch.allclose(output["advantages"], group_advantages(rewards).flatten(), atol=1e-5)
 
 
+@pytest.mark.e2e
 def test_multiturn_training_end_to_end(protocol_model, tmp_path):
     run_dir = tmp_path / "run"
     result = run_cli(
@@ -154,6 +157,7 @@ def test_multiturn_training_end_to_end(protocol_model, tmp_path):
     assert "heldout_rollout_turns_mean_after" in summary
 
 
+@pytest.mark.e2e
 def test_evaluate_plays_trajectories_with_the_tools(protocol_model):
     result = run_cli(str(protocol_model), "rollout=multiturn", "rollout.tools=[calculator]", "dataset.eval_size=4",
                      "rollout.max_tokens_per_turn=24", "eval.samples=2", module="grpo_exp.evaluate")  # fmt: skip

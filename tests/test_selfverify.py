@@ -157,6 +157,7 @@ SELFVERIFY_TINY = [
 ]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "schedule,verification_steps", [("joint", [2, 3]), ("interleave", [2]), ("verify_only", [1, 2, 3])]
 )
@@ -177,11 +178,15 @@ def test_each_schedule_trains_on_verification_prompts(schedule, verification_ste
     assert all(steps[s]["grad_norm"] > 0 for s in verification_steps)
 
 
-def test_confidence_needs_a_generative_verifier(tmp_path):
-    result = run_cli(*TINY_RUN, "reward=math+confidence", "logger=none", f"hydra.run.dir={tmp_path}")
-    assert result.returncode != 0 and "verifier=genrm" in result.stderr and "Traceback" not in result.stderr
+def test_confidence_needs_a_generative_verifier():
+    from grpo_exp.errors import UserError  # printed as one message, no traceback (tests/test_cli.py)
+    from grpo_exp.run.build import check_and_build
+
+    with pytest.raises(UserError, match="verifier=genrm"):
+        check_and_build(compose_config([*TINY_RUN, "reward=math+confidence", "logger=none"]))
 
 
+@pytest.mark.e2e
 def test_confidence_reward_from_a_frozen_genrm_trains_end_to_end(tmp_path):
     run_dir = tmp_path / "run"
     result = run_cli(

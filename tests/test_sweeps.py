@@ -5,6 +5,7 @@ import json
 from datetime import datetime
 from pathlib import Path
 
+import pytest
 import yaml
 from hydra import compose, initialize_config_dir
 
@@ -24,6 +25,7 @@ def summary_of(job: Path) -> dict:
     return json.loads((job / "summary.json").read_text())
 
 
+@pytest.mark.e2e
 def test_the_group_size_by_beta_preset_runs_six_valid_jobs_in_one_wandb_group(tmp_path):
     result = run_cli(
         "-m",
@@ -62,6 +64,7 @@ def test_the_group_size_by_beta_preset_runs_six_valid_jobs_in_one_wandb_group(tm
     assert len(rows) == 6 and {row["status"] for row in rows} == {"finished"}
 
 
+@pytest.mark.e2e
 def test_a_failing_job_is_reported_and_the_other_jobs_results_are_kept(tmp_path):
     result = run_cli("-m", *QUICK, "logger=none", "trainer.num_generations=1,2", f"hydra.sweep.dir={tmp_path}")
     assert result.returncode != 0  # the sweep reports the failure...
@@ -90,6 +93,7 @@ def sweep_over_group_sizes(sweep_dir: Path, *launcher: str):
     return result
 
 
+@pytest.mark.e2e
 def test_the_joblib_launcher_runs_jobs_in_parallel(tmp_path):
     result = sweep_over_group_sizes(tmp_path, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2")
     first, second = job_dirs(tmp_path)
@@ -99,6 +103,7 @@ def test_the_joblib_launcher_runs_jobs_in_parallel(tmp_path):
     assert "sweep " in result.stdout
 
 
+@pytest.mark.e2e
 def test_the_submitit_local_launcher_runs_the_jobs_as_submitit_jobs(tmp_path):
     """submitit_local is the code path of submitit_slurm (the job is pickled, submitted, run and collected)."""
     sweep_over_group_sizes(tmp_path, "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=15")
@@ -107,6 +112,7 @@ def test_the_submitit_local_launcher_runs_the_jobs_as_submitit_jobs(tmp_path):
     assert list((tmp_path / ".submitit").rglob("*_result.pkl")), "no submitit job results"
 
 
+@pytest.mark.e2e
 def test_the_optuna_preset_searches_learning_rate_and_beta_against_heldout_accuracy(tmp_path):
     result = run_cli(
         "-m", "+experiment=optuna_lr_beta", *TINY_RUN, "logger=none", "hydra.sweeper.n_trials=2",

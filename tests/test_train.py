@@ -17,6 +17,7 @@ def initial_tiny_model():
     return build_tiny_model(cfg.model, load_tokenizer(cfg.model, cfg.cache_dir), cfg.trainer.seed)
 
 
+@pytest.mark.e2e
 def test_tiny_training_updates_the_weights_and_writes_the_run_directory(tmp_path):
     run_dir = tmp_path / "run"
     # `length` gives random completions a reward spread, so the advantages (and the gradients) are not zero.
@@ -45,6 +46,7 @@ def test_tiny_training_updates_the_weights_and_writes_the_run_directory(tmp_path
     assert "wandb sync" in result.stdout
 
 
+@pytest.mark.e2e
 def test_multirun_over_reward_mixes_runs_every_job_as_one_wandb_group(tmp_path):
     result = run_cli(
         "-m",
@@ -91,6 +93,7 @@ def test_embedded_model_trains_one_step(tmp_path):
     assert checkpoint_config["num_hidden_layers"] == 30
 
 
+@pytest.mark.e2e
 def test_a_local_pretrained_directory_trains_with_lora(tmp_path):
     """The generic loader on a real directory (what a hub download gives), with peft LoRA adapters."""
     cfg = compose_config(TINY_RUN)
