@@ -3,6 +3,8 @@
 Every config mistake is checked in-process (composition, then `check_and_build`, the first thing a training
 job does); one mistake of each kind also goes through the real command line, to prove what the user sees."""
 
+import importlib
+
 import pytest
 import yaml
 from hydra.errors import CompactHydraException
@@ -88,3 +90,11 @@ def test_the_command_line_prints_a_user_error_without_a_traceback_or_a_model(ove
     assert "Traceback" not in result.stderr
     assert "Loading model" not in result.stderr + result.stdout
     assert not (tmp_path / "checkpoint-final").exists()
+
+
+@pytest.mark.parametrize("module", ["grpo_exp.evaluate", "grpo_exp.compare"])
+def test_every_entry_point_prints_its_usage_with_help(module, capsys):
+    with pytest.raises(SystemExit) as exited:
+        importlib.import_module(module).main(["--help"])
+    assert exited.value.code == 0
+    assert f"usage: python -m {module}" in capsys.readouterr().out
