@@ -91,12 +91,8 @@ def _reasoning_gym_splits(data_cfg: DictConfig) -> tuple[list[dict], list[dict]]
 
 
 def _load_file(path: str, key: str) -> Dataset:
-    _check_exists(path, key)
-    file = Path(path).expanduser()
-    builder = FILE_BUILDERS.get(file.suffix)
-    if builder is None:
-        raise UserError(f"{key}='{path}': unsupported file type; use one of {sorted(FILE_BUILDERS)}")
-    return load_dataset(builder, data_files=str(file), split="train")
+    file = _local_file(path, key)
+    return load_dataset(FILE_BUILDERS[file.suffix], data_files=str(file), split="train")
 
 
 def _load_hub(data_cfg: DictConfig, split: str) -> Dataset:
@@ -158,21 +154,23 @@ def check_data_files(data_cfg: DictConfig) -> None:
         _check_first_row(data_cfg, _first_row(path, key), key, path)
 
 
-def _check_exists(path: str, key: str) -> None:
-    if not Path(path).expanduser().is_file():
+def _local_file(path: str, key: str) -> Path:
+    """The file a setting names: it must exist and be of a type we read."""
+    file = Path(path).expanduser()
+    if not file.is_file():
         raise UserError(f"{key}='{path}' does not exist")
+    if file.suffix not in FILE_BUILDERS:
+        raise UserError(f"{key}='{path}': unsupported file type; use one of {sorted(FILE_BUILDERS)}")
+    return file
 
 
 def _first_row(path: str, key: str) -> dict:
     """The file's first record, read without loading the whole file."""
-    _check_exists(path, key)
-    file = Path(path).expanduser()
-    if file.suffix not in FILE_BUILDERS:
-        raise UserError(f"{key}='{path}': unsupported file type; use one of {sorted(FILE_BUILDERS)}")
+    file = _local_file(path, key)
     try:
         if file.suffix == ".parquet":
-            table = pq.ParquetFile(file).read_row_group(0) if pq.ParquetFile(file).num_row_groups else None
-            rows = table.slice(0, 1).to_pylist() if table is not None else []
+            parquet = pq.ParquetFile(file)
+            rows = parquet.read_row_group(0).slice(0, 1).to_pylist() if parquet.num_row_groups else []
         elif file.suffix == ".jsonl":
             with file.open(encoding="utf-8") as f:
                 line = next((line for line in f if line.strip()), None)

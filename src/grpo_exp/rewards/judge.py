@@ -87,16 +87,12 @@ class OpenAIJudge:
 
 
 def build_judge(cfg: DictConfig, cache_dir: str) -> LocalJudge | OpenAIJudge:
-    """The judge client, with its config checked (cheap: no model is loaded, no request sent)."""
+    """The judge client, with what the schema cannot check checked (cheap: no model is loaded, no request sent)."""
     if cfg.backend is JudgeBackend.openai:
         for key in ("model", "base_url"):
             if not cfg[key]:
                 raise UserError(f"judge.{key} is required with judge=openai")
-        if cfg.concurrency < 1:
-            raise UserError(f"judge.concurrency={cfg.concurrency} must be at least 1")
         return OpenAIJudge(cfg)
-    if cfg.batch_size < 1:
-        raise UserError(f"judge.batch_size={cfg.batch_size} must be at least 1")
     judge = LocalJudge(cfg, cache_dir)
     check_reachable(judge.model_cfg)
     return judge
