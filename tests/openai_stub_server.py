@@ -1,7 +1,9 @@
-"""A small OpenAI-compatible chat server for the judge's failure tests: `python tests/openai_stub_server.py MODE PORT`.
+"""A small OpenAI-compatible server for the judge's failure tests: `python tests/openai_stub_server.py MODE PORT`.
 
-It speaks real HTTP on 127.0.0.1, so the judge's client code runs unchanged. Modes:
-  good     every reply is rubric JSON (scores derived from the request, so they differ between responses)
+It speaks real HTTP on 127.0.0.1, so the judge's client code runs unchanged: chat completions (a rubric JSON
+reply) and completions (one token, with top logprobs over the score tokens 1..5). Modes:
+  good     every reply is rubric JSON / score logprobs (derived from the request, so they differ between responses)
+  fail_marked  as good, but a request whose text contains FAIL_ME gets HTTP 500
   garbage  HTTP 200 with a body that is not JSON
   prose    a well-formed completion whose content is not rubric JSON
   flaky    the first request of each distinct prompt fails with HTTP 500, the next succeeds
@@ -12,6 +14,7 @@ An `expected_key` environment variable makes it answer 401 to requests without t
 
 import hashlib
 import json
+import math
 import os
 import sys
 import time
@@ -29,21 +32,39 @@ def rubric_reply(text: str) -> str:
     return json.dumps({**scores, "rationale": "stub"})
 
 
+def completion(request: dict, text: str) -> dict:
+    """One generated token with its top logprobs: the score tokens (weights from the request) and two others."""
+    digest = hashlib.sha256(text.encode()).digest()
+    weights = {str(score): 1 + digest[score] % 7 for score in range(1, 6)} | {" the": 3, "\n": 1}
+    total = sum(weights.values())
+    top = {token: math.log(w / total) for token, w in weights.items()}
+    best = max(top, key=top.get)
+    return {
+        "id": "stub", "object": "text_completion", "created": 0, "model": request["model"],
+        "choices": [{"index": 0, "text": best, "finish_reason": "length",
+                     "logprobs": {"tokens": [best], "token_logprobs": [top[best]], "top_logprobs": [top],
+                                  "text_offset": [0]}}],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+    }  # fmt: skip
+
+
 class Handler(BaseHTTPRequestHandler):
     def log_message(self, *args):  # keep the test output quiet
         pass
 
     def do_POST(self):  # noqa: N802 - http.server's naming
         request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        text = request["messages"][-1]["content"]
+        text = request["prompt"] if "prompt" in request else request["messages"][-1]["content"]
         time.sleep(LATENCY + (5 if MODE == "slow" else 0))
         if EXPECTED_KEY and self.headers.get("Authorization") != f"Bearer {EXPECTED_KEY}":
             return self._send(401, b'{"error": {"message": "bad key"}}')
         if MODE == "garbage":
             return self._send(200, b"<html>definitely not json")
-        if MODE == "flaky" and text not in SEEN:
+        if (MODE == "flaky" and text not in SEEN) or (MODE == "fail_marked" and "FAIL_ME" in text):
             SEEN.add(text)
             return self._send(500, b'{"error": {"message": "try again"}}')
+        if "prompt" in request:
+            return self._send(200, json.dumps(completion(request, text)).encode())
         content = "I think it is quite good!" if MODE == "prose" else rubric_reply(text)
         body = {
             "id": "stub",

@@ -1,5 +1,6 @@
-"""The LLM judge: rubric parsing, the `openai` backend against real servers on 127.0.0.1 (llama.cpp serving the
-embedded GGUF, and a stub that fails on purpose), the `local` backend, and robustness (retry, then None)."""
+"""The LLM judge: the score-token protocol (local, and against real servers on 127.0.0.1: llama.cpp serving the
+embedded GGUF, a stub that fails on purpose), the free-text mode (rubric parsing, retry, then None), the cache,
+and what a failure does to the advantages."""
 
 import asyncio
 import json
@@ -8,7 +9,7 @@ import os
 import pytest
 from omegaconf import OmegaConf
 
-from grpo_exp.rewards.judge import make_judge_reward
+from grpo_exp.rewards.judge import build_judge, make_judge_reward
 from grpo_exp.rewards.rubric import parse_rubric_reply, rubric_messages
 from grpo_exp.run.tracking import read_metrics
 from grpo_exp.text import prompt_text
@@ -48,7 +49,12 @@ def test_rubric_messages_fill_the_template_without_touching_json_braces():
 
 def judge_settings(*overrides: str) -> dict:
     cfg = compose_config(["reward=judge", *overrides])
-    return OmegaConf.to_container(cfg.reward.components.judge, resolve=True, enum_to_str=True)
+    return OmegaConf.to_container(cfg.judge, resolve=True, enum_to_str=True)
+
+
+def judge_reward(*overrides: str):
+    cfg = compose_config(["reward=judge", *overrides])
+    return make_judge_reward(build_judge(cfg.judge, cfg.cache_dir))
 
 
 def score(reward, prompts: list[str], responses: list[str]) -> tuple[list, dict]:
@@ -61,23 +67,26 @@ def score(reward, prompts: list[str], responses: list[str]) -> tuple[list, dict]
 
 
 def openai_reward(port: int, *overrides: str):
-    settings = judge_settings("judge=openai", f"judge.base_url=http://127.0.0.1:{port}/v1", *overrides)
-    return make_judge_reward(settings["scorer"], settings["cache_dir"])
+    return judge_reward("judge=openai", f"judge.base_url=http://127.0.0.1:{port}/v1", *overrides)
+
+
+TEXT = "judge.mode=text"  # the judge writes the rubric JSON
 
 
 def test_openai_backend_scores_and_scores_identical_pairs_once():
     port = free_port()
     with stub_server("good", port):
-        reward = openai_reward(port, "judge.model=stub")
+        reward = openai_reward(port, "judge.model=stub", TEXT)
         rewards, metrics = score(reward, ["q1", "q1", "q2"], ["a", "a", "b"])
     assert rewards[0] == rewards[1] and all(0.2 <= r <= 1.0 for r in rewards)
-    assert metrics == {"judge/failures": 0.0, "judge/requests": 2.0, "judge/unique_pairs": 2.0}
+    assert metrics == {"judge/failures": 0.0, "judge/requests": 2.0, "judge/unique_pairs": 2.0, "judge/cache_hits": 0.0}
 
 
 def test_failed_requests_are_retried_then_succeed():
     port = free_port()
     with stub_server("flaky", port):
-        rewards, metrics = score(openai_reward(port, "judge.model=stub", "judge.retries=1"), ["q1", "q2"], ["a", "b"])
+        reward = openai_reward(port, "judge.model=stub", "judge.retries=1", TEXT)
+        rewards, metrics = score(reward, ["q1", "q2"], ["a", "b"])
     assert None not in rewards
     assert metrics["judge/requests"] == 4.0 and metrics["judge/failures"] == 0.0
 
@@ -86,15 +95,16 @@ def test_failed_requests_are_retried_then_succeed():
 def test_a_judge_that_never_answers_well_gives_none_and_counts_failures(mode):
     port = free_port()
     with stub_server(mode, port):
-        reward = openai_reward(port, "judge.model=stub", "judge.retries=1", "judge.timeout=1")
+        reward = openai_reward(port, "judge.model=stub", "judge.retries=1", "judge.timeout=1", TEXT)
         rewards, metrics = score(reward, ["q1", "q2"], ["a", "b"])
     assert rewards == [None, None]
     assert metrics["judge/failures"] == 2.0 and metrics["judge/requests"] == 4.0
 
 
 def test_refused_connection_gives_none():
-    reward = openai_reward(free_port(), "judge.model=stub", "judge.retries=0")
-    assert score(reward, ["q"], ["a"])[0] == [None]
+    for mode in ("judge.mode=scores", TEXT):
+        reward = openai_reward(free_port(), "judge.model=stub", "judge.tokenizer=tiny", "judge.retries=0", mode)
+        assert score(reward, ["q"], ["a"])[0] == [None]
 
 
 def test_the_api_key_is_sent_but_never_stored(monkeypatch):
@@ -106,7 +116,8 @@ def test_the_api_key_is_sent_but_never_stored(monkeypatch):
 @pytest.mark.slow
 def test_openai_backend_against_llama_cpp_serving_the_embedded_model_survives_a_killed_server():
     port = free_port()
-    overrides = (f"judge.model={LLAMA_ALIAS}", "judge.max_new_tokens=64", "judge.retries=0", "judge.timeout=60")
+    overrides = (f"judge.model={LLAMA_ALIAS}", "judge.max_new_tokens=64", "judge.retries=0", "judge.timeout=60", TEXT,
+                 "judge.response_format=json_object", "judge.cache_size=0")  # fmt: skip
     reward = openai_reward(port, *overrides)
     prompts, responses = ["What is 2 + 3?", "What is 7 * 6?"], ["2 + 3 = 5", "7 * 6 = 41"]
     with llama_cpp_server(port) as server:
@@ -115,19 +126,19 @@ def test_openai_backend_against_llama_cpp_serving_the_embedded_model_survives_a_
         assert metrics["judge/requests"] == 2.0
         assert metrics["judge/failures"] == sum(r is None for r in rewards)
         assert all(r is None or 0.2 <= r <= 1.0 for r in rewards)
+        assert metrics["judge/failures"] == 0  # llama.cpp's structured output (json_object + schema) always parses
         server.kill()
         server.wait()
         rewards, metrics = score(reward, prompts, responses)
     assert rewards == [None, None] and metrics["judge/failures"] == 2.0
 
 
-def test_local_backend_scores_a_batch_with_a_frozen_model():
-    settings = judge_settings("judge=local", "judge.model=tiny", "judge.max_new_tokens=8", "judge.retries=1")
-    reward = make_judge_reward(settings["scorer"], settings["cache_dir"])
+def test_local_backend_in_text_mode_fails_where_the_model_writes_no_json():
+    reward = judge_reward("judge=local", "judge.model=tiny", "judge.max_new_tokens=8", "judge.retries=1", TEXT)
     rewards, metrics = score(reward, ["q1", "q2", "q1"], ["a", "b", "a"])
     # A random tiny model never writes rubric JSON: every pair fails, is retried once, and is skipped.
     assert rewards == [None, None, None]
-    assert metrics == {"judge/failures": 2.0, "judge/requests": 4.0, "judge/unique_pairs": 2.0}
+    assert metrics == {"judge/failures": 2.0, "judge/requests": 4.0, "judge/unique_pairs": 2.0, "judge/cache_hits": 0.0}
 
 
 @pytest.mark.e2e
@@ -137,7 +148,7 @@ def test_tiny_training_with_math_format_judge_learns_from_the_judge_and_never_st
     run_dir = tmp_path / "run"
     with stub_server("good", port, env={**os.environ, "expected_key": secret}):
         result = run_cli(
-            *TINY_RUN, "reward=math+format+judge", "judge=openai", "judge.model=stub",
+            *TINY_RUN, "reward=math+format+judge", "judge=openai", "judge.model=stub", "judge.tokenizer=tiny",
             f"judge.base_url=http://127.0.0.1:{port}/v1", "judge.api_key_env=GRPO_EXP_TEST_KEY", "logger=wandb",
             "eval.before=false", f"hydra.run.dir={run_dir}",
             env={"GRPO_EXP_TEST_KEY": secret},
@@ -165,4 +176,6 @@ def test_tiny_training_with_the_local_judge_runs_end_to_end(tmp_path):
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     steps = [m for m in read_metrics(run_dir / "metrics.jsonl") if "judge/failures" in m]
-    assert len(steps) == 2 and all(m["judge/failures"] > 0 for m in steps)  # a random model is no judge
+    # Even a random model scores every pair (score tokens), and the per-step judge statistics are logged.
+    assert len(steps) == 2 and all(m["judge/failures"] == 0 and 0.2 <= m["rewards/judge/mean"] <= 1 for m in steps)
+    assert all("judge/group_std" in m and "judge/auroc" in m and "rewards/judge/imputed" in m for m in steps)

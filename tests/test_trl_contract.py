@@ -97,7 +97,11 @@ def test_the_scored_batch_is_what_trl_scored_and_its_reward_is_trls_aggregate(tm
     messages = [[{"role": "assistant", "content": t}] for t in batch.texts]
     assert batch.rewards[:, 0].tolist() == pytest.approx(length_reward(messages))
     skipped = first_of_each_group_skipped(messages)
-    assert [math.isnan(v) for v in batch.rewards[:, 1].tolist()] == [v is None for v in skipped]
+    if aggregation == "sum_then_normalize":  # the seam gave each skipped member its group's mean for the component
+        assert batch.imputed[:, 1].tolist() == [v is None for v in skipped] and not batch.rewards.isnan().any()
+    else:  # TRL already gives a skipped member a z-score of 0 for the component
+        assert [math.isnan(v) for v in batch.rewards[:, 1].tolist()] == [v is None for v in skipped]
+        assert not batch.imputed.any()
     assert all(r["solution"] is not None and r["question"] for r in batch.rows)
     assert batch.lengths.shape == (n,) and (batch.lengths >= 1).all()
 

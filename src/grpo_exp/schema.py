@@ -84,6 +84,11 @@ class SelfVerifySchedule(Enum):
     verify_only = "verify_only"  # every step is a verification step
 
 
+class JudgeMode(Enum):
+    scores = "scores"  # the score tokens' probabilities at forced positions of the JSON skeleton: always a score
+    text = "text"  # the judge writes the JSON, which is parsed (for endpoints without logprobs)
+
+
 class JudgeBackend(Enum):
     local = "local"  # a frozen model loaded in-process
     openai = "openai"  # any OpenAI-compatible endpoint (vLLM, SGLang, llama.cpp server, a hosted API)
@@ -191,9 +196,8 @@ class RepetitionReward:
 
 @dataclass
 class JudgeReward:
+    # The judge itself is the `judge` config group (judge=local | judge=openai).
     weight: float = MISSING
-    scorer: Any = "${judge}"  # the judge config group (judge=local | judge=openai)
-    cache_dir: str = "${cache_dir}"
 
 
 @dataclass
@@ -259,6 +263,13 @@ class JudgeSchema:
     # local: a model group option (smollm2_135m, tiny), a hub id or a local directory; openai: the served model name.
     model: str | None = "smollm2_135m"
     rubric: RubricSchema = field(default_factory=RubricSchema)
+    mode: JudgeMode = JudgeMode.scores
+    # openai + scores: the model option, hub id or directory whose tokenizer renders the served model's chat
+    # template (the prompt is sent as a completion); null: judge.model.
+    tokenizer: str | None = None
+    cache_size: int = knob(4096, ge=0)  # scores kept across steps by (prompt, response); 0: no cache
+    # text mode: the reply's length; retries and their temperature; the server's structured output
+    # (json_schema: OpenAI, vLLM, SGLang; json_object: llama.cpp's json_object + schema; none).
     max_new_tokens: int = knob(160, ge=1)
     temperature: float = knob(0.0, ge=0.0)  # the first attempt; retries sample at retry_temperature
     retry_temperature: float = knob(0.7, ge=0.0)
@@ -271,6 +282,7 @@ class JudgeSchema:
     api_key_env: str | None = None  # the NAME of the environment variable holding the key, never the key
     concurrency: int = knob(8, ge=1)  # requests in flight at once
     timeout: float = knob(30.0, gt=0.0)  # seconds per request
+    response_format: str = knob("json_schema", choices=("json_schema", "json_object", "none"))
 
 
 @dataclass

@@ -151,3 +151,39 @@ def group_statistics(
     stats |= diversity_stats(texts, answers)
     stats |= length_by_correctness(lengths, correct)
     return stats
+
+
+def auroc(scores: list[float], labels: list[bool]) -> float:
+    """Area under the ROC curve: P(score of a random positive > score of a random negative), ties count half."""
+    positives = [s for s, y in zip(scores, labels, strict=True) if y]
+    negatives = [s for s, y in zip(scores, labels, strict=True) if not y]
+    if not positives or not negatives:
+        return math.nan
+    wins = sum((p > n) + 0.5 * (p == n) for p in positives for n in negatives)
+    return wins / (len(positives) * len(negatives))
+
+
+def impute_group_means(rewards: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """rewards [N, components] (NaN: not scored), N in groups of group_size -> (rewards, imputed mask).
+
+    A component that could not score some members of a group gives them the group's mean of that component: its
+    share of their total then moves no member against its group mates (TRL's nansum would count it as 0, a
+    penalty). A row that no component scored stays NaN (TRL: unscorable), and so does a component that scored
+    no member of the group (math without a reference, selfverify on generation groups)."""
+    grouped = rewards.view(-1, group_size, rewards.shape[1])
+    mean = torch.nanmean(grouped, dim=1, keepdim=True).expand_as(grouped)
+    unscorable = torch.isnan(grouped).all(dim=2, keepdim=True)
+    imputed = torch.isnan(grouped) & ~torch.isnan(mean) & ~unscorable
+    return torch.where(imputed, mean, grouped).view_as(rewards), imputed.view_as(rewards)
+
+
+def score_statistics(scores: torch.Tensor, correct: torch.Tensor, prefix: str) -> dict[str, float]:
+    """A graded score (the judge's) as a signal, scores and correctness [P, G] (NaN: missing): its mean, its spread
+    inside groups (what GRPO can learn from), and its AUROC against the rule verifier's labels (NaN unless both
+    labels occur among the scored samples)."""
+    both = ~torch.isnan(scores) & ~torch.isnan(correct)
+    return {
+        f"{prefix}/mean": _nanmean(scores),
+        f"{prefix}/group_std": _nanmean(group_std(scores)),
+        f"{prefix}/auroc": auroc(scores[both].tolist(), [bool(c) for c in correct[both].tolist()]),
+    }

@@ -1,26 +1,113 @@
-"""The LLM judge reward: a rubric scorer of (prompt, response) pairs, served locally or by an OpenAI-compatible API.
+"""The LLM judge: a rubric scorer of (prompt, response) pairs, served locally or by an OpenAI-compatible API.
 
-One step's pairs are deduplicated, put to the judge together (a batched generation locally; concurrent
-requests, bounded by judge.concurrency, for an endpoint), and every reply that fails (not rubric JSON,
-a score out of range, a timeout, a refused connection) is retried up to judge.retries times; what still
-fails scores None, so TRL skips it for this component, and is counted in judge/failures.
+Two modes (judge.mode):
+- `scores` (default): the reply's JSON skeleton is forced and each criterion's score is read as the judge's
+  probability distribution over the tokens "1".."5" at its position (G-Eval style expected value; the skeleton
+  continues with the most likely score). A score exists by construction: no parse failure is possible. Locally
+  it is one batched prefill plus a few short cached steps (no generate()); through an endpoint, the same
+  prompts as /v1/completions requests with max_tokens=1 and logprobs, the chat template rendered here
+  (judge.tokenizer) so that both backends see the same tokens.
+- `text`: the judge writes the rubric JSON (with the server's structured output where it has one), which is
+  parsed; a reply that fails is retried up to judge.retries times, then scores None.
+
+One step's pairs are deduplicated, and scores are cached across steps by (prompt, response). A pair that
+cannot be scored (endpoint down, timeout) is None; the trainer then gives it its group's mean for this
+component (grpo_exp.trainer.seam), so that a failure moves no sample against its group mates.
 """
 
 import asyncio
 import logging
+import math
 import os
+from collections import OrderedDict
+from dataclasses import dataclass, field
 
-from omegaconf import DictConfig, OmegaConf
+import torch
+from omegaconf import DictConfig
 
 from grpo_exp.errors import UserError
-from grpo_exp.generation import generate_completions
+from grpo_exp.generation import generate_completions, left_padded_eval
 from grpo_exp.models import check_reachable, load_model, load_tokenizer, model_option_config
-from grpo_exp.rewards.rubric import parse_rubric_reply, rubric_messages
-from grpo_exp.schema import JudgeBackend, JudgeSchema
+from grpo_exp.rewards.rubric import (
+    CRITERIA,
+    REPLY_SCHEMA,
+    SCORE_TOKENS,
+    expected_score,
+    parse_rubric_reply,
+    rubric_messages,
+    rubric_reward,
+    skeleton,
+)
+from grpo_exp.schema import JudgeBackend, JudgeMode
 from grpo_exp.text import completion_text, prompt_text
 
 log = logging.getLogger(__name__)
 PLACEHOLDER_KEY = "not-needed"  # local OpenAI-compatible servers accept any key
+TOP_LOGPROBS = 20  # enough for the five score tokens; vLLM's default limit
+
+
+def score_token_ids(tokenizer, prefix: str) -> list[int]:
+    """The token of each score "1".."5" where the skeleton stops: it must extend the prefix by exactly one token."""
+    base = tokenizer(prefix, add_special_tokens=False)["input_ids"]
+    ids = []
+    for token in SCORE_TOKENS:
+        extended = tokenizer(prefix + token, add_special_tokens=False)["input_ids"]
+        if extended[: len(base)] != base or len(extended) != len(base) + 1:
+            raise UserError(f"judge.mode=scores: the judge's tokenizer does not write score {token} as one token")
+        ids.append(extended[-1])
+    return ids
+
+
+@torch.no_grad()
+def score_tokens_locally(model, tokenizer, prompts: list[str], batch_size: int) -> list[list[float]]:
+    """Each criterion's expected score for chat-templated judge prompts (ending where the reply starts): one
+    batched prefill of prompt + skeleton, then one short cached step per further criterion."""
+    digits = score_token_ids(tokenizer, prompts[0] + skeleton([]))
+    scores: list[list[float]] = []
+    with left_padded_eval(model, tokenizer):
+        for start in range(0, len(prompts), batch_size):
+            scores += _score_batch(model, tokenizer, prompts[start : start + batch_size], digits)
+    return scores
+
+
+def _score_batch(model, tokenizer, prompts: list[str], digits: list[int]) -> list[list[float]]:
+    chosen: list[list[int]] = [[] for _ in prompts]
+    expected: list[list[float]] = [[] for _ in prompts]
+    texts = [p + skeleton([]) for p in prompts]
+    ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    logits, cache, mask = _forward(model, tokenizer, texts)
+    for criterion in range(len(CRITERIA)):
+        probabilities = torch.softmax(logits[:, digits].float(), dim=-1).tolist()
+        for row, p in enumerate(probabilities):
+            value, most_likely = expected_score(p)
+            expected[row].append(value)
+            chosen[row].append(most_likely)
+        if criterion == len(CRITERIA) - 1:
+            break
+        texts = [p + skeleton(c) for p, c in zip(prompts, chosen, strict=True)]
+        new_ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+        tails = [new[len(old) :] for new, old in zip(new_ids, ids, strict=True)]
+        extends = all(new[: len(old)] == old for new, old in zip(new_ids, ids, strict=True))
+        if extends and len({len(t) for t in tails}) == 1:  # the usual case: continue from the cache
+            tail = torch.tensor(tails, device=model.device)
+            positions = mask.sum(dim=1, keepdim=True) + torch.arange(tail.shape[1], device=model.device)
+            mask = torch.cat([mask, torch.ones_like(tail)], dim=1)
+            out = model(input_ids=tail, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                        use_cache=True, logits_to_keep=1)  # fmt: skip
+            logits, cache = out.logits[:, -1, :], out.past_key_values
+        else:  # a tokenizer that merges across the skeleton's pieces: read the whole text again
+            logits, cache, mask = _forward(model, tokenizer, texts)
+        ids = new_ids
+    return expected
+
+
+def _forward(model, tokenizer, texts: list[str]):
+    batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
+    mask = batch["attention_mask"]
+    positions = (mask.cumsum(dim=1) - 1).clamp(min=0)  # left padding: real tokens count from 0
+    out = model(input_ids=batch["input_ids"], attention_mask=mask, position_ids=positions, use_cache=True,
+                logits_to_keep=1)  # fmt: skip
+    return out.logits[:, -1, :], out.past_key_values, mask
 
 
 class LocalJudge:
@@ -29,55 +116,94 @@ class LocalJudge:
     def __init__(self, cfg: DictConfig, cache_dir: str):
         self.cfg, self.cache_dir = cfg, cache_dir
         self.model_cfg = model_option_config(cfg.model)
-        self._model = self._tokenizer = None
+        self._model = self.tokenizer = None
 
     def _load(self):
-        log.info("Loading the judge model %s", self.cfg.model)
-        self._tokenizer = load_tokenizer(self.model_cfg, self.cache_dir)
-        self._model = load_model(self.model_cfg, self._tokenizer, self.cache_dir, seed=0).eval().requires_grad_(False)
+        if self._model is None:
+            log.info("Loading the judge model %s", self.cfg.model)
+            self.tokenizer = load_tokenizer(self.model_cfg, self.cache_dir)
+            model = load_model(self.model_cfg, self.tokenizer, self.cache_dir, seed=0)
+            self._model = model.eval().requires_grad_(False)
+
+    async def score_tokens(self, conversations: list[list[dict]]) -> list[list[float] | None]:
+        self._load()
+        prompts = [chat_prompt(self.tokenizer, c) for c in conversations]
+        return score_tokens_locally(self._model, self.tokenizer, prompts, self.cfg.batch_size)
 
     async def complete(self, conversations: list[list[dict]], temperature: float) -> list[str | None]:
-        if self._model is None:
-            self._load()
+        self._load()
         # The rubric JSON is flat: generation can stop at its closing brace instead of running to the limit.
         return generate_completions(
-            self._model,
-            self._tokenizer,
-            conversations,
-            self.cfg.max_new_tokens,
-            self.cfg.batch_size,
-            None,
-            temperature,
-            stop_strings=["}"],
-        )
+            self._model, self.tokenizer, conversations, self.cfg.max_new_tokens, self.cfg.batch_size, None,
+            temperature, stop_strings=["}"],
+        )  # fmt: skip
+
+
+def chat_prompt(tokenizer, conversation: list[dict]) -> str:
+    return tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
 
 
 class OpenAIJudge:
-    """Any OpenAI-compatible chat endpoint; one step's requests run concurrently, at most judge.concurrency at once."""
+    """Any OpenAI-compatible endpoint; one step's requests run concurrently, at most judge.concurrency at once."""
 
-    def __init__(self, cfg: DictConfig):
-        self.cfg = cfg
+    def __init__(self, cfg: DictConfig, cache_dir: str):
+        self.cfg, self.cache_dir = cfg, cache_dir
+        # scores mode renders the chat template here: the tokenizer of the served model (judge.tokenizer).
+        self.tokenizer_cfg = model_option_config(cfg.tokenizer or cfg.model, "judge.tokenizer")
+        self.tokenizer = None
 
-    async def complete(self, conversations: list[list[dict]], temperature: float) -> list[str | None]:
-        from openai import AsyncOpenAI, OpenAIError
+    def _client(self):
+        from openai import AsyncOpenAI
 
         # The key is read here, at call time, and handed to the client only: it never enters a config or a log.
         api_key = os.environ.get(self.cfg.api_key_env or "", "") or PLACEHOLDER_KEY
-        limit = asyncio.Semaphore(self.cfg.concurrency)
         # A client per call: TRL may run each step's rewards on a different event loop.
-        async with AsyncOpenAI(
-            base_url=self.cfg.base_url, api_key=api_key, timeout=self.cfg.timeout, max_retries=0
-        ) as client:
+        return AsyncOpenAI(base_url=self.cfg.base_url, api_key=api_key, timeout=self.cfg.timeout, max_retries=0)
+
+    async def score_tokens(self, conversations: list[list[dict]]) -> list[list[float] | None]:
+        from openai import OpenAIError
+
+        if self.tokenizer is None:
+            self.tokenizer = load_tokenizer(self.tokenizer_cfg, self.cache_dir)
+        limit = asyncio.Semaphore(self.cfg.concurrency)
+        async with self._client() as client:
+
+            async def one(conversation: list[dict]) -> list[float] | None:
+                prompt, chosen, expected = chat_prompt(self.tokenizer, conversation), [], []
+                async with limit:
+                    for _ in CRITERIA:
+                        try:
+                            reply = await client.completions.create(
+                                model=self.cfg.model, prompt=prompt + skeleton(chosen), max_tokens=1,
+                                temperature=0.0, logprobs=TOP_LOGPROBS,
+                            )  # fmt: skip
+                            top = reply.choices[0].logprobs.top_logprobs[0]
+                        except (TimeoutError, OpenAIError, ValueError, AttributeError, IndexError, TypeError) as err:
+                            log.debug("judge request failed: %s", type(err).__name__)
+                            return None
+                        found = expected_score(_score_probabilities(top))
+                        if found is None:  # no score token among the top logprobs
+                            return None
+                        expected.append(found[0])
+                        chosen.append(found[1])
+                return expected
+
+            return list(await asyncio.gather(*(one(c) for c in conversations)))
+
+    async def complete(self, conversations: list[list[dict]], temperature: float) -> list[str | None]:
+        from openai import OpenAIError
+
+        limit = asyncio.Semaphore(self.cfg.concurrency)
+        extra = _response_format(self.cfg.response_format)
+        async with self._client() as client:
 
             async def one(messages: list[dict]) -> str | None:
                 async with limit:
                     try:
                         reply = await client.chat.completions.create(
-                            model=self.cfg.model,
-                            messages=messages,
-                            max_tokens=self.cfg.max_new_tokens,
-                            temperature=temperature,
-                        )
+                            model=self.cfg.model, messages=messages, max_tokens=self.cfg.max_new_tokens,
+                            temperature=temperature, **extra,
+                        )  # fmt: skip
                         return reply.choices[0].message.content if reply.choices else None
                     except (TimeoutError, OpenAIError, ValueError) as err:
                         log.debug("judge request failed: %s", type(err).__name__)
@@ -86,52 +212,102 @@ class OpenAIJudge:
             return list(await asyncio.gather(*(one(m) for m in conversations)))
 
 
-def build_judge(cfg: DictConfig, cache_dir: str) -> LocalJudge | OpenAIJudge:
-    """The judge client, with what the schema cannot check checked (cheap: no model is loaded, no request sent)."""
+def _score_probabilities(top_logprobs: dict[str, float]) -> list[float]:
+    """P of each score token among an endpoint's top logprobs (token text, a leading space allowed; 0 if absent)."""
+    probabilities = dict.fromkeys(SCORE_TOKENS, 0.0)
+    for token, logprob in top_logprobs.items():
+        if token.strip() in probabilities:
+            probabilities[token.strip()] += math.exp(logprob)
+    return list(probabilities.values())
+
+
+def _response_format(kind: str) -> dict:
+    """Structured output for free-text mode: OpenAI's / vLLM's json_schema, or llama.cpp's json_object + schema."""
+    if kind == "json_schema":
+        return {"response_format": {"type": "json_schema",
+                                    "json_schema": {"name": "rubric", "schema": REPLY_SCHEMA}}}  # fmt: skip
+    if kind == "json_object":
+        return {"response_format": {"type": "json_object", "schema": REPLY_SCHEMA}}
+    return {}
+
+
+@dataclass
+class RubricJudge:
+    """The judge a run builds once: the `judge` reward and held-out evaluation share it (and its cache)."""
+
+    cfg: DictConfig
+    backend: LocalJudge | OpenAIJudge
+    cache: OrderedDict = field(default_factory=OrderedDict)
+
+    async def score(self, pairs: list[tuple[str, str]]) -> tuple[list[float | None], dict[str, float]]:
+        """Rewards (mean score / 5) of (prompt, response) pairs, in order, and this call's counters."""
+        unique = list(dict.fromkeys(pairs))  # identical pairs in a step are scored once
+        todo = [pair for pair in unique if pair not in self.cache]
+        scores, requests = await self._score_new(todo) if todo else ([], 0)
+        for pair, value in zip(todo, scores, strict=True):
+            if value is not None:  # a failure is tried again next time
+                self._remember(pair, value)
+        by_pair = dict(zip(todo, scores, strict=True))
+        rewards = [self.cache[p] if p in self.cache else by_pair.get(p) for p in pairs]
+        self._trim()
+        counters = {"judge/failures": float(sum(s is None for s in scores)), "judge/requests": float(requests),
+                    "judge/unique_pairs": float(len(unique)), "judge/cache_hits": float(len(unique) - len(todo))}
+        return rewards, counters  # fmt: skip
+
+    async def _score_new(self, pairs: list[tuple[str, str]]) -> tuple[list[float | None], int]:
+        conversations = [rubric_messages(self.cfg.rubric.system_prompt, self.cfg.rubric.template, *p) for p in pairs]
+        if self.cfg.mode is JudgeMode.scores:
+            found = await self.backend.score_tokens(conversations)
+            return [None if s is None else rubric_reward(s) for s in found], len(pairs)
+        scores: list[float | None] = [None] * len(pairs)
+        pending, requests = list(range(len(pairs))), 0
+        for attempt in range(1 + self.cfg.retries):
+            if not pending:
+                break
+            # Greedy (or as configured) first; a retry of the same greedy request would give the same reply.
+            cfg = self.cfg
+            temperature = cfg.temperature if attempt == 0 else max(cfg.temperature, cfg.retry_temperature)
+            replies = await self.backend.complete([conversations[i] for i in pending], temperature)
+            requests += len(pending)
+            for index, reply in zip(pending, replies, strict=True):
+                scores[index] = parse_rubric_reply(reply)
+            pending = [i for i in pending if scores[i] is None]
+        return scores, requests
+
+    def _remember(self, pair: tuple[str, str], value: float) -> None:
+        self.cache[pair] = value
+        self.cache.move_to_end(pair)
+
+    def _trim(self) -> None:
+        while len(self.cache) > self.cfg.cache_size:
+            self.cache.popitem(last=False)
+
+
+def build_judge(cfg: DictConfig, cache_dir: str) -> RubricJudge:
+    """The judge, with what the schema cannot check checked (cheap: no model is loaded, no request sent)."""
     if cfg.backend is JudgeBackend.openai:
         for key in ("model", "base_url"):
             if not cfg[key]:
                 raise UserError(f"judge.{key} is required with judge=openai")
-        return OpenAIJudge(cfg)
-    judge = LocalJudge(cfg, cache_dir)
-    check_reachable(judge.model_cfg)
-    return judge
+        backend = OpenAIJudge(cfg, cache_dir)
+        if cfg.mode is JudgeMode.scores:
+            check_reachable(backend.tokenizer_cfg)
+        return RubricJudge(cfg, backend)
+    backend = LocalJudge(cfg, cache_dir)
+    check_reachable(backend.model_cfg)
+    return RubricJudge(cfg, backend)
 
 
-async def score_pairs(judge, cfg: DictConfig, pairs: list[tuple[str, str]]) -> tuple[list[float | None], int]:
-    """Rubric scores of distinct (prompt, response) pairs, retrying failed replies; returns (scores, attempts)."""
-    scores: list[float | None] = [None] * len(pairs)
-    pending = list(range(len(pairs)))
-    attempts = 0
-    for attempt in range(1 + cfg.retries):
-        if not pending:
-            break
-        conversations = [rubric_messages(cfg.rubric.system_prompt, cfg.rubric.template, *pairs[i]) for i in pending]
-        # Greedy (or as configured) first; a retry of the same greedy request would give the same reply.
-        temperature = cfg.temperature if attempt == 0 else max(cfg.temperature, cfg.retry_temperature)
-        replies = await judge.complete(conversations, temperature)
-        attempts += len(pending)
-        for index, reply in zip(pending, replies, strict=True):
-            scores[index] = parse_rubric_reply(reply)
-        pending = [i for i in pending if scores[i] is None]
-    return scores, attempts
-
-
-def make_judge_reward(scorer: dict, cache_dir: str):
-    """The `judge` component; `scorer` is the `judge` config group (see conf/reward/judge.yaml)."""
-    cfg = OmegaConf.merge(OmegaConf.structured(JudgeSchema), scorer)
-    judge = build_judge(cfg, cache_dir)
+def make_judge_reward(judge: RubricJudge):
+    """The `judge` component: the run's judge (grpo_exp.run.build), with the judge config group's settings."""
 
     async def judge_reward(prompts, completions, log_metric=None, **kwargs) -> list[float | None]:
         pairs = [(prompt_text(p), completion_text(c)) for p, c in zip(prompts, completions, strict=True)]
-        unique = list(dict.fromkeys(pairs))  # identical pairs in a step are scored once
-        scores, attempts = await score_pairs(judge, cfg, unique)
-        by_pair = dict(zip(unique, scores, strict=True))
+        rewards, counters = await judge.score(pairs)
         if log_metric is not None:
-            log_metric("judge/failures", float(sum(s is None for s in scores)))
-            log_metric("judge/requests", float(attempts))
-            log_metric("judge/unique_pairs", float(len(unique)))
-        return [by_pair[pair] for pair in pairs]
+            for key, value in counters.items():
+                log_metric(key, value)
+        return rewards
 
     judge_reward.__name__ = "judge"  # TRL logs rewards/judge/mean
     return judge_reward

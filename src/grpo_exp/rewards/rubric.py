@@ -1,4 +1,8 @@
-"""The judge's rubric: the request put to the judge, and the parsing of its JSON reply (pure functions)."""
+"""The judge's rubric: the request put to the judge, and reading its reply (pure functions).
+
+Two ways to read a reply: as score tokens (the JSON skeleton `{"accuracy": ` is forced and the judge's
+distribution over the tokens "1".."5" at each score position gives an expected score: it always exists), or
+as free text (the judge writes the JSON, which is parsed; it may fail)."""
 
 import json
 import math
@@ -6,6 +10,15 @@ import re
 
 CRITERIA = ("accuracy", "grammar", "informativeness", "coherence")
 LOWEST, HIGHEST = 1, 5
+SCORES = tuple(range(LOWEST, HIGHEST + 1))
+SCORE_TOKENS = tuple(str(score) for score in SCORES)
+# Free-text mode: the reply's JSON schema, for servers with structured output (response_format).
+REPLY_SCHEMA = {
+    "type": "object",
+    "properties": {**{c: {"type": "integer", "minimum": LOWEST, "maximum": HIGHEST} for c in CRITERIA},
+                   "rationale": {"type": "string"}},
+    "required": list(CRITERIA),
+}
 # Candidate JSON objects in a reply (judges like to wrap them in prose or ``` fences); no nesting needed.
 JSON_OBJECT = re.compile(r"\{[^{}]*\}")
 
@@ -33,6 +46,28 @@ def parse_rubric_reply(reply: str | None) -> float | None:
         if len(values) == len(CRITERIA) and all(_in_range(v) for v in values):
             return sum(values) / len(values) / HIGHEST
     return None
+
+
+def skeleton(chosen: list[int]) -> str:
+    """The JSON reply up to the next score position, given the scores chosen so far:
+    [] -> '{"accuracy": ', [4] -> '{"accuracy": 4, "grammar": '."""
+    parts = [f'"{c}": {d}' for c, d in zip(CRITERIA, chosen, strict=False)]
+    return "{" + "".join(f"{p}, " for p in parts) + f'"{CRITERIA[len(chosen)]}": '
+
+
+def expected_score(probabilities: list[float]) -> tuple[float, int] | None:
+    """The expected score over 1..5 from (unnormalised) probabilities of the five score tokens, renormalised over
+    them, and the most likely score (the lower on a tie), which the skeleton continues with; None if all are 0."""
+    total = sum(probabilities)
+    if not total > 0:
+        return None
+    expected = sum(score * p for score, p in zip(SCORES, probabilities, strict=True)) / total
+    return expected, SCORES[max(range(len(SCORES)), key=lambda i: (probabilities[i], -i))]
+
+
+def rubric_reward(expected_scores: list[float]) -> float:
+    """Data-Juicer's reward: the mean of the criteria's 1-5 scores divided by 5 (0.2-1.0)."""
+    return sum(expected_scores) / len(expected_scores) / HIGHEST
 
 
 def _in_range(value) -> bool:

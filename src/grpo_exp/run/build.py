@@ -10,6 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 from grpo_exp.data import check_data_files
 from grpo_exp.errors import UserError
 from grpo_exp.models import check_reachable
+from grpo_exp.rewards.judge import RubricJudge, build_judge
 from grpo_exp.rewards.registry import build_rewards
 from grpo_exp.rollout.multiturn import MultiTurnRollout, scored_on_final_turn
 from grpo_exp.run.distributed import world_size
@@ -26,6 +27,7 @@ class RunParts:
     reward_weights: list[float]
     verifier: Verifier  # the rule verifier: ground-truth labels
     p_yes: PYesScorer | None  # the one P(Yes) scorer (confidence reward and self-verification metrics)
+    judge: RubricJudge | None  # the one LLM judge (judge reward and held-out judge statistics)
     selfverify: SelfVerificationTask | None
     rollout: MultiTurnRollout | None  # None for rollout=single
 
@@ -42,7 +44,8 @@ def check_and_build(cfg: DictConfig) -> RunParts:
     check_values(cfg)
     components = cfg.reward.components
     p_yes = p_yes_scorer(cfg)
-    reward_funcs, reward_weights = build_rewards(cfg.reward, {"p_yes": p_yes})
+    judge = build_judge(cfg.judge, cfg.cache_dir) if "judge" in components else None
+    reward_funcs, reward_weights = build_rewards(cfg.reward, {"p_yes": p_yes, "judge": judge})
     verifier = math_verify_verifier()
     check_trainer(cfg.trainer, world_size())
     task_cfg = components.get("selfverify")
@@ -57,7 +60,7 @@ def check_and_build(cfg: DictConfig) -> RunParts:
         reward_funcs = [scored_on_final_turn(func) for func in reward_funcs]
     check_data_files(cfg.dataset)
     check_reachable(cfg.model)
-    return RunParts(reward_funcs, reward_weights, verifier, p_yes, selfverify, rollout)
+    return RunParts(reward_funcs, reward_weights, verifier, p_yes, judge, selfverify, rollout)
 
 
 def p_yes_scorer(cfg: DictConfig) -> PYesScorer | None:

@@ -4,15 +4,19 @@ Training measures it before and after (grpo_exp.run.experiment); `python -m grpo
 With a multi-turn rollout the policy answers with its tools in reach and each trajectory's final turn is judged.
 """
 
+import asyncio
+import math
 from dataclasses import dataclass, field
 
 import torch
 from datasets import Dataset
 
 from grpo_exp.generation import generate_completions
+from grpo_exp.rewards.judge import RubricJudge
 from grpo_exp.rollout.flow import trajectory_statistics
 from grpo_exp.rollout.multiturn import MultiTurnRollout, greedy_generation
-from grpo_exp.stats import correctness_stats, final_answer, majority_vote_accuracy
+from grpo_exp.stats import correctness_stats, final_answer, majority_vote_accuracy, score_statistics
+from grpo_exp.text import prompt_text
 from grpo_exp.verification.rule import Verifier
 
 
@@ -24,6 +28,7 @@ class EvalResult:
     samples: list[dict] = field(default_factory=list)
     verification: dict[str, float] = field(default_factory=dict)  # self-verification metrics, when the task is on
     rollout: dict[str, float] = field(default_factory=dict)  # turns, tool calls... for rollout=multiturn
+    judge: dict[str, float] = field(default_factory=dict)  # the judge's scores of these answers, when it is on
 
 
 def answer(
@@ -56,9 +61,9 @@ def heldout_accuracy(
         stats = trajectory_statistics(details, [float("nan") if label is None else float(label) for label in labels])
     scored = [label for label in labels if label is not None]
     samples = [
-        {"question": q, "solution": s, "completion": c, "correct": label, **extra}
-        for q, s, c, label, extra in zip(
-            dataset["question"], dataset["solution"], completions, labels, details, strict=True
+        {"question": q, "prompt": p, "solution": s, "completion": c, "correct": label, **extra}
+        for q, p, s, c, label, extra in zip(
+            dataset["question"], dataset["prompt"], dataset["solution"], completions, labels, details, strict=True
         )  # fmt: skip
     ]
     correct = sum(scored)
@@ -80,3 +85,14 @@ def sampled_metrics(
     answers = [[final_answer(t) for t in texts[i : i + samples]] for i in range(0, len(texts), samples)]
     stats = {k.removeprefix("groups/"): v for k, v in correctness_stats(correct).items() if "@" in k}
     return stats | {f"maj@{samples}": majority_vote_accuracy(answers, correct)}
+
+
+def judge_statistics(judge: RubricJudge, result: EvalResult) -> dict[str, float]:
+    """The judge's scores of the held-out answers: their mean, failures, and AUROC against correctness."""
+    pairs = [(prompt_text(s["prompt"]), s["completion"]) for s in result.samples]
+    rewards, counters = asyncio.run(judge.score(pairs))
+    scores = torch.tensor([math.nan if r is None else r for r in rewards]).view(-1, 1)
+    correct = torch.tensor([math.nan if s["correct"] is None else float(s["correct"]) for s in result.samples])
+    stats = score_statistics(scores, correct.view(-1, 1), "judge")
+    stats.pop("judge/group_std")  # one answer per problem: no group
+    return stats | {"judge/failures": counters["judge/failures"]}

@@ -16,11 +16,10 @@ from transformers import PrinterCallback, ProgressCallback, set_seed
 
 from grpo_exp.data import load_splits
 from grpo_exp.models import describe, load_model, load_tokenizer, lora_config, torch_dtype
-from grpo_exp.rollout.multiturn import MultiTurnRollout
-from grpo_exp.run.build import check_and_build
+from grpo_exp.run.build import RunParts, check_and_build
 from grpo_exp.run.console import ConsoleView
 from grpo_exp.run.distributed import is_main_process, shared_run_dir, wait_for_everyone, world_size
-from grpo_exp.run.evaluation import EvalResult, heldout_accuracy
+from grpo_exp.run.evaluation import EvalResult, heldout_accuracy, judge_statistics
 from grpo_exp.run.files import (
     CONFIG_FILE,
     FINAL_CHECKPOINT_DIR,
@@ -36,16 +35,14 @@ from grpo_exp.run.tracking import MetricsFileCallback, Tracker, redact, report_t
 from grpo_exp.trainer.config import grpo_config
 from grpo_exp.trainer.seam import as_rollout_func
 from grpo_exp.trainer.trainer import GRPOExpTrainer
-from grpo_exp.verification.rule import Verifier
-from grpo_exp.verification.task import SelfVerificationTask
 
 log = logging.getLogger("grpo_exp.train")
 
 
-def evaluate(model, tokenizer, heldout: Dataset, verifier: Verifier, cfg: DictConfig, run_dir: Path, when: str,
-             rollout: MultiTurnRollout | None = None, selfverify: SelfVerificationTask | None = None):  # fmt: skip
-    """Greedy held-out accuracy (with the tools, for rollout=multiturn); every problem's completion and label go
-    to eval_<when>.jsonl."""
+def evaluate(model, tokenizer, heldout: Dataset, parts: RunParts, cfg: DictConfig, run_dir: Path, when: str):
+    """Greedy held-out accuracy (with the tools, for rollout=multiturn); with self-verification or the judge on,
+    their held-out measures too. Every problem's completion and label go to eval_<when>.jsonl."""
+    verifier, rollout = parts.verifier, parts.rollout
     max_new_tokens = cfg.eval.max_new_tokens or cfg.trainer.max_completion_length
     result = heldout_accuracy(
         model, tokenizer, heldout, verifier, max_new_tokens, cfg.eval.batch_size, f"held-out eval ({when})", rollout
@@ -53,9 +50,14 @@ def evaluate(model, tokenizer, heldout: Dataset, verifier: Verifier, cfg: DictCo
     log.info("Held-out accuracy %s training: %.3f (%d/%d)", when, result.accuracy, result.correct, result.scored)
     if result.rollout:
         log.info("Held-out trajectories %s training: %s", when, {k: round(v, 3) for k, v in result.rollout.items()})
-    if selfverify is not None:
-        result.verification = selfverify.heldout_metrics(model, tokenizer, heldout, max_new_tokens, cfg.eval.batch_size)
+    if parts.selfverify is not None:
+        result.verification = parts.selfverify.heldout_metrics(
+            model, tokenizer, heldout, max_new_tokens, cfg.eval.batch_size
+        )
         log.info("Held-out self-verification %s training: %s", when, result.verification)
+    if parts.judge is not None:
+        result.judge = judge_statistics(parts.judge, result)
+        log.info("Held-out judge %s training: %s", when, {k: round(v, 3) for k, v in result.judge.items()})
     with (run_dir / eval_file(when)).open("w", encoding="utf-8") as f:
         f.writelines(json.dumps(sample) + "\n" for sample in result.samples)
     return result
@@ -68,7 +70,6 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
     run_dir = shared_run_dir(Path(hydra_cfg.runtime.output_dir))
     main = is_main_process()
     parts = check_and_build(cfg)
-    verifier, rollout = parts.verifier, parts.rollout
     bf16 = torch_dtype(cfg.model.dtype) == torch.bfloat16
     args = grpo_config(
         cfg.trainer, run_dir / TRAINER_DIR, report_to(cfg.logger), parts.reward_weights, bf16, world_size()
@@ -100,7 +101,7 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
             write_record(run_dir, {"wandb_id": tracker.run_id, "heldout_before": before and asdict_light(before)})
         wait_for_everyone()
         trainer = GRPOExpTrainer(
-            verifier=verifier,
+            verifier=parts.verifier,
             stats_cfg=cfg.stats,
             samples_path=run_dir / SAMPLES_FILE,
             selfverify=parts.selfverify,
@@ -111,7 +112,7 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
             processing_class=tokenizer,
             callbacks=[MetricsFileCallback(run_dir / METRICS_FILE), ConsoleView(_accuracy(before))],
             peft_config=lora_config(cfg.model),
-            rollout_func=None if rollout is None else as_rollout_func(rollout),
+            rollout_func=None if parts.rollout is None else as_rollout_func(parts.rollout),
         )
         for dict_dump in (ProgressCallback, PrinterCallback):  # they print all 50+ metrics; ConsoleView shows a few
             trainer.remove_callback(dict_dump)
@@ -122,9 +123,7 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
         train_seconds = time.perf_counter() - started
         after = None
         if cfg.eval.after and main:
-            after = evaluate(
-                trainer.model, tokenizer, heldout, verifier, cfg, run_dir, "after", rollout, parts.selfverify
-            )
+            after = evaluate(trainer.model, tokenizer, heldout, parts, cfg, run_dir, "after")
         checkpoint = run_dir / FINAL_CHECKPOINT_DIR if cfg.save_model else None
         if checkpoint:
             trainer.save_model(str(checkpoint))  # every rank: DeepSpeed/FSDP gather their shards here
@@ -168,7 +167,7 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
             }
         for when, result in (("before", before), ("after", after)):
             if result is not None:
-                measured = result.verification | result.rollout
+                measured = result.verification | result.rollout | result.judge
                 summary |= {f"heldout_{k.replace('/', '_')}_{when}": v for k, v in measured.items()}
         write_summary(summary, run_dir / SUMMARY_FILE)
         tracker.summary({k: v for k, v in summary.items() if isinstance(v, int | float)})
@@ -186,13 +185,13 @@ def evaluate_before(model, tokenizer, heldout, parts, cfg, run_dir: Path, attemp
         return EvalResult(**recorded)
     if not cfg.eval.before:
         return None
-    return evaluate(model, tokenizer, heldout, parts.verifier, cfg, run_dir, "before", parts.rollout, parts.selfverify)
+    return evaluate(model, tokenizer, heldout, parts, cfg, run_dir, "before")
 
 
 def asdict_light(result: EvalResult) -> dict:
     """What a later attempt needs of an evaluation (the per-problem samples are in eval_<when>.jsonl)."""
     return {"accuracy": result.accuracy, "correct": result.correct, "scored": result.scored,
-            "verification": result.verification, "rollout": result.rollout}  # fmt: skip
+            "verification": result.verification, "rollout": result.rollout, "judge": result.judge}  # fmt: skip
 
 
 def report_finished(attempt: Attempt, run_dir: Path) -> dict:

@@ -1,7 +1,8 @@
 """The one seam between grpo_exp and TRL's GRPOTrainer internals.
 
 Everything grpo_exp needs of TRL's private state is read here and nowhere else: the batch TRL has just
-generated and scored (`_logs`, kept by `_generate_and_score_completions`), its metric store (`_metrics`),
+generated and scored (`_logs`, kept by `_generate_and_score_completions`), the per-component rewards before
+TRL aggregates them (`_calculate_rewards`: failed scores imputed), its metric store (`_metrics`),
 its checkpointing (`_save_checkpoint`), and what a custom rollout needs (`model_wrapped`,
 `generation_kwargs`). TRL is pinned to one minor version (pyproject.toml) and tests/test_trl_contract.py
 fails loudly when an upgrade changes any of it, TRL's reward aggregation included.
@@ -19,6 +20,7 @@ from trl.models.utils import unwrap_model_for_generation
 from trl.trainer.utils import nanstd
 
 from grpo_exp.rollout.multiturn import TRAJECTORY_FIELDS
+from grpo_exp.stats import impute_group_means
 from grpo_exp.text import completion_text
 
 # Dataset / rollout columns carried from the inputs into the ScoredBatch rows (None where a row lacks them).
@@ -36,7 +38,8 @@ class ScoredBatch:
     texts: list[str]  # the text the rewards scored (a multi-turn trajectory: its final turn)
     trajectories: list[str] | None  # multi-turn: each whole trajectory (policy turns and observations); else None
     rows: list[dict]  # the dataset / rollout columns of each completion (ROW_KEYS and the rollout's fields)
-    rewards: torch.Tensor  # [N, components], NaN where a component skipped the completion
+    rewards: torch.Tensor  # [N, components] as TRL used them: NaN where a component skipped the completion
+    imputed: torch.Tensor  # [N, components] bool: a failed score replaced by its group's mean (impute_group_means)
     total: torch.Tensor  # [N] the reward TRL normalised into advantages (aggregated_reward); NaN: unscorable
     advantages: torch.Tensor  # [N] as TRL computed them
     lengths: torch.Tensor  # [N] the policy's own tokens (a multi-turn trajectory's observations left out)
@@ -82,6 +85,20 @@ class HookedGRPOTrainer(GRPOTrainer):
     def wants_scored_batch(self) -> bool:
         return False
 
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        """TRL's per-component rewards (gathered over processes), with a component's failures for some members of
+        a group given the group's mean (stats.impute_group_means). Under normalize_then_sum TRL already gives a
+        missing value a z-score of 0, so nothing is imputed there."""
+        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._imputed = torch.zeros(rewards.shape, dtype=torch.bool)
+        if not self.model.training or self.multi_objective_aggregation != "sum_then_normalize":
+            return rewards
+        rewards, imputed = impute_group_means(rewards, self.num_generations)
+        self._imputed = imputed.cpu()
+        for i, name in enumerate(self.reward_func_names):
+            self.record_metric(f"rewards/{name}/imputed", float(imputed[:, i].sum()))
+        return rewards
+
     def record_metric(self, key: str, value: float) -> None:
         """A scalar for this step: averaged with TRL's own metrics over the logging step, logged alongside them."""
         self._metrics["train"][key].append(value)
@@ -116,6 +133,7 @@ class HookedGRPOTrainer(GRPOTrainer):
             trajectories=trajectories if multiturn else None,
             rows=rows,
             rewards=rewards,
+            imputed=self._imputed,
             total=aggregated_reward(
                 rewards, self.reward_weights.cpu(), self.multi_objective_aggregation, self.num_generations
             ),

@@ -19,11 +19,14 @@ import torch
 
 from grpo_exp.generation import generate_completions
 from grpo_exp.rollout.flow import broadcast_to_turns, trajectory_statistics
-from grpo_exp.stats import group_statistics, group_std
+from grpo_exp.stats import group_statistics, group_std, score_statistics
 from grpo_exp.text import completion_text
 from grpo_exp.trainer.seam import HookedGRPOTrainer, ScoredBatch
 from grpo_exp.verification.rule import Verifier
 from grpo_exp.verification.task import VERIFY, SelfVerificationTask
+
+# Components whose score grades an answer: logged as <name>/mean, <name>/group_std, <name>/auroc every step.
+GRADED_COMPONENTS = {"judge", "confidence"}
 
 
 class GRPOExpTrainer(HookedGRPOTrainer):
@@ -78,6 +81,10 @@ class GRPOExpTrainer(HookedGRPOTrainer):
         )
         if batch.trajectories is not None:
             stats |= trajectory_statistics(batch.rows, batch.total.tolist())
+        for name in GRADED_COMPONENTS & set(batch.reward_names):  # is the graded score a signal of correctness?
+            column = batch.reward_names.index(name)
+            scored = batch.rewards[:, column].masked_fill(batch.imputed[:, column], math.nan)  # failures: missing
+            stats |= score_statistics(batch.grouped(scored), batch.grouped(correct), name)
         for key, value in stats.items():
             self.record_metric(key, value)
         if self.accelerator.is_main_process:

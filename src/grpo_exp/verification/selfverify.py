@@ -14,7 +14,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 
-from grpo_exp.stats import final_answer
+from grpo_exp.stats import auroc, final_answer
 from grpo_exp.text import boxed_content
 
 YES, NO = "Yes", "No"
@@ -198,16 +198,6 @@ def judgement_metrics(predicted_yes: list[bool | None], actual_yes: list[bool], 
         f"{prefix}/f1_yes": f1,
         f"{prefix}/malformed": sum(p is None for p, _ in pairs) / len(pairs),
     }
-
-
-def auroc(scores: list[float], labels: list[bool]) -> float:
-    """Area under the ROC curve: P(score of a random positive > score of a random negative), ties count half."""
-    positives = [s for s, y in zip(scores, labels, strict=True) if y]
-    negatives = [s for s, y in zip(scores, labels, strict=True) if not y]
-    if not positives or not negatives:
-        return math.nan
-    wins = sum((p > n) + 0.5 * (p == n) for p in positives for n in negatives)
-    return wins / (len(positives) * len(negatives))
 
 
 def brier(scores: list[float], labels: list[bool]) -> float:
