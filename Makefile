@@ -29,6 +29,7 @@ test-fast: install  ## without the embedded model (slow) and the end-to-end runs
 
 bench: install  ## benchmarks (ratios measured side by side in one run); results go in BENCHMARKS.md
 	$(PY) -m benchmarks.rewards
+	$(PY) -m benchmarks.judge
 	$(PY) -m benchmarks.group_stats
 	$(PY) -m benchmarks.p_yes
 	$(PY) -m benchmarks.tool_protocol

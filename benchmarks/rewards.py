@@ -1,7 +1,7 @@
 """Reward-head benchmark: `make bench` (python -m benchmarks.rewards).
 
 1. math reward throughput (completions/s) on realistic completions, and its worst case on the adversarial set;
-2. the judge's `openai` backend at concurrency 1 vs 8, measured side by side in one run, against
+2. the judge's `openai` backend in free-text mode at concurrency 1 vs 8, measured side by side in one run, against
    (a) llama.cpp's OpenAI-compatible server on the embedded SmolLM2 GGUF (a real model on these 2 cores), and
    (b) a stub endpoint with a fixed 0.2 s latency per request (a remote, network-bound judge such as vLLM).
 """
@@ -12,9 +12,7 @@ import random
 import statistics
 import time
 
-from omegaconf import OmegaConf
-
-from grpo_exp.rewards.judge import make_judge_reward
+from grpo_exp.rewards.judge import build_judge, make_judge_reward
 from grpo_exp.rewards.math import make_math_reward
 from tests.conftest import compose_config
 from tests.servers import LLAMA_ALIAS, free_port, llama_cpp_server, stub_server
@@ -76,10 +74,9 @@ def judge_throughput(port: int, model: str, concurrency: int, max_new_tokens: in
     cfg = compose_config([
         "reward=judge", "judge=openai", f"judge.model={model}", f"judge.base_url=http://127.0.0.1:{port}/v1",
         f"judge.concurrency={concurrency}", f"judge.max_new_tokens={max_new_tokens}", "judge.retries=0",
-        "judge.timeout=120",
+        "judge.timeout=120", "judge.mode=text", "judge.response_format=none", "judge.cache_size=0",
     ])  # fmt: skip
-    settings = OmegaConf.to_container(cfg.reward.components.judge, resolve=True, enum_to_str=True)
-    reward = make_judge_reward(settings["scorer"], settings["cache_dir"])
+    reward = make_judge_reward(build_judge(cfg.judge, cfg.cache_dir))
     prompts = [[{"role": "user", "content": f"What is {i} + {i + 1}?"}] for i in range(PAIRS)]
     completions = [chat(f"{i} + {i + 1} = {2 * i + 1}") for i in range(PAIRS)]
     started = time.perf_counter()

@@ -185,3 +185,8 @@ def test_a_good_eval_file_does_not_excuse_a_bad_training_file(tmp_path):
 def test_an_unknown_reasoning_gym_task_fails_before_training():
     with pytest.raises(UserError, match="dataset.task='basic_arithmetc'.*basic_arithmetic"):
         check_and_build(compose_config([*TINY_RUN, "logger=none", "dataset.task=basic_arithmetc"]))
+
+
+def test_a_task_config_the_task_does_not_take_fails_before_training():
+    with pytest.raises(UserError, match="dataset.task_config for 'leg_counting' is invalid.*min_terms"):
+        check_and_build(compose_config([*TINY_RUN, "logger=none", "dataset.task=leg_counting"]))

@@ -58,11 +58,11 @@ def _check_task_name(task: str | None) -> None:
         )
 
 
-def _reasoning_gym_task(data_cfg: DictConfig):
+def _reasoning_gym_task(data_cfg: DictConfig, size: int | None = None):
 
     task = data_cfg.task
     _check_task_name(task)
-    size = (data_cfg.train_size or 1000) + data_cfg.eval_size
+    size = size or (data_cfg.train_size or 1000) + data_cfg.eval_size
     task_config = OmegaConf.to_container(data_cfg.task_config)
     try:
         return reasoning_gym.create_dataset(task, size=size, seed=data_cfg.seed, **task_config)
@@ -143,7 +143,7 @@ def check_data_files(data_cfg: DictConfig) -> None:
     """Fail before any model loads when a data file is missing, unreadable, or does not hold what the config says
     (its question and answer columns; GSM8K-style answers), or a reasoning-gym task does not exist."""
     if data_cfg.source is DataSource.reasoning_gym:
-        _check_task_name(data_cfg.task)
+        _reasoning_gym_task(data_cfg, size=1)  # its name and task_config, with one generated problem
         return
     if not data_cfg.path:
         raise UserError(f"dataset.path is required with dataset={data_cfg.name} (dataset.path=...)")

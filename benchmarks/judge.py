@@ -1,0 +1,84 @@
+"""The judge's targets, measured side by side in one run: `make bench` (python -m benchmarks.judge).
+
+On real training-step inputs (the embedded SmolLM2 policy samples one default step: 2 arithmetic prompts x 4
+completions of up to 64 tokens, at temperature 1), with the embedded SmolLM2 as the stand-in judge:
+1. failures: score-token mode vs free-text mode, locally, and score-token mode through llama.cpp's server;
+2. cost: the local judge's seconds per step in each mode over the generation seconds of the same step;
+3. agreement: the same pairs scored locally and by llama.cpp serving the same model's GGUF (largest difference).
+"""
+
+import asyncio
+import os
+import statistics
+import time
+
+import torch
+
+from grpo_exp.data import load_splits
+from grpo_exp.generation import generate_completions
+from grpo_exp.models import load_model, load_tokenizer
+from grpo_exp.rewards.judge import build_judge
+from grpo_exp.text import prompt_text
+from tests.conftest import compose_config
+from tests.servers import LLAMA_ALIAS, free_port, llama_cpp_server
+
+STEPS, PROMPTS, GROUP, TOKENS = 3, 2, 4, 64
+
+
+def step_pairs(model, tokenizer, problems, step: int) -> tuple[list[tuple[str, str]], float]:
+    """One training step's (prompt, completion) pairs, and the seconds their generation took."""
+    prompts = [p for p in problems["prompt"][step * PROMPTS : (step + 1) * PROMPTS] for _ in range(GROUP)]
+    started = time.perf_counter()
+    texts = generate_completions(model, tokenizer, prompts, TOKENS, len(prompts), None, temperature=1.0)
+    return [(prompt_text(p), t) for p, t in zip(prompts, texts, strict=True)], time.perf_counter() - started
+
+
+def judge_seconds(judge, pairs) -> tuple[list[float | None], float]:
+    judge.cache.clear()  # every step's pairs are new to it, as in training
+    started = time.perf_counter()
+    rewards, _ = asyncio.run(judge.score(pairs))
+    return rewards, time.perf_counter() - started
+
+
+def main() -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    torch.manual_seed(0)
+    cfg = compose_config([])
+    tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
+    policy = load_model(cfg.model, tokenizer, cfg.cache_dir, seed=0)
+    train, _ = load_splits(cfg.dataset)
+    judges = {mode: build_judge(compose_config(["reward=judge", f"judge.mode={mode}"]).judge, cfg.cache_dir)
+              for mode in ("scores", "text")}  # fmt: skip
+    judge_seconds(judges["scores"], [("warm-up", "load the judge model once")])
+    print(f"machine: {os.cpu_count()} CPUs; {STEPS} steps of {PROMPTS} prompts x {GROUP} completions, {TOKENS} tokens")
+    generation, seconds, failures, all_pairs, local = [], {"scores": [], "text": []}, {"scores": 0, "text": 0}, [], []
+    for step in range(STEPS):
+        pairs, spent = step_pairs(policy, tokenizer, train, step)
+        generation.append(spent)
+        all_pairs += pairs
+        for mode, judge in judges.items():
+            rewards, spent = judge_seconds(judge, pairs)
+            seconds[mode].append(spent)
+            failures[mode] += sum(r is None for r in rewards)
+            if mode == "scores":
+                local += rewards
+    n, gen = len(all_pairs), statistics.mean(generation)
+    print(f"generation of a step: {gen:.2f} s (mean of {STEPS})")
+    for mode in ("scores", "text"):
+        cost = statistics.mean(seconds[mode])
+        print(f"local judge, {mode} mode: {failures[mode]}/{n} failures; {cost:.2f} s per step = {cost / gen:.2f}x "
+              "the step's generation time")  # fmt: skip
+    port = free_port()
+    endpoint = compose_config(["reward=judge", "judge=openai", f"judge.model={LLAMA_ALIAS}", "judge.timeout=120",
+                               "judge.tokenizer=smollm2_135m", f"judge.base_url=http://127.0.0.1:{port}/v1"])
+    with llama_cpp_server(port):
+        served, spent = judge_seconds(build_judge(endpoint.judge, endpoint.cache_dir), all_pairs)
+    scored = [(a, b) for a, b in zip(local, served, strict=True) if a is not None and b is not None]
+    gaps = [abs(a - b) for a, b in scored]
+    print(f"llama.cpp server, scores mode: {sum(s is None for s in served)}/{n} failures; local vs served reward: "
+          f"largest difference {max(gaps):.4f}, mean {statistics.mean(gaps):.4f} over {len(scored)} pairs "
+          f"({spent:.1f} s for {n} pairs)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
