@@ -47,11 +47,15 @@ def main() -> None:
     tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
     policy = load_model(cfg.model, tokenizer, cfg.cache_dir, seed=0)
     train, _ = load_splits(cfg.dataset)
-    judges = {mode: build_judge(compose_config(["reward=judge", f"judge.mode={mode}"]).judge, cfg.cache_dir)
-              for mode in ("scores", "text")}  # fmt: skip
-    judge_seconds(judges["scores"], [("warm-up", "load the judge model once")])
+    variants = {"scores": ["judge.mode=scores"], "scores, bfloat16": ["judge.mode=scores", "judge.dtype=bfloat16"],
+                "text": ["judge.mode=text"]}  # fmt: skip
+    judges = {name: build_judge(compose_config(["reward=judge", *overrides]).judge, cfg.cache_dir)
+              for name, overrides in variants.items()}  # fmt: skip
+    for judge in judges.values():
+        judge_seconds(judge, [("warm-up", "load the judge model once")])
     print(f"machine: {os.cpu_count()} CPUs; {STEPS} steps of {PROMPTS} prompts x {GROUP} completions, {TOKENS} tokens")
-    generation, seconds, failures, all_pairs, local = [], {"scores": [], "text": []}, {"scores": 0, "text": 0}, [], []
+    generation, all_pairs = [], []
+    seconds, failures, local = {name: [] for name in judges}, dict.fromkeys(judges, 0), {name: [] for name in judges}
     for step in range(STEPS):
         pairs, spent = step_pairs(policy, tokenizer, train, step)
         generation.append(spent)
@@ -60,11 +64,10 @@ def main() -> None:
             rewards, spent = judge_seconds(judge, pairs)
             seconds[mode].append(spent)
             failures[mode] += sum(r is None for r in rewards)
-            if mode == "scores":
-                local += rewards
+            local[mode] += rewards
     n, gen = len(all_pairs), statistics.mean(generation)
     print(f"generation of a step: {gen:.2f} s (mean of {STEPS})")
-    for mode in ("scores", "text"):
+    for mode in judges:
         cost = statistics.mean(seconds[mode])
         print(f"local judge, {mode} mode: {failures[mode]}/{n} failures; {cost:.2f} s per step = {cost / gen:.2f}x "
               "the step's generation time")  # fmt: skip
@@ -73,11 +76,11 @@ def main() -> None:
                                "judge.tokenizer=smollm2_135m", f"judge.base_url=http://127.0.0.1:{port}/v1"])
     with llama_cpp_server(port):
         served, spent = judge_seconds(build_judge(endpoint.judge, endpoint.cache_dir), all_pairs)
-    scored = [(a, b) for a, b in zip(local, served, strict=True) if a is not None and b is not None]
-    gaps = [abs(a - b) for a, b in scored]
-    print(f"llama.cpp server, scores mode: {sum(s is None for s in served)}/{n} failures; local vs served reward: "
-          f"largest difference {max(gaps):.4f}, mean {statistics.mean(gaps):.4f} over {len(scored)} pairs "
-          f"({spent:.1f} s for {n} pairs)")  # fmt: skip
+    print(f"llama.cpp server, scores mode: {sum(s is None for s in served)}/{n} failures ({spent:.1f} s for {n} pairs)")
+    for mode in ("scores", "scores, bfloat16"):
+        gaps = [abs(a - b) for a, b in zip(local[mode], served, strict=True) if a is not None and b is not None]
+        print(f"  local ({mode}) vs served reward: largest difference {max(gaps):.4f}, mean "
+              f"{statistics.mean(gaps):.4f} over {len(gaps)} pairs")  # fmt: skip
 
 
 if __name__ == "__main__":

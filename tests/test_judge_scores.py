@@ -18,7 +18,7 @@ from grpo_exp.rewards.judge import (
     score_token_ids,
     score_tokens_locally,
 )
-from grpo_exp.rewards.rubric import CRITERIA, expected_score, rubric_messages, rubric_reward, skeleton
+from grpo_exp.rewards.rubric import CRITERIA, expected_score, rubric_messages, rubric_reward, score_position
 from grpo_exp.rollout.flow import group_advantages
 from grpo_exp.stats import impute_group_means, score_statistics
 from grpo_exp.trainer.config import grpo_config
@@ -28,16 +28,16 @@ from tests.servers import LLAMA_ALIAS, free_port, llama_cpp_server, stub_server
 from tests.test_trl_contract import Recording
 
 
-def test_the_skeleton_stops_at_each_score_position():
-    assert skeleton([]) == '{"accuracy": '
-    assert skeleton([4, 2]) == '{"accuracy": 4, "grammar": 2, "informativeness": '
-    assert skeleton([4, 2, 5]).endswith('"informativeness": 5, "coherence": ')
+def test_the_reply_is_opened_at_each_criterions_score():
+    assert [score_position(c) for c in CRITERIA] == [
+        '{"accuracy": ', '{"grammar": ', '{"informativeness": ', '{"coherence": '
+    ]  # fmt: skip
 
 
 def test_expected_score_renormalises_over_the_five_tokens():
-    assert expected_score([0.0, 0.0, 0.5, 0.5, 0.0]) == (3.5, 3)  # a tie continues with the lower score
-    assert expected_score([0.25, 0.0, 0.0, 0.0, 0.25]) == (3.0, 1)
-    assert expected_score([0.0, 0.0, 0.0, 0.0, 0.02]) == (5.0, 5)  # unnormalised: only the ratios count
+    assert expected_score([0.0, 0.0, 0.5, 0.5, 0.0]) == 3.5
+    assert expected_score([0.25, 0.0, 0.0, 0.0, 0.25]) == 3.0
+    assert expected_score([0.0, 0.0, 0.0, 0.0, 0.02]) == 5.0  # unnormalised: only the ratios count
     assert expected_score([0.0] * 5) is None
     assert rubric_reward([5, 5, 5, 5]) == 1.0 and rubric_reward([1, 2, 3, 4]) == 0.5
 
@@ -57,23 +57,21 @@ def judge_prompts(tokenizer, pairs) -> list[str]:
 PAIRS = [("What is 2 + 3?", "5"), ("Calculate 17 - 9.", "The answer is \\boxed{8}."), ("What is 6 * 7?", "41, I think")]
 
 
-def test_the_score_tokens_are_single_digit_tokens_after_the_skeleton(tiny):
+def test_the_score_tokens_are_single_digit_tokens_where_the_reply_opens(tiny):
     _, tokenizer = tiny
-    ids = score_token_ids(tokenizer, judge_prompts(tokenizer, PAIRS[:1])[0] + skeleton([]))
+    ids = score_token_ids(tokenizer, judge_prompts(tokenizer, PAIRS[:1])[0] + score_position("accuracy"))
     assert [tokenizer.decode([i]) for i in ids] == ["1", "2", "3", "4", "5"]
 
 
 @torch.no_grad()
 def plain_scores(model, tokenizer, prompt: str) -> list[float]:
-    """The protocol without batching or cache: the whole text read again at every score position."""
-    digits = score_token_ids(tokenizer, prompt + skeleton([]))
-    chosen, expected = [], []
-    for _ in CRITERIA:
-        ids = tokenizer(prompt + skeleton(chosen), return_tensors="pt", add_special_tokens=False)["input_ids"]
-        probabilities = torch.softmax(model(input_ids=ids).logits[0, -1, digits], dim=-1).tolist()
-        value, best = expected_score(probabilities)
-        expected.append(value)
-        chosen.append(best)
+    """The protocol without batching or cache: each criterion's whole text read on its own."""
+    digits = score_token_ids(tokenizer, prompt + score_position("accuracy"))
+    expected = []
+    for criterion in CRITERIA:
+        ids = tokenizer(prompt + score_position(criterion), return_tensors="pt", add_special_tokens=False)
+        probabilities = torch.softmax(model(input_ids=ids["input_ids"]).logits[0, -1, digits], dim=-1).tolist()
+        expected.append(expected_score(probabilities))
     return expected
 
 

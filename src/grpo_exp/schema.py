@@ -264,6 +264,9 @@ class JudgeSchema:
     model: str | None = "smollm2_135m"
     rubric: RubricSchema = field(default_factory=RubricSchema)
     mode: JudgeMode = JudgeMode.scores
+    # local: the frozen judge's weights' dtype (null: its model option's); bfloat16 reads prompts ~1.7x faster on
+    # this project's CPUs (BENCHMARKS.md)
+    dtype: DType | None = None
     # openai + scores: the model option, hub id or directory whose tokenizer renders the served model's chat
     # template (the prompt is sent as a completion); null: judge.model.
     tokenizer: str | None = None

@@ -1,12 +1,12 @@
 """The LLM judge: a rubric scorer of (prompt, response) pairs, served locally or by an OpenAI-compatible API.
 
 Two modes (judge.mode):
-- `scores` (default): the reply's JSON skeleton is forced and each criterion's score is read as the judge's
-  probability distribution over the tokens "1".."5" at its position (G-Eval style expected value; the skeleton
-  continues with the most likely score). A score exists by construction: no parse failure is possible. Locally
-  it is one batched prefill plus a few short cached steps (no generate()); through an endpoint, the same
+- `scores` (default): the reply is forced open at each criterion's score (`{"accuracy": `, `{"grammar": `...)
+  and the score is read as the judge's probability distribution over the tokens "1".."5" there (G-Eval style
+  expected value). A score exists by construction: no parse failure is possible. Locally it is one batched
+  prefill plus one short step from the cache for all criteria (no generate()); through an endpoint, the same
   prompts as /v1/completions requests with max_tokens=1 and logprobs, the chat template rendered here
-  (judge.tokenizer) so that both backends see the same tokens.
+  (judge.tokenizer) so that both backends read the same tokens.
 - `text`: the judge writes the rubric JSON (with the server's structured output where it has one), which is
   parsed; a reply that fails is retried up to judge.retries times, then scores None.
 
@@ -36,7 +36,7 @@ from grpo_exp.rewards.rubric import (
     parse_rubric_reply,
     rubric_messages,
     rubric_reward,
-    skeleton,
+    score_position,
 )
 from grpo_exp.schema import JudgeBackend, JudgeMode
 from grpo_exp.text import completion_text, prompt_text
@@ -47,7 +47,8 @@ TOP_LOGPROBS = 20  # enough for the five score tokens; vLLM's default limit
 
 
 def score_token_ids(tokenizer, prefix: str) -> list[int]:
-    """The token of each score "1".."5" where the skeleton stops: it must extend the prefix by exactly one token."""
+    """The token of each score "1".."5" where the reply is opened at a score: it must extend the prefix by exactly
+    one token."""
     base = tokenizer(prefix, add_special_tokens=False)["input_ids"]
     ids = []
     for token in SCORE_TOKENS:
@@ -61,8 +62,8 @@ def score_token_ids(tokenizer, prefix: str) -> list[int]:
 @torch.no_grad()
 def score_tokens_locally(model, tokenizer, prompts: list[str], batch_size: int) -> list[list[float]]:
     """Each criterion's expected score for chat-templated judge prompts (ending where the reply starts): one
-    batched prefill of prompt + skeleton, then one short cached step per further criterion."""
-    digits = score_token_ids(tokenizer, prompts[0] + skeleton([]))
+    batched prefill of the prompts, then one step that opens the reply at every criterion's score from the cache."""
+    digits = score_token_ids(tokenizer, prompts[0] + score_position(CRITERIA[0]))
     scores: list[list[float]] = []
     with left_padded_eval(model, tokenizer):
         for start in range(0, len(prompts), batch_size):
@@ -71,34 +72,27 @@ def score_tokens_locally(model, tokenizer, prompts: list[str], batch_size: int) 
 
 
 def _score_batch(model, tokenizer, prompts: list[str], digits: list[int]) -> list[list[float]]:
-    chosen: list[list[int]] = [[] for _ in prompts]
-    expected: list[list[float]] = [[] for _ in prompts]
-    texts = [p + skeleton([]) for p in prompts]
-    ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-    logits, cache, mask = _forward(model, tokenizer, texts)
-    for criterion in range(len(CRITERIA)):
-        probabilities = torch.softmax(logits[:, digits].float(), dim=-1).tolist()
-        for row, p in enumerate(probabilities):
-            value, most_likely = expected_score(p)
-            expected[row].append(value)
-            chosen[row].append(most_likely)
-        if criterion == len(CRITERIA) - 1:
-            break
-        texts = [p + skeleton(c) for p, c in zip(prompts, chosen, strict=True)]
-        new_ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-        tails = [new[len(old) :] for new, old in zip(new_ids, ids, strict=True)]
-        extends = all(new[: len(old)] == old for new, old in zip(new_ids, ids, strict=True))
-        if extends and len({len(t) for t in tails}) == 1:  # the usual case: continue from the cache
-            tail = torch.tensor(tails, device=model.device)
-            positions = mask.sum(dim=1, keepdim=True) + torch.arange(tail.shape[1], device=model.device)
-            mask = torch.cat([mask, torch.ones_like(tail)], dim=1)
-            out = model(input_ids=tail, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                        use_cache=True, logits_to_keep=1)  # fmt: skip
-            logits, cache = out.logits[:, -1, :], out.past_key_values
-        else:  # a tokenizer that merges across the skeleton's pieces: read the whole text again
-            logits, cache, mask = _forward(model, tokenizer, texts)
-        ids = new_ids
-    return expected
+    branches = [p + score_position(c) for p in prompts for c in CRITERIA]  # row-major: a prompt's criteria together
+    bases = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts for _ in CRITERIA]
+    full = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in branches]
+    if all(f[: len(b)] == b for f, b in zip(full, bases, strict=True)):  # the usual case: branch from the cache
+        logits, cache, mask = _forward(model, tokenizer, prompts)
+        cache.batch_repeat_interleave(len(CRITERIA))
+        mask = mask.repeat_interleave(len(CRITERIA), dim=0)
+        tails = [f[len(b) :] for f, b in zip(full, bases, strict=True)]
+        width = max(len(t) for t in tails)
+        pad = tokenizer.pad_token_id
+        tail = torch.tensor([t + [pad] * (width - len(t)) for t in tails], device=model.device)
+        tail_mask = torch.tensor([[1] * len(t) + [0] * (width - len(t)) for t in tails], device=model.device)
+        positions = mask.sum(dim=1, keepdim=True) + torch.arange(width, device=model.device)
+        out = model(input_ids=tail, attention_mask=torch.cat([mask, tail_mask], dim=1), position_ids=positions,
+                    past_key_values=cache)  # fmt: skip
+        last = out.logits[torch.arange(len(tails)), torch.tensor([len(t) - 1 for t in tails])]  # each branch's end
+    else:  # a tokenizer that merges across the prompt's end: read every branch whole
+        last, _, _ = _forward(model, tokenizer, branches)
+    probabilities = torch.softmax(last[:, digits].float(), dim=-1).tolist()
+    expected = [expected_score(p) for p in probabilities]
+    return [expected[i : i + len(CRITERIA)] for i in range(0, len(expected), len(CRITERIA))]
 
 
 def _forward(model, tokenizer, texts: list[str]):
@@ -116,6 +110,8 @@ class LocalJudge:
     def __init__(self, cfg: DictConfig, cache_dir: str):
         self.cfg, self.cache_dir = cfg, cache_dir
         self.model_cfg = model_option_config(cfg.model)
+        if cfg.dtype is not None:
+            self.model_cfg.dtype = cfg.dtype
         self._model = self.tokenizer = None
 
     def _load(self):
@@ -168,25 +164,23 @@ class OpenAIJudge:
         limit = asyncio.Semaphore(self.cfg.concurrency)
         async with self._client() as client:
 
-            async def one(conversation: list[dict]) -> list[float] | None:
-                prompt, chosen, expected = chat_prompt(self.tokenizer, conversation), [], []
+            async def position(prompt: str, criterion: str) -> float | None:
                 async with limit:
-                    for _ in CRITERIA:
-                        try:
-                            reply = await client.completions.create(
-                                model=self.cfg.model, prompt=prompt + skeleton(chosen), max_tokens=1,
-                                temperature=0.0, logprobs=TOP_LOGPROBS,
-                            )  # fmt: skip
-                            top = reply.choices[0].logprobs.top_logprobs[0]
-                        except (TimeoutError, OpenAIError, ValueError, AttributeError, IndexError, TypeError) as err:
-                            log.debug("judge request failed: %s", type(err).__name__)
-                            return None
-                        found = expected_score(_score_probabilities(top))
-                        if found is None:  # no score token among the top logprobs
-                            return None
-                        expected.append(found[0])
-                        chosen.append(found[1])
-                return expected
+                    try:
+                        reply = await client.completions.create(
+                            model=self.cfg.model, prompt=prompt + score_position(criterion), max_tokens=1,
+                            temperature=0.0, logprobs=TOP_LOGPROBS,
+                        )  # fmt: skip
+                        top = reply.choices[0].logprobs.top_logprobs[0]
+                    except (TimeoutError, OpenAIError, ValueError, AttributeError, IndexError, TypeError) as err:
+                        log.debug("judge request failed: %s", type(err).__name__)
+                        return None
+                return expected_score(_score_probabilities(top))  # None: no score token among the top logprobs
+
+            async def one(conversation: list[dict]) -> list[float] | None:
+                prompt = chat_prompt(self.tokenizer, conversation)
+                found = await asyncio.gather(*(position(prompt, c) for c in CRITERIA))
+                return None if None in found else list(found)
 
             return list(await asyncio.gather(*(one(c) for c in conversations)))
 

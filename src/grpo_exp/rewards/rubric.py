@@ -1,8 +1,8 @@
 """The judge's rubric: the request put to the judge, and reading its reply (pure functions).
 
-Two ways to read a reply: as score tokens (the JSON skeleton `{"accuracy": ` is forced and the judge's
-distribution over the tokens "1".."5" at each score position gives an expected score: it always exists), or
-as free text (the judge writes the JSON, which is parsed; it may fail)."""
+Two ways to read a reply: as score tokens (the reply is forced open at a criterion's score, `{"accuracy": `, and
+the judge's distribution over the tokens "1".."5" there gives an expected score: it always exists), or as free
+text (the judge writes the JSON, which is parsed; it may fail)."""
 
 import json
 import math
@@ -48,21 +48,20 @@ def parse_rubric_reply(reply: str | None) -> float | None:
     return None
 
 
-def skeleton(chosen: list[int]) -> str:
-    """The JSON reply up to the next score position, given the scores chosen so far:
-    [] -> '{"accuracy": ', [4] -> '{"accuracy": 4, "grammar": '."""
-    parts = [f'"{c}": {d}' for c, d in zip(CRITERIA, chosen, strict=False)]
-    return "{" + "".join(f"{p}, " for p in parts) + f'"{CRITERIA[len(chosen)]}": '
+def score_position(criterion: str) -> str:
+    """The judge's reply opened at one criterion's score: '{"grammar": '. Each criterion is read from its own
+    opening of the reply (not after the scores chosen for the others), so that a near-tie between two scores,
+    which a small numerical difference between backends can flip, never changes the context of the next."""
+    return f'{{"{criterion}": '
 
 
-def expected_score(probabilities: list[float]) -> tuple[float, int] | None:
+def expected_score(probabilities: list[float]) -> float | None:
     """The expected score over 1..5 from (unnormalised) probabilities of the five score tokens, renormalised over
-    them, and the most likely score (the lower on a tie), which the skeleton continues with; None if all are 0."""
+    them; None if all are 0."""
     total = sum(probabilities)
     if not total > 0:
         return None
-    expected = sum(score * p for score, p in zip(SCORES, probabilities, strict=True)) / total
-    return expected, SCORES[max(range(len(SCORES)), key=lambda i: (probabilities[i], -i))]
+    return sum(score * p for score, p in zip(SCORES, probabilities, strict=True)) / total
 
 
 def rubric_reward(expected_scores: list[float]) -> float:
