@@ -13,6 +13,11 @@ import torch
 from grpo_exp.text import stated_answer
 
 
+def label_values(labels: list[bool | None]) -> list[float]:
+    """Correctness labels as numbers: 1.0, 0.0, or NaN where the verifier could not decide."""
+    return [math.nan if label is None else float(label) for label in labels]
+
+
 def final_answer(text: str) -> str | None:
     """The stated final answer (\\boxed{} content, else the last number), spaces removed: for votes and diversity."""
     answer = stated_answer(text)

@@ -15,7 +15,7 @@ from grpo_exp.generation import generate_completions
 from grpo_exp.rewards.judge import RubricJudge
 from grpo_exp.rollout.flow import trajectory_statistics
 from grpo_exp.rollout.multiturn import MultiTurnRollout, greedy_generation
-from grpo_exp.stats import correctness_stats, final_answer, majority_vote_accuracy, score_statistics
+from grpo_exp.stats import correctness_stats, final_answer, label_values, majority_vote_accuracy, score_statistics
 from grpo_exp.text import prompt_text
 from grpo_exp.verification.rule import Verifier
 
@@ -58,7 +58,7 @@ def heldout_accuracy(
     labels = verifier(completions, dataset["solution"])
     stats = {}
     if rollout is not None:
-        stats = trajectory_statistics(details, [float("nan") if label is None else float(label) for label in labels])
+        stats = trajectory_statistics(details, label_values(labels))
     scored = [label for label in labels if label is not None]
     samples = [
         {"question": q, "prompt": p, "solution": s, "completion": c, "correct": label, **extra}
@@ -80,8 +80,7 @@ def sampled_metrics(
     texts, _ = answer(
         model, tokenizer, prompts, max_new_tokens, batch_size, f"held-out samples (k={samples})", temperature, rollout
     )
-    labels = [float("nan") if label is None else float(label) for label in verifier(texts, solutions)]
-    correct = torch.tensor(labels).view(-1, samples)
+    correct = torch.tensor(label_values(verifier(texts, solutions))).view(-1, samples)
     answers = [[final_answer(t) for t in texts[i : i + samples]] for i in range(0, len(texts), samples)]
     stats = {k.removeprefix("groups/"): v for k, v in correctness_stats(correct).items() if "@" in k}
     return stats | {f"maj@{samples}": majority_vote_accuracy(answers, correct)}
@@ -92,7 +91,7 @@ def judge_statistics(judge: RubricJudge, result: EvalResult) -> dict[str, float]
     pairs = [(prompt_text(s["prompt"]), s["completion"]) for s in result.samples]
     rewards, counters = asyncio.run(judge.score(pairs))
     scores = torch.tensor([math.nan if r is None else r for r in rewards]).view(-1, 1)
-    correct = torch.tensor([math.nan if s["correct"] is None else float(s["correct"]) for s in result.samples])
+    correct = torch.tensor(label_values([s["correct"] for s in result.samples]))
     stats = score_statistics(scores, correct.view(-1, 1), "judge")
     stats.pop("judge/group_std")  # one answer per problem: no group
     return stats | {"judge/failures": counters["judge/failures"]}

@@ -19,7 +19,7 @@ import torch
 
 from grpo_exp.generation import generate_completions
 from grpo_exp.rollout.flow import broadcast_to_turns, trajectory_statistics
-from grpo_exp.stats import group_statistics, group_std, score_statistics
+from grpo_exp.stats import group_statistics, group_std, label_values, score_statistics
 from grpo_exp.text import completion_text
 from grpo_exp.trainer.seam import HookedGRPOTrainer, ScoredBatch
 from grpo_exp.verification.rule import Verifier
@@ -66,7 +66,7 @@ class GRPOExpTrainer(HookedGRPOTrainer):
         """The rule verifier's label of every completion: 1, 0, or NaN (no usable reference)."""
         solutions = [None if r["solution"] is None else str(r["solution"]) for r in batch.rows]
         labels = self.verifier(batch.texts, solutions)
-        return torch.tensor([math.nan if label is None else float(label) for label in labels])
+        return torch.tensor(label_values(labels))
 
     def _record_group_statistics(self, batch: ScoredBatch, correct: torch.Tensor) -> None:
         size, texts = batch.group_size, batch.texts
