@@ -196,3 +196,12 @@ def test_local_and_llama_cpp_endpoint_give_the_same_scores_and_never_fail():
     assert counters["judge/failures"] == 0.0 and None not in local
     # Local: the de-quantised float32 weights; llama.cpp: the Q4_1 weights themselves.
     assert max(abs(a - b) for a, b in zip(local, served, strict=True)) <= 0.02, (local, served)
+
+
+def test_the_cache_keeps_the_most_recently_used_pairs():
+    cfg = compose_config(["reward=judge", "judge.model=tiny", "judge.cache_size=2"])
+    judge = build_judge(cfg.judge, cfg.cache_dir)
+    run_judge(judge, [PAIRS[0], PAIRS[1]])
+    run_judge(judge, [PAIRS[0]])  # a hit: PAIRS[0] is now the most recently used
+    run_judge(judge, [PAIRS[2]])  # full: the least recently used, PAIRS[1], goes
+    assert list(judge.cache) == [PAIRS[0], PAIRS[2]]

@@ -73,8 +73,9 @@ def score_tokens_locally(model, tokenizer, prompts: list[str], batch_size: int) 
 
 def _score_batch(model, tokenizer, prompts: list[str], digits: list[int]) -> list[list[float]]:
     branches = [p + score_position(c) for p in prompts for c in CRITERIA]  # row-major: a prompt's criteria together
-    bases = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts for _ in CRITERIA]
-    full = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in branches]
+    prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
+    bases = [ids for ids in prompt_ids for _ in CRITERIA]
+    full = tokenizer(branches, add_special_tokens=False)["input_ids"]
     if all(f[: len(b)] == b for f, b in zip(full, bases, strict=True)):  # the usual case: branch from the cache
         logits, cache, mask = _forward(model, tokenizer, prompts)
         cache.batch_repeat_interleave(len(CRITERIA))
@@ -238,12 +239,9 @@ class RubricJudge:
         unique = list(dict.fromkeys(pairs))  # identical pairs in a step are scored once
         todo = [pair for pair in unique if pair not in self.cache]
         scores, requests = await self._score_new(todo) if todo else ([], 0)
-        for pair, value in zip(todo, scores, strict=True):
-            if value is not None:  # a failure is tried again next time
-                self._remember(pair, value)
-        by_pair = dict(zip(todo, scores, strict=True))
-        rewards = [self.cache[p] if p in self.cache else by_pair.get(p) for p in pairs]
-        self._trim()
+        found = dict(zip(todo, scores, strict=True))
+        rewards = [self.cache[p] if p in self.cache else found[p] for p in pairs]
+        self._remember(unique, found)
         counters = {"judge/failures": float(sum(s is None for s in scores)), "judge/requests": float(requests),
                     "judge/unique_pairs": float(len(unique)), "judge/cache_hits": float(len(unique) - len(todo))}
         return rewards, counters  # fmt: skip
@@ -253,13 +251,12 @@ class RubricJudge:
         if self.cfg.mode is JudgeMode.scores:
             found = await self.backend.score_tokens(conversations)
             return [None if s is None else rubric_reward(s) for s in found], len(pairs)
-        scores: list[float | None] = [None] * len(pairs)
+        cfg, scores = self.cfg, [None] * len(pairs)
         pending, requests = list(range(len(pairs))), 0
-        for attempt in range(1 + self.cfg.retries):
+        for attempt in range(1 + cfg.retries):
             if not pending:
                 break
             # Greedy (or as configured) first; a retry of the same greedy request would give the same reply.
-            cfg = self.cfg
             temperature = cfg.temperature if attempt == 0 else max(cfg.temperature, cfg.retry_temperature)
             replies = await self.backend.complete([conversations[i] for i in pending], temperature)
             requests += len(pending)
@@ -268,11 +265,12 @@ class RubricJudge:
             pending = [i for i in pending if scores[i] is None]
         return scores, requests
 
-    def _remember(self, pair: tuple[str, str], value: float) -> None:
-        self.cache[pair] = value
-        self.cache.move_to_end(pair)
-
-    def _trim(self) -> None:
+    def _remember(self, used: list[tuple[str, str]], found: dict[tuple[str, str], float | None]) -> None:
+        """Least recently used out first; a failure is not kept (it is tried again next time)."""
+        self.cache.update((pair, value) for pair, value in found.items() if value is not None)
+        for pair in used:
+            if pair in self.cache:
+                self.cache.move_to_end(pair)
         while len(self.cache) > self.cfg.cache_size:
             self.cache.popitem(last=False)
 
