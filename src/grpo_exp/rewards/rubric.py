@@ -15,8 +15,10 @@ SCORE_TOKENS = tuple(str(score) for score in SCORES)
 # Free-text mode: the reply's JSON schema, for servers with structured output (response_format).
 REPLY_SCHEMA = {
     "type": "object",
-    "properties": {**{c: {"type": "integer", "minimum": LOWEST, "maximum": HIGHEST} for c in CRITERIA},
-                   "rationale": {"type": "string"}},
+    "properties": {
+        **{c: {"type": "integer", "minimum": LOWEST, "maximum": HIGHEST} for c in CRITERIA},
+        "rationale": {"type": "string"},
+    },
     "required": list(CRITERIA),
 }
 # Candidate JSON objects in a reply (judges like to wrap them in prose or ``` fences); no nesting needed.
