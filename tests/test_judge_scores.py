@@ -75,10 +75,16 @@ def plain_scores(model, tokenizer, prompt: str) -> list[float]:
     return expected
 
 
-def test_batched_cached_scores_equal_one_by_one_full_reads(tiny):
+# Groups as in a training step: several responses to one question (of different lengths), and a question alone.
+GROUPED = [*PAIRS, ("What is 2 + 3?", "2 + 3 = 5, so the answer is 5."), ("What is 2 + 3?", "6"),
+           ("Calculate 17 - 9.", "8")]  # fmt: skip
+
+
+@pytest.mark.parametrize("batch_size", [8, 2])
+def test_batched_cached_scores_equal_one_by_one_full_reads(tiny, batch_size):
     model, tokenizer = tiny
-    prompts = judge_prompts(tokenizer, PAIRS)  # of different lengths: left padding inside the batch
-    batched = score_tokens_locally(model, tokenizer, prompts, batch_size=8)
+    prompts = judge_prompts(tokenizer, GROUPED)  # of different lengths: padding inside the batch
+    batched = score_tokens_locally(model, tokenizer, prompts, batch_size, groups=[q for q, _ in GROUPED])
     for prompt, scores in zip(prompts, batched, strict=True):
         assert scores == pytest.approx(plain_scores(model, tokenizer, prompt), abs=1e-5)
         assert len(scores) == 4 and all(1.0 <= s <= 5.0 for s in scores)
@@ -189,8 +195,16 @@ def test_local_and_llama_cpp_endpoint_give_the_same_scores_and_never_fail():
     cfg = compose_config(["reward=judge"])  # the embedded SmolLM2 as judge, locally
     local, _ = run_judge(build_judge(cfg.judge, cfg.cache_dir), pairs)
     port = free_port()
-    endpoint_cfg = compose_config(["reward=judge", "judge=openai", f"judge.model={LLAMA_ALIAS}", "judge.timeout=120",
-                                   "judge.tokenizer=smollm2_135m", f"judge.base_url=http://127.0.0.1:{port}/v1"])
+    endpoint_cfg = compose_config(
+        [
+            "reward=judge",
+            "judge=openai",
+            f"judge.model={LLAMA_ALIAS}",
+            "judge.timeout=120",
+            "judge.tokenizer=smollm2_135m",
+            f"judge.base_url=http://127.0.0.1:{port}/v1",
+        ]
+    )
     with llama_cpp_server(port):
         served, counters = run_judge(build_judge(endpoint_cfg.judge, endpoint_cfg.cache_dir), pairs)
     assert counters["judge/failures"] == 0.0 and None not in local
