@@ -11,14 +11,9 @@ from transformers import AutoModelForCausalLM
 
 from grpo_exp.data import load_splits
 from grpo_exp.models import build_tiny_model, load_tokenizer
-from grpo_exp.rewards.judge import (
-    RubricJudge,
-    build_judge,
-    chat_prompt,
-    score_token_ids,
-    score_tokens_locally,
-)
+from grpo_exp.rewards.judge import RubricJudge, build_judge, chat_prompt
 from grpo_exp.rewards.rubric import CRITERIA, expected_score, rubric_messages, rubric_reward, score_position
+from grpo_exp.rewards.score_tokens import score_token_ids, score_tokens_locally
 from grpo_exp.rollout.flow import group_advantages
 from grpo_exp.stats import impute_group_means, score_statistics
 from grpo_exp.trainer.config import grpo_config

@@ -22,11 +22,10 @@ import os
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-import torch
 from omegaconf import DictConfig
 
 from grpo_exp.errors import UserError
-from grpo_exp.generation import generate_completions, left_padded_eval
+from grpo_exp.generation import generate_completions
 from grpo_exp.models import check_reachable, load_model, load_tokenizer, model_option_config
 from grpo_exp.rewards.rubric import (
     CRITERIA,
@@ -38,124 +37,13 @@ from grpo_exp.rewards.rubric import (
     rubric_reward,
     score_position,
 )
+from grpo_exp.rewards.score_tokens import score_tokens_locally
 from grpo_exp.schema import JudgeBackend, JudgeMode
 from grpo_exp.text import completion_text, prompt_text
 
 log = logging.getLogger(__name__)
 PLACEHOLDER_KEY = "not-needed"  # local OpenAI-compatible servers accept any key
 TOP_LOGPROBS = 20  # enough for the five score tokens; vLLM's default limit
-# Attention implementations that take a custom 4D mask (the local scorer's branches share one pass through it).
-MASKABLE_ATTENTION = ("sdpa", "eager")
-
-
-def score_token_ids(tokenizer, prefix: str) -> list[int]:
-    """The token of each score "1".."5" where the reply is opened at a score: it must extend the prefix by exactly
-    one token."""
-    base = tokenizer(prefix, add_special_tokens=False)["input_ids"]
-    ids = []
-    for token in SCORE_TOKENS:
-        extended = tokenizer(prefix + token, add_special_tokens=False)["input_ids"]
-        if extended[: len(base)] != base or len(extended) != len(base) + 1:
-            raise UserError(f"judge.mode=scores: the judge's tokenizer does not write score {token} as one token")
-        ids.append(extended[-1])
-    return ids
-
-
-@torch.no_grad()
-def score_tokens_locally(
-    model, tokenizer, prompts: list[str], batch_size: int, groups: list[str] | None = None
-) -> list[list[float]]:
-    """Each criterion's expected score for chat-templated judge prompts (ending where the reply starts).
-
-    Prompts with the same `groups` key (the question a group of completions answers) share their opening: the
-    rubric's instructions and the question. That opening is read once per group; then one pass reads each prompt's
-    own rest and, as branches after it, the reply opened at every criterion's score."""
-    digits = score_token_ids(tokenizer, prompts[0] + score_position(CRITERIA[0]))
-    groups = groups or list(range(len(prompts)))
-    scores: list[list[float]] = []
-    with left_padded_eval(model, tokenizer):
-        for start in range(0, len(prompts), batch_size):
-            chunk = slice(start, start + batch_size)
-            scores += _score_batch(model, tokenizer, prompts[chunk], groups[chunk], digits)
-    return scores
-
-
-def _score_batch(model, tokenizer, prompts: list[str], groups: list, digits: list[int]) -> list[list[float]]:
-    prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
-    branches = [tokenizer([p + score_position(c) for c in CRITERIA], add_special_tokens=False)["input_ids"]
-                for p in prompts]  # fmt: skip
-    if not all(b[: len(p)] == p for p, row in zip(prompt_ids, branches, strict=True) for b in row) or (
-        model.config._attn_implementation not in MASKABLE_ATTENTION
-    ):  # a tokenizer that merges across the prompt's end, or no custom masks: read every branch whole
-        batch = tokenizer.pad({"input_ids": [b for row in branches for b in row]}, return_tensors="pt")
-        last = _forward(model, batch.to(model.device))[0]
-    else:
-        keys = list(dict.fromkeys(groups))
-        group_of = [keys.index(g) for g in groups]
-        openings = [_common_prefix([p for p, k in zip(prompt_ids, group_of, strict=True) if k == key])
-                    for key in range(len(keys))]  # fmt: skip
-        cache, mask = _forward(model, tokenizer.pad({"input_ids": openings}, return_tensors="pt").to(model.device))[1:]
-        rows = torch.tensor(group_of, device=model.device)
-        cache.batch_select_indices(rows)
-        rests = [p[len(openings[k]) :] for p, k in zip(prompt_ids, group_of, strict=True)]
-        tails = [[b[len(p) :] for b in row] for p, row in zip(prompt_ids, branches, strict=True)]
-        last = _read_branches(model, cache, mask[rows], rests, tails, tokenizer.pad_token_id)
-    probabilities = torch.softmax(last[:, digits].float(), dim=-1).tolist()
-    expected = [expected_score(p) for p in probabilities]
-    return [expected[i : i + len(CRITERIA)] for i in range(0, len(expected), len(CRITERIA))]
-
-
-def _common_prefix(sequences: list[list[int]]) -> list[int]:
-    """The longest opening all sequences share, less one token: each keeps a token of its own to read."""
-    shortest = min(len(s) for s in sequences)
-    length = next((i for i in range(shortest) if len({s[i] for s in sequences}) > 1), shortest)
-    return sequences[0][: min(length, shortest - 1)]
-
-
-def _forward(model, batch):
-    """Left-padded sequences read from scratch: the last position's logits, the cache and its attention mask."""
-    mask = batch["attention_mask"]
-    positions = (mask.cumsum(dim=1) - 1).clamp(min=0)  # left padding: real tokens count from 0
-    out = model(input_ids=batch["input_ids"], attention_mask=mask, position_ids=positions, use_cache=True,
-                logits_to_keep=1)  # fmt: skip
-    return out.logits[:, -1, :], out.past_key_values, mask
-
-
-def _read_branches(model, cache, cached_mask, rests, tails, pad: int) -> torch.Tensor:
-    """Each row's cached opening continued by its rest, then by each of its branches (the criteria's openings of
-    the reply), all in one pass: a branch sees the cache, its row's rest and itself, never another branch, so the
-    cache is not copied per branch. The logits at each branch's end, row-major.
-
-    Columns: the rests left-padded to one width, then branch k of every row right-padded to branch k's width."""
-    rows, widths = len(rests), [max(len(row[k]) for row in tails) for k in range(len(tails[0]))]
-    rest_width = max(len(r) for r in rests)
-    ids = torch.full((rows, rest_width + sum(widths)), pad, dtype=torch.long)
-    segment = torch.full(ids.shape, -1)  # -1: padding, 0: the rest, k + 1: branch k
-    positions = torch.zeros(ids.shape, dtype=torch.long)
-    ends = []
-    for i, (rest, branches) in enumerate(zip(rests, tails, strict=True)):
-        start, base = rest_width - len(rest), int(cached_mask[i].sum())
-        ids[i, start:rest_width], segment[i, start:rest_width] = torch.tensor(rest, dtype=torch.long), 0
-        positions[i, start:rest_width] = base + torch.arange(len(rest))
-        column = rest_width
-        for k, (branch, width) in enumerate(zip(branches, widths, strict=True)):
-            ids[i, column : column + len(branch)] = torch.tensor(branch, dtype=torch.long)
-            segment[i, column : column + len(branch)] = k + 1
-            positions[i, column : column + len(branch)] = base + len(rest) + torch.arange(len(branch))
-            ends.append((i, column + len(branch) - 1))
-            column += width
-    new = segment.shape[1]
-    causal = torch.ones(new, new, dtype=torch.bool).tril()
-    same_or_rest = (segment[:, None, :] == 0) | (segment[:, None, :] == segment[:, :, None])
-    sees_new = causal & same_or_rest & (segment[:, None, :] >= 0) | torch.eye(new, dtype=torch.bool)  # pads: self
-    sees_cache = cached_mask.bool().cpu()[:, None, :].expand(rows, new, -1)
-    allowed = torch.cat([sees_cache, sees_new], dim=2)[:, None]  # (rows, 1, new, cached + new)
-    additive = torch.zeros(allowed.shape, dtype=model.dtype).masked_fill(~allowed, torch.finfo(model.dtype).min)
-    keep = sorted({column for _, column in ends})  # the vocabulary projection only where a branch ends
-    out = model(input_ids=ids.to(model.device), attention_mask=additive.to(model.device),
-                position_ids=positions.to(model.device), past_key_values=cache,
-                logits_to_keep=torch.tensor(keep, device=model.device))  # fmt: skip
-    return torch.stack([out.logits[i, keep.index(column)] for i, column in ends])
 
 
 class LocalJudge:
