@@ -6,6 +6,7 @@ be decided) and is left out of every mean.
 """
 
 import math
+import random
 from collections import Counter
 
 import torch
@@ -159,13 +160,52 @@ def group_statistics(
 
 
 def auroc(scores: list[float], labels: list[bool]) -> float:
-    """Area under the ROC curve: P(score of a random positive > score of a random negative), ties count half."""
-    positives = [s for s, y in zip(scores, labels, strict=True) if y]
-    negatives = [s for s, y in zip(scores, labels, strict=True) if not y]
+    """Area under the ROC curve: P(score of a random positive > score of a random negative), ties count half
+    (Mann-Whitney, from average ranks: n log n, so that a bootstrap over hundreds of samples stays cheap)."""
+    positives = sum(bool(y) for y in labels)
+    negatives = len(labels) - positives
     if not positives or not negatives:
         return math.nan
-    wins = sum((p > n) + 0.5 * (p == n) for p in positives for n in negatives)
-    return wins / (len(positives) * len(negatives))
+    order = sorted(range(len(scores)), key=lambda i: scores[i])
+    ranks = [0.0] * len(scores)
+    start = 0
+    while start < len(order):  # tied scores share the mean of their ranks (1-based)
+        end = start
+        while end + 1 < len(order) and scores[order[end + 1]] == scores[order[start]]:
+            end += 1
+        for i in order[start : end + 1]:
+            ranks[i] = (start + end) / 2 + 1
+        start = end + 1
+    rank_sum = sum(r for r, y in zip(ranks, labels, strict=True) if y)
+    return (rank_sum - positives * (positives + 1) / 2) / (positives * negatives)
+
+
+def bootstrap_interval(
+    scores: list[float], labels: list[bool], statistic, resamples: int = 1000, level: float = 0.95, seed: int = 0
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of statistic(scores, labels), resampling (score, label) pairs with a seed."""
+    rng = random.Random(seed)
+    n, values = len(scores), []
+    for _ in range(resamples):
+        picks = [rng.randrange(n) for _ in range(n)]
+        value = statistic([scores[i] for i in picks], [labels[i] for i in picks])
+        if not math.isnan(value):
+            values.append(value)
+    if not values:
+        return math.nan, math.nan
+    values.sort()
+    tail = (1 - level) / 2
+    return values[int(tail * (len(values) - 1))], values[math.ceil((1 - tail) * (len(values) - 1))]
+
+
+def balanced_accuracy(predicted_yes: list[bool], actual_yes: list[bool]) -> float:
+    """The mean of the recall of "Yes" and of "No": 0.5 for any constant verdict, whatever the labels' balance."""
+    recalls = []
+    for label in (True, False):
+        members = [p for p, a in zip(predicted_yes, actual_yes, strict=True) if a == label]
+        if members:
+            recalls.append(sum(p == label for p in members) / len(members))
+    return sum(recalls) / len(recalls) if recalls else math.nan
 
 
 def impute_group_means(rewards: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
