@@ -43,7 +43,19 @@ USER_ERRORS = [
     (["dataset=files", "dataset.path=/nope/train.jsonl"], "dataset.path='/nope/train.jsonl' does not exist"),
     (["model=pretrained", "model.name_or_path=Qwen/Qwen2.5-1.5B-Instruct"], "model.name_or_path='Qwen/Qwen"),
     (["dataset=files"], "dataset.path is required with dataset=files"),
-    (["reward=math+selfverify", "trainer.prompts_per_step=1"], "schedule=joint mixes verification groups"),
+    (
+        ["reward=math+selfverify", "reward.components.selfverify.balance=share", "trainer.prompts_per_step=1"],
+        "schedule=joint mixes verification groups",
+    ),  # fmt: skip
+    (["reward=math+selfverify", "trainer.prompts_per_step=2"], "leaves no generation group"),
+    (
+        [
+            "reward=math+selfverify",
+            "trainer.prompts_per_step=3",
+            "reward.components.selfverify.scale_by_pass_rate=true",
+        ],
+        "trainer.scale_rewards=group divides out",
+    ),  # fmt: skip
     (["model=pretrained"], "model.name_or_path is required with model=pretrained"),
     (["+trainer.extra.per_device_train_batch_size=3"], "derived from trainer.prompts_per_step"),
     (["+trainer.extra.num_generatoins=3"], "did you mean ['num_generations'"),

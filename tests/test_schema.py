@@ -138,7 +138,9 @@ def test_bad_values_fail_with_one_message_naming_the_key(overrides, message):
 
 
 def test_a_valid_config_builds():
-    parts = check_and_build(compose_config([*TINY_RUN, "reward=math+format+selfverify", "logger=none"]))
+    parts = check_and_build(
+        compose_config([*TINY_RUN, "reward=math+format+selfverify", "trainer.prompts_per_step=3", "logger=none"])
+    )
     assert parts.reward_weights == [1.0, 0.2, 1.0] and parts.selfverify is not None and parts.p_yes is not None
 
 

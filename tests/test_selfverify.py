@@ -17,10 +17,12 @@ from grpo_exp.verification.selfverify import (
     YES,
     Candidate,
     auroc,
+    balanced_set,
     brier,
     expected_calibration_error,
     filter_candidates,
     judgement_metrics,
+    matched_pairs,
     parse_judgement,
     select_samples,
     verification_prompt,
@@ -69,6 +71,36 @@ def test_balance_holds_exactly_when_possible(candidates, n, seed):
         assert len(chosen) == n
     else:  # a short pool is made up from the other, as far as there are candidates
         assert len(chosen) == min(n, len(candidates))
+
+
+@given(candidate_lists, st.integers(1, 5), st.integers(0, 3))
+@settings(max_examples=200, deadline=None)
+def test_matched_pairs_are_exactly_balanced_and_pair_answers_to_one_problem(candidates, pairs, seed):
+    chosen = matched_pairs(candidates, pairs, seed)
+    mixed = {c.problem for c in candidates if c.correct} & {c.problem for c in candidates if not c.correct}
+    assert len(chosen) == 2 * min(pairs, len(mixed))  # as many as the buffer allows, never a lone label
+    for right, wrong in zip(chosen[::2], chosen[1::2], strict=True):
+        assert right.correct and not wrong.correct and right.problem == wrong.problem
+        assert right in candidates and wrong in candidates
+    assert len({c.problem for c in chosen}) == len(chosen) // 2  # a problem gives one pair at most
+    assert matched_pairs(candidates, pairs, seed) == chosen
+
+
+def test_a_pair_prefers_a_wrong_answer_that_differs_from_the_right_one():
+    right = Candidate(0, "q", "r", "5", True, 0.5)
+    same_text = Candidate(0, "q", "s", "5", False, 0.5)  # labelled wrong with the same answer (e.g. a bad format)
+    other = Candidate(0, "q", "t", "6", False, 0.5)
+    assert all(matched_pairs([right, same_text, other], 1, seed) == [right, other] for seed in range(10))
+
+
+@given(candidate_lists, st.integers(1, 10), st.integers(1, 3), st.integers(0, 3))
+@settings(max_examples=200, deadline=None)
+def test_the_benchmark_set_is_exactly_balanced_within_its_caps(candidates, per_label, per_problem, seed):
+    chosen = balanced_set(candidates, per_label, per_problem, seed)
+    yes = sum(c.correct for c in chosen)
+    assert yes == len(chosen) - yes <= per_label
+    assert all(sum(c.problem == p for c in chosen) <= per_problem for p in {c.problem for c in chosen})
+    assert balanced_set(candidates, per_label, per_problem, seed) == chosen
 
 
 def test_one_example_per_step_alternates_between_labels_over_seeds():
@@ -148,6 +180,7 @@ SELFVERIFY_TINY = [
     "reward.components.selfverify.drop_no_answer=false",  # the tiny model never writes an answer
     "reward.components.selfverify.drop_all_wrong=false",
     "reward.components.selfverify.every=2",
+    "reward.components.selfverify.balance=share",  # the tiny model is never right: no matched pair exists
     "stats.table_every=1",
     "stats.table_groups=8",
     "trainer.max_steps=3",
@@ -225,3 +258,43 @@ def test_candidates_from_groups():
         (10, "1", True, 0.5),
         (10, "2", False, 0.5),
     ]
+
+
+@pytest.mark.e2e
+def test_the_supervised_verdict_objective_adds_its_loss_and_keeps_the_batch_for_answers(tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_cli(
+        *TINY_RUN, *SELFVERIFY_TINY, "reward.components.selfverify.objective=supervised",
+        "reward.components.selfverify.schedule=joint", f"hydra.run.dir={run_dir}",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    steps = [m for m in read_metrics(run_dir / "metrics.jsonl") if "grad_norm" in m]
+    losses = [m.get("selfverify/verdict_loss") for m in steps]
+    # step 1 has no candidates yet; then each step's examples (two Yes/No answers of a random model) are trained
+    assert losses[0] is None and all(0.0 < loss < 5.0 for loss in losses[1:])
+    assert all(m["grad_norm"] > 0 for m in steps[1:])
+    samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    assert samples and all(s["task"] == "generate" for s in samples)  # no verification prompt in the GRPO batch
+
+
+def test_the_confidence_reward_asks_about_the_final_answer_and_gives_no_answer_zero():
+    from grpo_exp.rewards.confidence import make_confidence_reward
+    from grpo_exp.verification.p_yes import PYesScorer
+
+    cfg = compose_config([*TINY_RUN, "verifier=genrm", "verifier.model=tiny"])
+    scorer = PYesScorer(cfg.verifier, cfg.model, cfg.cache_dir)
+    reward = make_confidence_reward(scorer, show="answer")
+    completions = [[{"role": "assistant", "content": "so it is \\boxed{5}"}], [{"role": "assistant", "content": "?"}]]
+    prompts = [[{"role": "user", "content": "Calculate 2 + 3. Box it."}]] * 2
+    scores = reward(prompts, completions, question=["Calculate 2 + 3.", "Calculate 2 + 3."])
+    assert scores[1] == 0.0 and scores[0] == pytest.approx(scorer(["Calculate 2 + 3."], ["5"])[0])
+    whole = make_confidence_reward(scorer, show="solution")(prompts, completions, question=["q", "q"])
+    assert whole[0] == pytest.approx(scorer(["Calculate 2 + 3. Box it."], ["so it is \\boxed{5}"])[0])
+
+
+def test_a_run_directory_names_the_model_it_trained(tmp_path):
+    from grpo_exp.models import model_option_config
+
+    (tmp_path / "checkpoint-final").mkdir()
+    assert model_option_config(str(tmp_path), "verifier.model").name_or_path == str(tmp_path / "checkpoint-final")
+    assert model_option_config("org/model", "verifier.model").name_or_path == "org/model"

@@ -116,6 +116,7 @@ def test_embedded_model_with_the_self_verification_task(tmp_path):
     run_dir = tmp_path / "run"
     result = run_cli(
         "reward=math+format+selfverify", "trainer.max_steps=2", "trainer.max_completion_length=48",
+        "trainer.prompts_per_step=3",
         "dataset.eval_size=6", "logger=none", "save_model=false", f"hydra.run.dir={run_dir}",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]

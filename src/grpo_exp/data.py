@@ -58,14 +58,14 @@ def _check_task_name(task: str | None) -> None:
         )
 
 
-def _reasoning_gym_task(data_cfg: DictConfig, size: int | None = None):
-
+def _reasoning_gym_task(data_cfg: DictConfig, size: int | None = None, seed: int | None = None):
     task = data_cfg.task
     _check_task_name(task)
     size = size or (data_cfg.train_size or 1000) + data_cfg.eval_size
     task_config = OmegaConf.to_container(data_cfg.task_config)
+    seed = data_cfg.seed if seed is None else seed
     try:
-        return reasoning_gym.create_dataset(task, size=size, seed=data_cfg.seed, **task_config)
+        return reasoning_gym.create_dataset(task, size=size, seed=seed, **task_config)
     except (TypeError, AssertionError, ValueError) as err:
         allowed = [p for p in inspect.signature(DATASETS[task][1]).parameters if p not in ("seed", "size")]
         raise UserError(f"dataset.task_config for '{task}' is invalid ({err}); its settings are: {allowed}") from err
@@ -206,3 +206,20 @@ def load_splits(data_cfg: DictConfig) -> tuple[Dataset, Dataset]:
         raise UserError(f"dataset '{data_cfg.name}' gave {len(train)} training and {len(held_out)} held-out rows")
     log.info("Dataset %s: %d training prompts, %d held-out", data_cfg.name, len(train), len(held_out))
     return Dataset.from_list(train), Dataset.from_list(held_out)
+
+
+# A reasoning-gym stream of its own for benchmarks: far from any seed a user would pick for training.
+BENCHMARK_SEED_OFFSET = 1_000_003
+
+
+def unseen_problems(data_cfg: DictConfig, count: int, train: Dataset, held_out: Dataset) -> Dataset:
+    """Up to `count` problems a run never trains on: for reasoning-gym, a distinct seeded stream of the same task
+    without the training questions; for files and the hub, the held-out split (it may hold fewer)."""
+    if data_cfg.source is not DataSource.reasoning_gym:
+        return held_out.select(range(min(count, len(held_out))))
+    seen, found = set(train["question"]), {}
+    items = _reasoning_gym_task(data_cfg, size=3 * count, seed=data_cfg.seed + BENCHMARK_SEED_OFFSET)
+    for item in items:
+        if item["question"] not in seen and len(found) < count:
+            found.setdefault(item["question"], str(item["answer"]))
+    return Dataset.from_list(_rows(list(found), list(found.values()), data_cfg))

@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedTokenizerBase
 
 from grpo_exp.errors import UserError
-from grpo_exp.paths import CONF_DIR
+from grpo_exp.paths import CONF_DIR, FINAL_CHECKPOINT_DIR
 from grpo_exp.schema import DType, ModelSchema, ModelSource
 
 log = logging.getLogger(__name__)
@@ -197,11 +197,13 @@ def describe(model_cfg: DictConfig, model) -> str:
 
 def model_option_config(model: str | None, key: str = "judge.model") -> DictConfig:
     """A frozen model named by a setting (judge.model, verifier.model) as a model config: a model group option by
-    name, else a hub id or local directory."""
+    name, a grpo_exp run directory (its final checkpoint), else a hub id or local directory."""
     if not model:
         raise UserError(f"{key} is required: a model option (smollm2_135m, tiny), a hub id or a directory")
     schema = OmegaConf.structured(ModelSchema)
     option = CONF_DIR / "model" / f"{model}.yaml"
     if option.is_file():
         return OmegaConf.merge(schema, OmegaConf.load(option))
-    return OmegaConf.merge(schema, {"name": Path(model).name, "source": "pretrained", "name_or_path": model})
+    trained = Path(model) / FINAL_CHECKPOINT_DIR  # a grpo_exp run directory: the model it trained
+    source = str(trained) if trained.is_dir() else model
+    return OmegaConf.merge(schema, {"name": Path(model).name, "source": "pretrained", "name_or_path": source})

@@ -7,6 +7,7 @@ CONF_DIR = REPO_ROOT / "conf"
 EXPERIMENTS_DIR = REPO_ROOT / "experiments"
 REWARD_DIR = CONF_DIR / "reward"
 MIX_SEPARATOR = "+"
+FINAL_CHECKPOINT_DIR = "checkpoint-final"  # a run directory's final model (a run dir can name a model)
 
 
 def reward_components() -> list[str]:

@@ -204,6 +204,10 @@ class JudgeReward:
 class ConfidenceReward:
     # The verifier's P(Yes) that the answer is correct: needs verifier=genrm or verifier=self.
     weight: float = MISSING
+    # What the verifier is shown: answer: the question and the completion's final answer (a completion without
+    # one scores 0), as the self-verification task and the verification benchmark ask | solution: the prompt
+    # and the whole completion
+    show: str = knob("answer", choices=("answer", "solution"))
 
 
 @dataclass
@@ -218,9 +222,21 @@ class SelfVerifyReward:
     show: str = knob("answer", choices=("answer", "solution"))
     drop_no_answer: bool = True  # filtering: no extractable answer
     drop_all_wrong: bool = True  # filtering: problems whose rollouts are all wrong
-    yes_share: float = knob(0.5, ge=0.0, le=1.0)  # balancing: share of "Yes" (correct) examples
+    # pairs: exact balance in every step, from matched pairs (one correct and one incorrect answer of the same
+    # problem, as the Learning-to-Self-Verify code does; a step with no mixed problem in the buffer verifies
+    # nothing and says so) | share: yes_share of the `fraction` groups on average (the first design: it drifted)
+    balance: str = knob("pairs", choices=("pairs", "share"))
+    pairs_per_step: int = knob(1, ge=1)  # balance=pairs: matched pairs per step (2 verification groups each)
+    yes_share: float = knob(0.5, ge=0.0, le=1.0)  # balance=share: share of "Yes" (correct) examples
     per_problem: int = knob(2, ge=1)  # diversity: at most this many examples per problem (distinct answers first)
-    scale_by_pass_rate: bool = False  # reward x min(pass rate, 0.5), as in the paper
+    # grpo: verification prompts join the GRPO batch, rewarded for the right verdict | supervised: they do not;
+    # instead the cross-entropy of the policy's P(Yes) at the verdict's first token against the label is added
+    # to TRL's loss, x supervised_weight (the GenRM recipe; the "is it learnable at all" ceiling)
+    objective: str = knob("grpo", choices=("grpo", "supervised"))
+    supervised_weight: float = knob(1.0, gt=0.0)
+    # reward x min(pass rate, 0.5), as in the paper. A constant per group: group-normalised advantages cancel
+    # it, so it needs trainer.scale_rewards=none or batch (checked).
+    scale_by_pass_rate: bool = False
     strict_verdict: bool = True  # true: only a \boxed{Yes}/\boxed{No} counts; false: else the first yes/no word
     buffer_size: int = knob(64, ge=1)  # recent labelled samples to draw verification prompts from
     template: str = knob(
@@ -376,6 +392,26 @@ class RolloutSchema:
 
 
 @dataclass
+class VerificationBenchmarkSchema:
+    # A fixed, balanced set of the initial policy's own answers to problems it never trains on (a distinct stream
+    # of the dataset's generator, or the held-out split of a file / hub dataset), built once and cached with its
+    # seed; the policy's P(Yes) on it (one forward pass each) is measured before and after training.
+    enabled: bool = False
+    problems: int = knob(400, ge=1)  # problems asked (reasoning-gym: generated; files / hub: the held-out split)
+    samples: int = knob(4, ge=1)  # answers sampled per problem, at `temperature`
+    temperature: float = knob(1.0, gt=0.0)
+    per_label: int = knob(200, ge=1)  # at most this many correct and as many incorrect answers
+    per_problem: int = knob(2, ge=1)
+    seed: int = 0
+    resamples: int = knob(1000, ge=10)  # bootstrap resamples for the AUROC's 95% interval
+    # Asked so that the verdict is the first word of the reply, where P(Yes) is read.
+    template: str = knob(
+        "Question: {question}\nProposed answer: {answer}\nIs the proposed answer correct? Reply with Yes or No.",
+        contains=("{question}", "{answer}"),
+    )
+
+
+@dataclass
 class EvalSchema:
     before: bool = True  # greedy held-out accuracy before training...
     after: bool = True  # ...and after
@@ -385,6 +421,7 @@ class EvalSchema:
     samples: int = knob(4, ge=0)
     temperature: float = knob(1.0, gt=0.0)  # ...sampled at this temperature
     log_to_wandb: bool = False  # python -m grpo_exp.evaluate: also log the results as a W&B run (job type eval)
+    verification_benchmark: VerificationBenchmarkSchema = field(default_factory=lambda: VerificationBenchmarkSchema())
 
 
 @dataclass

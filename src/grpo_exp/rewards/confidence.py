@@ -4,13 +4,23 @@ Useful where no reference answer exists. It needs a probability, so verifier=gen
 scorer is built once by the run (grpo_exp.run.build) and shared with whoever else needs it.
 """
 
+from grpo_exp.stats import final_answer
 from grpo_exp.text import completion_text, prompt_text
 from grpo_exp.verification.p_yes import PYesScorer
 
 
-def make_confidence_reward(p_yes: PYesScorer):
-    def confidence(prompts, completions, **kwargs) -> list[float]:
+def make_confidence_reward(p_yes: PYesScorer, show: str):
+    def confidence(prompts, completions, question=None, **kwargs) -> list[float]:
         """P(Yes) of the verifier asked whether the completion correctly answers the prompt."""
-        return p_yes([prompt_text(p) for p in prompts], [completion_text(c) for c in completions])
+        texts = [completion_text(c) for c in completions]
+        if show == "solution" or question is None:
+            return p_yes([prompt_text(p) for p in prompts], texts)
+        answers = [final_answer(t) for t in texts]
+        shown = [i for i, a in enumerate(answers) if a is not None]
+        scores = [0.0] * len(texts)  # no final answer: nothing to be confident in
+        if shown:
+            for i, score in zip(shown, p_yes([question[i] for i in shown], [answers[i] for i in shown]), strict=True):
+                scores[i] = score
+        return scores
 
     return confidence

@@ -18,7 +18,7 @@ from grpo_exp.schema import RolloutName, VerifierName, VerifierSchema, check_val
 from grpo_exp.trainer.config import check_trainer
 from grpo_exp.verification.p_yes import PYesScorer, build_p_yes
 from grpo_exp.verification.rule import Verifier, math_verify_verifier
-from grpo_exp.verification.task import SelfVerificationTask
+from grpo_exp.verification.task import SelfVerificationTask, check_task
 
 
 @dataclass
@@ -49,11 +49,8 @@ def check_and_build(cfg: DictConfig) -> RunParts:
     verifier = math_verify_verifier()
     check_trainer(cfg.trainer, world_size())
     task_cfg = components.get("selfverify")
-    if task_cfg is not None and task_cfg.schedule == "joint" and cfg.trainer.prompts_per_step < 2:
-        raise UserError(
-            "reward.components.selfverify.schedule=joint mixes verification groups into batches of several "
-            f"prompts, but trainer.prompts_per_step={cfg.trainer.prompts_per_step}: raise it or use schedule=interleave"
-        )
+    if task_cfg is not None:
+        check_task(task_cfg, cfg.trainer)
     selfverify = None if task_cfg is None else SelfVerificationTask(task_cfg, verifier, p_yes, cfg.trainer.seed)
     rollout = build_rollout(cfg)
     if rollout is not None:

@@ -5,19 +5,34 @@ With a multi-turn rollout the policy answers with its tools in reach and each tr
 """
 
 import asyncio
+import logging
 import math
+import shutil
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from datasets import Dataset
+from omegaconf import DictConfig
 
+from grpo_exp.data import unseen_problems
 from grpo_exp.generation import generate_completions
 from grpo_exp.rewards.judge import RubricJudge
 from grpo_exp.rollout.flow import trajectory_statistics
 from grpo_exp.rollout.multiturn import MultiTurnRollout, greedy_generation
+from grpo_exp.run.files import BENCHMARK_FILE
 from grpo_exp.stats import correctness_stats, final_answer, label_values, majority_vote_accuracy, score_statistics
 from grpo_exp.text import prompt_text
+from grpo_exp.verification.benchmark import (
+    benchmark_key,
+    build_benchmark,
+    load_benchmark,
+    policy_scorer,
+    save_benchmark,
+    score_benchmark,
+)
 from grpo_exp.verification.rule import Verifier
+from grpo_exp.verification.selfverify import Candidate
 
 
 @dataclass
@@ -95,3 +110,28 @@ def judge_statistics(judge: RubricJudge, result: EvalResult) -> dict[str, float]
     stats = score_statistics(scores, correct.view(-1, 1), "judge")
     stats.pop("judge/group_std")  # one answer per problem: no group
     return stats | {"judge/failures": counters["judge/failures"]}
+
+
+def verification_benchmark(
+    cfg: DictConfig, model, tokenizer, train: Dataset, heldout: Dataset, verifier: Verifier, run_dir: Path
+) -> list[Candidate]:
+    """The run's verification benchmark (eval.verification_benchmark), from the cache or built now from `model`,
+    which must be the initial policy; a copy goes to the run directory (python -m grpo_exp.evaluate reuses it)."""
+    bench_cfg = cfg.eval.verification_benchmark
+    max_new_tokens = cfg.eval.max_new_tokens or cfg.trainer.max_completion_length
+    key = benchmark_key(bench_cfg, cfg.model, cfg.dataset, max_new_tokens)
+    cached = Path(cfg.cache_dir) / "verification_benchmark" / f"{key}.json"
+    if cached.is_file():
+        logging.getLogger(__name__).info("Verification benchmark from the cache: %s", cached)
+    else:
+        problems = unseen_problems(cfg.dataset, bench_cfg.problems, train, heldout)
+        examples = build_benchmark(model, tokenizer, problems, verifier, bench_cfg, max_new_tokens, cfg.eval.batch_size)
+        save_benchmark(examples, cached)
+    shutil.copyfile(cached, run_dir / BENCHMARK_FILE)
+    return load_benchmark(cached)
+
+
+def benchmark_statistics(model, tokenizer, examples: list[Candidate], cfg: DictConfig) -> dict[str, float]:
+    """The model's own P(Yes) on the verification benchmark."""
+    bench_cfg = cfg.eval.verification_benchmark
+    return score_benchmark(policy_scorer(model, tokenizer, bench_cfg, cfg.eval.batch_size), examples, bench_cfg)

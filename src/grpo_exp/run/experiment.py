@@ -19,7 +19,13 @@ from grpo_exp.models import describe, load_model, load_tokenizer, lora_config, t
 from grpo_exp.run.build import RunParts, check_and_build
 from grpo_exp.run.console import ConsoleView
 from grpo_exp.run.distributed import is_main_process, shared_run_dir, wait_for_everyone, world_size
-from grpo_exp.run.evaluation import EvalResult, heldout_accuracy, judge_statistics
+from grpo_exp.run.evaluation import (
+    EvalResult,
+    benchmark_statistics,
+    heldout_accuracy,
+    judge_statistics,
+    verification_benchmark,
+)
 from grpo_exp.run.files import (
     CONFIG_FILE,
     FINAL_CHECKPOINT_DIR,
@@ -35,13 +41,18 @@ from grpo_exp.run.tracking import MetricsFileCallback, Tracker, redact, report_t
 from grpo_exp.trainer.config import grpo_config
 from grpo_exp.trainer.seam import as_rollout_func
 from grpo_exp.trainer.trainer import GRPOExpTrainer
+from grpo_exp.verification.selfverify import Candidate
 
 log = logging.getLogger("grpo_exp.train")
 
 
-def evaluate(model, tokenizer, heldout: Dataset, parts: RunParts, cfg: DictConfig, run_dir: Path, when: str):
+def evaluate(
+    model, tokenizer, heldout: Dataset, parts: RunParts, cfg: DictConfig, run_dir: Path, when: str,
+    benchmark: list[Candidate] | None = None,
+):  # fmt: skip
     """Greedy held-out accuracy (with the tools, for rollout=multiturn); with self-verification or the judge on,
-    their held-out measures too. Every problem's completion and label go to eval_<when>.jsonl."""
+    their held-out measures too, and the verification benchmark when it is on. Every problem's completion and
+    label go to eval_<when>.jsonl."""
     verifier, rollout = parts.verifier, parts.rollout
     max_new_tokens = cfg.eval.max_new_tokens or cfg.trainer.max_completion_length
     result = heldout_accuracy(
@@ -55,6 +66,10 @@ def evaluate(model, tokenizer, heldout: Dataset, parts: RunParts, cfg: DictConfi
             model, tokenizer, heldout, max_new_tokens, cfg.eval.batch_size
         )
         log.info("Held-out self-verification %s training: %s", when, result.verification)
+    if benchmark is not None:
+        measured = benchmark_statistics(model, tokenizer, benchmark, cfg)
+        result.verification |= measured
+        log.info("Verification benchmark %s training: %s", when, {k: round(v, 3) for k, v in measured.items()})
     if parts.judge is not None:
         result.judge = judge_statistics(parts.judge, result)
         log.info("Held-out judge %s training: %s", when, {k: round(v, 3) for k, v in result.judge.items()})
@@ -96,7 +111,10 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
     tracker = Tracker(cfg.logger, run_dir, name, group, tags, {**resolved, "choices": choices}, run_id, enabled=main)
     failed = True
     try:
-        before = evaluate_before(model, tokenizer, heldout, parts, cfg, run_dir, attempt) if main else None
+        benchmark = None
+        if cfg.eval.verification_benchmark.enabled and main:  # from the initial policy, before any step
+            benchmark = verification_benchmark(cfg, model, tokenizer, train_set, heldout, parts.verifier, run_dir)
+        before = evaluate_before(model, tokenizer, heldout, parts, cfg, run_dir, attempt, benchmark) if main else None
         if main:
             write_record(run_dir, {"wandb_id": tracker.run_id, "heldout_before": before and asdict_light(before)})
         wait_for_everyone()
@@ -123,7 +141,7 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
         train_seconds = time.perf_counter() - started
         after = None
         if cfg.eval.after and main:
-            after = evaluate(trainer.model, tokenizer, heldout, parts, cfg, run_dir, "after")
+            after = evaluate(trainer.model, tokenizer, heldout, parts, cfg, run_dir, "after", benchmark)
         checkpoint = run_dir / FINAL_CHECKPOINT_DIR if cfg.save_model else None
         if checkpoint:
             trainer.save_model(str(checkpoint))  # every rank: DeepSpeed/FSDP gather their shards here
@@ -178,14 +196,14 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
     return summary
 
 
-def evaluate_before(model, tokenizer, heldout, parts, cfg, run_dir: Path, attempt: Attempt | None):
+def evaluate_before(model, tokenizer, heldout, parts, cfg, run_dir: Path, attempt: Attempt | None, benchmark=None):
     """Held-out accuracy before training; a resumed run takes its first attempt's (measured on the initial model)."""
     recorded = attempt.record.get("heldout_before") if attempt else None
     if recorded:
         return EvalResult(**recorded)
     if not cfg.eval.before:
         return None
-    return evaluate(model, tokenizer, heldout, parts, cfg, run_dir, "before")
+    return evaluate(model, tokenizer, heldout, parts, cfg, run_dir, "before", benchmark)
 
 
 def asdict_light(result: EvalResult) -> dict:

@@ -22,7 +22,9 @@ from grpo_exp.rollout.flow import broadcast_to_turns, trajectory_statistics
 from grpo_exp.stats import group_statistics, group_std, label_values, score_statistics
 from grpo_exp.text import completion_text
 from grpo_exp.trainer.seam import HookedGRPOTrainer, ScoredBatch
+from grpo_exp.verification.p_yes import verdict_log_probabilities, yes_no_token_ids
 from grpo_exp.verification.rule import Verifier
+from grpo_exp.verification.selfverify import NO, YES
 from grpo_exp.verification.task import VERIFY, SelfVerificationTask
 
 # Components whose score grades an answer: logged as <name>/mean, <name>/group_std, <name>/auroc every step.
@@ -51,6 +53,22 @@ class GRPOExpTrainer(HookedGRPOTrainer):
         for key, value in metrics.items():
             self.record_metric(key, value)
         return rows
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """TRL's loss, plus (selfverify objective=supervised) the verdict loss of this step's verification
+        examples, once per generated batch."""
+        loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        task = self.selfverify
+        if task is None or not task.supervised or return_outputs:
+            return loss
+        examples, task.supervised = task.supervised, []
+        tokenizer = self.processing_class
+        ids = yes_no_token_ids(tokenizer, YES, NO)
+        log_p = verdict_log_probabilities(model, tokenizer, task.conversations(examples), *ids)
+        label_is_no = torch.tensor([0 if c.correct else 1 for c in examples], device=log_p.device)
+        cross_entropy = -log_p.gather(1, label_is_no[:, None]).mean()
+        self.record_metric("selfverify/verdict_loss", cross_entropy.item())
+        return loss + task.cfg.supervised_weight * cross_entropy
 
     def after_scoring(self, batch: ScoredBatch) -> None:
         started = time.perf_counter()

@@ -32,20 +32,26 @@ def question_messages(template: str, question: str, answer: str) -> list[dict[st
     return [{"role": "user", "content": template.replace("{question}", question).replace("{answer}", answer)}]
 
 
+def verdict_log_probabilities(model, tokenizer, conversations: list, yes_id: int, no_id: int) -> torch.Tensor:
+    """log [P(Yes), P(No)], normalised over the two, at the first reply token: one forward pass (left padding;
+    positions need no correction, rotary attention sees only relative ones), with gradients if enabled."""
+    texts = [tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in conversations]
+    batch = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False).to(
+        model.device
+    )
+    # logits_to_keep=1: the LM head only at the last position (all positions: 1.4x the time, measured)
+    last = model(**batch, logits_to_keep=1).logits[:, -1, :].float()
+    return torch.log_softmax(torch.stack([last[:, yes_id], last[:, no_id]], dim=1), dim=1)
+
+
 @torch.no_grad()
 def p_yes_from_logits(model, tokenizer, conversations: list, yes_id: int, no_id: int, batch_size: int) -> list[float]:
-    """P(Yes) / (P(Yes) + P(No)) of the first reply token, one forward pass per batch (left padding)."""
-    texts = [tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in conversations]
+    """P(Yes) / (P(Yes) + P(No)) of the first reply token, one forward pass per batch."""
     scores: list[float] = []
     with left_padded_eval(model, tokenizer):
-        for start in range(0, len(texts), batch_size):
-            batch = tokenizer(
-                texts[start : start + batch_size], return_tensors="pt", padding=True, add_special_tokens=False
-            ).to(model.device)
-            # logits_to_keep=1: the LM head only at the last position (all positions: 1.4x the time, measured)
-            last = model(**batch, logits_to_keep=1).logits[:, -1, :].float()
-            two = torch.stack([last[:, yes_id], last[:, no_id]], dim=1)
-            scores += torch.softmax(two, dim=1)[:, 0].tolist()
+        for start in range(0, len(conversations), batch_size):
+            chunk = conversations[start : start + batch_size]
+            scores += verdict_log_probabilities(model, tokenizer, chunk, yes_id, no_id)[:, 0].exp().tolist()
     return scores
 
 

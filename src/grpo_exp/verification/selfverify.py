@@ -143,6 +143,37 @@ def select_samples(
     return chosen
 
 
+def matched_pairs(candidates: list[Candidate], pairs: int, seed: int = 0) -> list[Candidate]:
+    """Up to `pairs` problems with mixed results, each giving one correct and one incorrect answer (distinct
+    answers, drawn with a seed): [yes, no, yes, no, ...]. Exactly balanced by construction, and each pair asks
+    the same question twice, so that a verdict can only be right on both by telling the answers apart."""
+    rng = random.Random(seed)
+    by_problem: dict[int, dict[bool, list[Candidate]]] = defaultdict(lambda: {True: [], False: []})
+    for c in candidates:
+        by_problem[c.problem][c.correct].append(c)
+    mixed = sorted(p for p, members in by_problem.items() if members[True] and members[False])
+    chosen = []
+    for problem in rng.sample(mixed, min(pairs, len(mixed))):
+        right = rng.choice(by_problem[problem][True])
+        wrong = [c for c in by_problem[problem][False] if c.answer != right.answer] or by_problem[problem][False]
+        chosen += [right, rng.choice(wrong)]
+    return chosen
+
+
+def balanced_set(candidates: list[Candidate], per_label: int, per_problem: int, seed: int) -> list[Candidate]:
+    """As many correct as incorrect answers (at most `per_label` each, at most `per_problem` per problem, spread
+    over problems, distinct answers first), in a seeded order: a fixed verification benchmark."""
+    chosen = select_samples(candidates, 2 * per_label, 0.5, per_problem, seed)
+    size = min(sum(c.correct for c in chosen), sum(not c.correct for c in chosen))
+    kept = {True: 0, False: 0}
+    balanced = []
+    for c in chosen:
+        if kept[c.correct] < size:
+            kept[c.correct] += 1
+            balanced.append(c)
+    return balanced
+
+
 def shown_answer(candidate: Candidate, show: str = "answer") -> str:
     """What a verifier is shown of a candidate: its final answer only, or its full solution."""
     return candidate.response if show == "solution" else (candidate.answer or "")

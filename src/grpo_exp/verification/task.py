@@ -12,8 +12,9 @@ import torch
 from datasets import Dataset
 from omegaconf import DictConfig
 
+from grpo_exp.errors import UserError
 from grpo_exp.generation import generate_completions
-from grpo_exp.schema import SelfVerifySchedule
+from grpo_exp.schema import ScaleRewards, SelfVerifySchedule
 from grpo_exp.verification.p_yes import PYesScorer, policy_p_yes
 from grpo_exp.verification.rule import Verifier
 from grpo_exp.verification.selfverify import (
@@ -22,6 +23,7 @@ from grpo_exp.verification.selfverify import (
     candidates_from_groups,
     filter_candidates,
     judgement_metrics,
+    matched_pairs,
     parse_judgement,
     probability_metrics,
     select_samples,
@@ -39,17 +41,49 @@ class SelfVerificationTask:
         self.cfg, self.verifier, self.p_yes, self.seed = cfg, verifier, p_yes, seed
         self.candidates: deque[Candidate] = deque(maxlen=cfg.buffer_size)
         self._problems_seen = 0
+        # objective=supervised: this step's verification examples, for the trainer's auxiliary verdict loss
+        self.supervised: list[Candidate] = []
+
+    @property
+    def supervised_objective(self) -> bool:
+        return self.cfg.objective == "supervised"
+
+    def conversations(self, chosen: list[Candidate]) -> list[list[dict[str, str]]]:
+        return [verification_prompt(c, self.cfg.template, self.cfg.show) for c in chosen]
 
     # ---- training -------------------------------------------------------------------------------------------
 
     def wanted_groups(self, groups: int, step: int) -> int:
-        """How many of a batch's groups the schedule turns into verification groups at this (1-based) step."""
+        """How many of a batch's groups the schedule turns into verification groups at this (1-based) step (with
+        objective=supervised: how many examples the verdict loss takes)."""
         schedule = SelfVerifySchedule(self.cfg.schedule)
+        pairs = self.cfg.balance == "pairs"
         if schedule is SelfVerifySchedule.joint:
-            return max(1, round(self.cfg.fraction * groups))
-        if schedule is SelfVerifySchedule.interleave:
-            return groups if step % self.cfg.every == 0 else 0
-        return groups
+            return 2 * self.cfg.pairs_per_step if pairs else max(1, round(self.cfg.fraction * groups))
+        if schedule is SelfVerifySchedule.interleave and step % self.cfg.every:
+            return 0
+        return 2 * (groups // 2) if pairs else groups
+
+    def select(self, wanted: int, step: int) -> tuple[list[Candidate], dict[str, float]]:
+        """This step's verification examples from the buffer, and the selection's metrics."""
+        kept, removed = filter_candidates(list(self.candidates), self.cfg.drop_no_answer, self.cfg.drop_all_wrong)
+        seed = self.seed + step - 1
+        if self.cfg.balance == "pairs":
+            chosen = matched_pairs(kept, wanted // 2, seed)
+        else:
+            chosen = select_samples(kept, wanted, self.cfg.yes_share, self.cfg.per_problem, seed)
+        metrics = {
+            "selfverify/candidates": float(len(self.candidates)),
+            "selfverify/removed_no_answer": float(removed["no_answer"]),
+            "selfverify/removed_all_wrong": float(removed["all_wrong"]),
+            "selfverify/groups": float(len(chosen)),
+            # balance=pairs: 1 when the buffer held fewer problems with mixed results than the step wanted
+            "selfverify/short": float(len(chosen) < wanted),
+        }
+        if chosen:
+            metrics["selfverify/yes_share"] = sum(c.correct for c in chosen) / len(chosen)
+            metrics |= self.p_yes_metrics(chosen, "selfverify/p_yes")
+        return chosen, metrics
 
     def mix_in(
         self, rows: list[dict], size: int, step: int, sample: Callable[[list], list[str]]
@@ -58,6 +92,7 @@ class SelfVerificationTask:
         metrics of the selection. `sample(prompts)` answers prompts with the current policy (verify_only: the
         answers to judge are sampled first, not trained on)."""
         rows = [{**row, "task": GENERATE, "verify_label": None, "pass_rate": None} for row in rows]
+        self.supervised = []
         groups = len(rows) // size
         wanted = self.wanted_groups(groups, step)
         if SelfVerifySchedule(self.cfg.schedule) is SelfVerifySchedule.verify_only:
@@ -68,18 +103,12 @@ class SelfVerificationTask:
             self.observe([row["question"] for row in problems], texts, labels, size)
         if not wanted:
             return rows, {}
-        kept, removed = filter_candidates(list(self.candidates), self.cfg.drop_no_answer, self.cfg.drop_all_wrong)
-        chosen = select_samples(kept, wanted, self.cfg.yes_share, self.cfg.per_problem, seed=self.seed + step - 1)
-        metrics = {
-            "selfverify/candidates": float(len(self.candidates)),
-            "selfverify/removed_no_answer": float(removed["no_answer"]),
-            "selfverify/removed_all_wrong": float(removed["all_wrong"]),
-            "selfverify/groups": float(len(chosen)),
-        }
+        chosen, metrics = self.select(wanted, step)
+        if self.supervised_objective:  # the verdict loss takes them; the GRPO batch stays all generation
+            self.supervised = chosen
+            return rows, metrics
         if not chosen:
             return rows, metrics
-        metrics["selfverify/yes_share"] = sum(c.correct for c in chosen) / len(chosen)
-        metrics |= self.p_yes_metrics(chosen, "selfverify/p_yes")
         for offset, candidate in enumerate(chosen):
             group = groups - len(chosen) + offset
             row = {
@@ -136,11 +165,34 @@ class SelfVerificationTask:
         chosen = select_samples(kept, len(dataset), 0.5, samples, self.seed)
         if not chosen:
             return {}
-        conversations = [verification_prompt(c, self.cfg.template, self.cfg.show) for c in chosen]
+        conversations = self.conversations(chosen)
         verdicts = generate_completions(model, tokenizer, conversations, max_new_tokens, batch_size, "verdicts")
         actual = [c.correct for c in chosen]
         return (
             {"verify/examples": len(chosen), "verify/yes_share": sum(actual) / len(actual)}
             | self.verdict_metrics(verdicts, [c.label for c in chosen], "verify")
             | self.p_yes_metrics(chosen, "verify/p_yes", policy_p_yes(model, tokenizer, batch_size))
+        )
+
+
+def check_task(task_cfg: DictConfig, trainer_cfg: DictConfig) -> None:
+    """What the schema cannot check alone: the task's settings against the trainer's."""
+    groups = trainer_cfg.prompts_per_step
+    joint_grpo = task_cfg.schedule == SelfVerifySchedule.joint.value and task_cfg.objective == "grpo"
+    if joint_grpo and task_cfg.balance == "pairs" and 2 * task_cfg.pairs_per_step >= groups:
+        raise UserError(
+            f"reward.components.selfverify.pairs_per_step={task_cfg.pairs_per_step} takes "
+            f"{2 * task_cfg.pairs_per_step} verification groups per step (schedule=joint), which leaves no "
+            f"generation group of trainer.prompts_per_step={groups}: raise prompts_per_step above "
+            f"{2 * task_cfg.pairs_per_step} or lower pairs_per_step"
+        )
+    if joint_grpo and task_cfg.balance == "share" and groups < 2:
+        raise UserError(
+            "reward.components.selfverify.schedule=joint mixes verification groups into batches of several "
+            f"prompts, but trainer.prompts_per_step={groups}: raise it or use schedule=interleave"
+        )
+    if task_cfg.scale_by_pass_rate and ScaleRewards(trainer_cfg.scale_rewards) is ScaleRewards.group:
+        raise UserError(
+            "reward.components.selfverify.scale_by_pass_rate=true scales a group's rewards by one constant, which "
+            "trainer.scale_rewards=group divides out again: use trainer.scale_rewards=none or batch with it"
         )

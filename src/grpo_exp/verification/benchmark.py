@@ -1,0 +1,116 @@
+"""The verification benchmark: can a model tell its own correct answers from its wrong ones?
+
+A fixed, balanced set (eval.verification_benchmark): the initial policy's own sampled answers to problems it
+never trains on, labelled by the rule verifier, as many correct as incorrect (at most `per_problem` per
+problem), built once and cached with its seed. A model is scored on it by its P(Yes) to "Is the proposed
+answer correct?" (one forward pass each): AUROC with a bootstrap interval, balanced accuracy and the share of
+"Yes" verdicts at P(Yes) > 0.5, Brier score and ECE. A constant verdict scores AUROC 0.5 and balanced accuracy
+0.5, whatever it is, so a drift towards "Yes" cannot pass for verification ability.
+"""
+
+import dataclasses
+import hashlib
+import json
+import logging
+from pathlib import Path
+
+import torch
+from datasets import Dataset
+from omegaconf import DictConfig, OmegaConf
+
+from grpo_exp.generation import generate_completions
+from grpo_exp.schema import VerifierName, VerifierSchema
+from grpo_exp.stats import auroc, balanced_accuracy, bootstrap_interval
+from grpo_exp.verification.p_yes import PYesScorer
+from grpo_exp.verification.rule import Verifier
+from grpo_exp.verification.selfverify import (
+    Candidate,
+    balanced_set,
+    brier,
+    candidates_from_groups,
+    expected_calibration_error,
+    filter_candidates,
+)
+
+log = logging.getLogger(__name__)
+PREFIX = "verify_bench"
+
+
+def benchmark_key(bench_cfg: DictConfig, model_cfg: DictConfig, data_cfg: DictConfig, max_new_tokens: int) -> str:
+    """What the set depends on: the answering model, the problems, the sampling and the selection."""
+    identity = {
+        "model": OmegaConf.to_container(model_cfg, resolve=True),
+        "dataset": OmegaConf.to_container(data_cfg, resolve=True),
+        "benchmark": {k: v for k, v in OmegaConf.to_container(bench_cfg).items() if k not in ("enabled", "resamples")},
+        "max_new_tokens": max_new_tokens,
+    }
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def build_benchmark(
+    model, tokenizer, problems: Dataset, verifier: Verifier, bench_cfg: DictConfig, max_new_tokens: int,
+    batch_size: int,
+) -> list[Candidate]:  # fmt: skip
+    """Sample the model's answers to the problems, label them, and draw the balanced set."""
+    torch.manual_seed(bench_cfg.seed)
+    samples = bench_cfg.samples
+    prompts = [p for p in problems["prompt"] for _ in range(samples)]
+    texts = generate_completions(
+        model, tokenizer, prompts, max_new_tokens, batch_size, "verification benchmark: answers",
+        bench_cfg.temperature,
+    )  # fmt: skip
+    labels = verifier(texts, [s for s in problems["solution"] for _ in range(samples)])
+    candidates = candidates_from_groups(problems["question"], texts, labels, samples)
+    kept, _ = filter_candidates(candidates, drop_no_answer=True, drop_all_wrong=False)
+    chosen = balanced_set(kept, bench_cfg.per_label, bench_cfg.per_problem, bench_cfg.seed)
+    if len(chosen) < 2 * bench_cfg.per_label:
+        log.warning(
+            "verification benchmark: %d correct and %d incorrect answers (asked for %d each): the policy answered "
+            "too few problems %s; raise eval.verification_benchmark.problems or .samples",
+            len(chosen) // 2, len(chosen) // 2, bench_cfg.per_label,
+            "right" if sum(c.correct for c in kept) < sum(not c.correct for c in kept) else "wrong",
+        )  # fmt: skip
+    return chosen
+
+
+def save_benchmark(examples: list[Candidate], path: Path) -> None:
+    """Written whole or not at all (a temporary file renamed), so that an interrupted build is never reused."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps([dataclasses.asdict(c) for c in examples]), encoding="utf-8")
+    partial.replace(path)
+
+
+def load_benchmark(path: Path) -> list[Candidate]:
+    return [Candidate(**row) for row in json.loads(path.read_text(encoding="utf-8"))]
+
+
+def policy_scorer(model, tokenizer, bench_cfg: DictConfig, batch_size: int) -> PYesScorer:
+    """These weights' P(Yes), asked with the benchmark's question."""
+    verifier_cfg = VerifierSchema(name=VerifierName.self, template=bench_cfg.template, batch_size=batch_size)
+    scorer = PYesScorer(OmegaConf.structured(verifier_cfg), None, "")
+    scorer.bind(model, tokenizer)
+    return scorer
+
+
+def benchmark_metrics(p_yes: list[float], correct: list[bool], resamples: int, seed: int) -> dict[str, float]:
+    """The measures of a P(Yes) on the benchmark; the AUROC's 95% percentile-bootstrap interval beside it."""
+    low, high = bootstrap_interval(p_yes, correct, auroc, resamples, seed=seed)
+    says_yes = [p > 0.5 for p in p_yes]
+    return {
+        f"{PREFIX}/examples": float(len(p_yes)),
+        f"{PREFIX}/auroc": auroc(p_yes, correct),
+        f"{PREFIX}/auroc_low": low,
+        f"{PREFIX}/auroc_high": high,
+        f"{PREFIX}/balanced_accuracy": balanced_accuracy(says_yes, correct),
+        f"{PREFIX}/yes_rate": sum(says_yes) / len(says_yes),
+        f"{PREFIX}/brier": brier(p_yes, correct),
+        f"{PREFIX}/ece": expected_calibration_error(p_yes, correct),
+    }
+
+
+def score_benchmark(scorer: PYesScorer, examples: list[Candidate], bench_cfg: DictConfig) -> dict[str, float]:
+    if not examples:
+        return {}
+    p_yes = scorer([c.question for c in examples], [c.answer or "" for c in examples])
+    return benchmark_metrics(p_yes, [c.correct for c in examples], bench_cfg.resamples, bench_cfg.seed)

@@ -1,0 +1,77 @@
+"""The verification benchmark: its statistics hand-computed, its cache, and a model scored on it."""
+
+import math
+
+import pytest
+
+from grpo_exp.models import build_tiny_model, load_tokenizer
+from grpo_exp.stats import auroc, balanced_accuracy, bootstrap_interval
+from grpo_exp.verification.benchmark import (
+    benchmark_metrics,
+    load_benchmark,
+    policy_scorer,
+    save_benchmark,
+    score_benchmark,
+)
+from grpo_exp.verification.selfverify import Candidate
+from tests.conftest import TINY_RUN, compose_config
+
+
+def test_auroc_counts_ties_half_and_needs_both_labels():
+    assert auroc([0.9, 0.8, 0.3, 0.1], [True, True, False, False]) == 1.0
+    assert auroc([0.5, 0.5, 0.5, 0.5], [True, False, True, False]) == 0.5
+    assert auroc([0.2, 0.6, 0.6, 0.1], [True, True, False, False]) == pytest.approx(0.625)  # 2.5 of 4 pairs
+    assert math.isnan(auroc([0.1, 0.2], [True, True]))
+
+
+def test_balanced_accuracy_gives_a_constant_verdict_one_half_whatever_the_balance():
+    actual = [True] * 19 + [False] * 81
+    assert balanced_accuracy([True] * 100, actual) == 0.5  # plain accuracy would be 0.19
+    assert balanced_accuracy([False] * 100, actual) == 0.5  # ...or 0.81
+    assert balanced_accuracy([True, False, True, True], [True, False, False, False]) == pytest.approx(2 / 3)
+
+
+def test_the_bootstrap_interval_brackets_the_estimate_and_narrows_with_more_data():
+    scores = [0.9, 0.7, 0.6, 0.4, 0.55, 0.3, 0.2, 0.65]
+    labels = [True, True, False, True, False, False, False, True]
+    low, high = bootstrap_interval(scores, labels, auroc, resamples=500, seed=1)
+    assert low <= auroc(scores, labels) <= high and high - low > 0.2
+    wide = high - low
+    low, high = bootstrap_interval(scores * 25, labels * 25, auroc, resamples=500, seed=1)
+    assert low <= auroc(scores, labels) <= high and high - low < wide / 3
+    assert bootstrap_interval(scores, labels, auroc, resamples=500, seed=1) == bootstrap_interval(
+        scores, labels, auroc, resamples=500, seed=1
+    )
+
+
+def test_benchmark_metrics_of_an_always_yes_verifier():
+    metrics = benchmark_metrics([0.9] * 4, [True, False, True, False], resamples=50, seed=0)
+    assert metrics["verify_bench/auroc"] == 0.5 and metrics["verify_bench/balanced_accuracy"] == 0.5
+    assert metrics["verify_bench/yes_rate"] == 1.0 and metrics["verify_bench/examples"] == 4.0
+    assert metrics["verify_bench/brier"] == pytest.approx((0.01 + 0.81) / 2)
+    assert metrics["verify_bench/ece"] == pytest.approx(0.4)
+
+
+EXAMPLES = [
+    Candidate(0, "Calculate 2 + 3.", "It is \\boxed{5}", "5", True, 0.5),
+    Candidate(0, "Calculate 2 + 3.", "It is \\boxed{6}", "6", False, 0.5),
+    Candidate(1, "Calculate 9 - 4.", "\\boxed{5}", "5", True, 1.0),
+    Candidate(2, "Calculate 7 + 7.", "\\boxed{15}", "15", False, 0.0),
+]
+
+
+def test_a_benchmark_is_saved_whole_and_read_back(tmp_path):
+    path = tmp_path / "bench" / "set.json"
+    save_benchmark(EXAMPLES, path)
+    assert load_benchmark(path) == EXAMPLES and not path.with_suffix(".partial").exists()
+
+
+def test_a_model_is_scored_on_the_benchmark_by_its_p_yes():
+    cfg = compose_config([*TINY_RUN, "eval.verification_benchmark.resamples=50"])
+    tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
+    model = build_tiny_model(cfg.model, tokenizer, seed=0)
+    bench_cfg = cfg.eval.verification_benchmark
+    metrics = score_benchmark(policy_scorer(model, tokenizer, bench_cfg, 4), EXAMPLES, bench_cfg)
+    assert metrics["verify_bench/examples"] == 4.0
+    assert metrics["verify_bench/auroc_low"] <= metrics["verify_bench/auroc"] <= metrics["verify_bench/auroc_high"]
+    assert 0.0 <= metrics["verify_bench/yes_rate"] <= 1.0 and 0.0 <= metrics["verify_bench/brier"] <= 1.0
