@@ -27,6 +27,22 @@ def test_evaluate_a_run_directory_with_samples(tiny_run):
 
 
 @pytest.mark.e2e
+def test_evaluate_reports_the_verification_benchmark_of_a_run_directory(tiny_run):
+    from grpo_exp.verification.benchmark import save_benchmark
+    from grpo_exp.verification.selfverify import Candidate
+
+    examples = [Candidate(i, f"Calculate {i} + 1.", "", str(i + 1 + (i % 2)), i % 2 == 0, 0.5) for i in range(6)]
+    save_benchmark(examples, tiny_run / "verification_benchmark.json")  # the run's own set is measured, not rebuilt
+    result = run_cli(str(tiny_run), "eval.samples=0", "eval.verification_benchmark.enabled=true",
+                     "eval.verification_benchmark.resamples=50", module="grpo_exp.evaluate")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = json.loads((tiny_run / "evaluation.json").read_text())
+    assert results["verify_bench/examples"] == 6.0
+    assert results["verify_bench/auroc_low"] <= results["verify_bench/auroc"] <= results["verify_bench/auroc_high"]
+    assert "verify_bench/balanced_accuracy" in result.stdout
+
+
+@pytest.mark.e2e
 def test_evaluate_a_checkpoint_and_a_model_config(tiny_run, tmp_path, monkeypatch):
     checkpoint = tiny_run / "checkpoint-final"
     result = run_cli(str(checkpoint), "dataset.eval_size=3", "eval.samples=0", module="grpo_exp.evaluate")

@@ -25,16 +25,19 @@ from grpo_exp.errors import UserError
 from grpo_exp.models import check_reachable, load_model, load_tokenizer
 from grpo_exp.paths import CONF_DIR
 from grpo_exp.run.build import build_rollout
-from grpo_exp.run.evaluation import heldout_accuracy, sampled_metrics
-from grpo_exp.run.files import EVALUATION_FILE, FINAL_CHECKPOINT_DIR
+from grpo_exp.run.evaluation import benchmark_statistics, heldout_accuracy, sampled_metrics, verification_benchmark
+from grpo_exp.run.files import BENCHMARK_FILE, EVALUATION_FILE, FINAL_CHECKPOINT_DIR
 from grpo_exp.run.tracking import Tracker, redact
 from grpo_exp.schema import check_values, register_schemas
+from grpo_exp.verification.benchmark import load_benchmark
 from grpo_exp.verification.rule import math_verify_verifier
 
 EPILOG = """\
 The first argument may be a grpo_exp run directory (its config is re-composed and its checkpoint-final
 evaluated) or a model checkpoint directory; every other argument is a Hydra override of the training
-config (dataset=..., eval.samples=..., eval.temperature=..., eval.batch_size=..., eval.log_to_wandb=true).
+config (dataset=..., eval.samples=..., eval.temperature=..., eval.batch_size=..., eval.log_to_wandb=true,
+eval.verification_benchmark.enabled=true: the model's P(Yes) on the verification benchmark, a run directory's
+own set when it has one).
 Results are printed and written to <run dir>/evaluation.json (or outputs/eval/<time>/evaluation.json).
 """
 
@@ -81,7 +84,7 @@ def main(argv: list[str] | None = None) -> dict:
     verifier = math_verify_verifier()
     rollout = build_rollout(cfg)
     check_reachable(cfg.model)
-    _, heldout = load_splits(cfg.dataset)
+    train, heldout = load_splits(cfg.dataset)
     tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
     model = load_model(cfg.model, tokenizer, cfg.cache_dir, cfg.trainer.seed)
     max_new_tokens = cfg.eval.max_new_tokens or cfg.trainer.max_completion_length
@@ -98,6 +101,15 @@ def main(argv: list[str] | None = None) -> dict:
         )  # fmt: skip
     results |= {f"greedy {key}": value for key, value in greedy.rollout.items()}
     out_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.eval.verification_benchmark.enabled:
+        # A run directory's own set (its initial policy's answers); else one built from (or cached for) this model.
+        own = out_dir / BENCHMARK_FILE
+        examples = (
+            load_benchmark(own)
+            if own.is_file()
+            else verification_benchmark(cfg, model, tokenizer, train, heldout, verifier, out_dir)
+        )
+        results |= benchmark_statistics(model, tokenizer, examples, cfg)
     as_json = {k: None if isinstance(v, float) and v != v else v for k, v in results.items()}  # NaN -> null
     (out_dir / EVALUATION_FILE).write_text(json.dumps(as_json, indent=2) + "\n", encoding="utf-8")
     table = Table(title=f"held-out evaluation ({cfg.dataset.name})", show_header=False)
