@@ -48,13 +48,13 @@ def check_and_build(cfg: DictConfig) -> RunParts:
     reward_funcs, reward_weights = build_rewards(cfg.reward, {"p_yes": p_yes, "judge": judge})
     verifier = math_verify_verifier()
     check_trainer(cfg.trainer, world_size())
+    rollout = build_rollout(cfg)
+    if rollout is not None:
+        reward_funcs = [scored_on_final_turn(func) for func in reward_funcs]
     task_cfg = components.get("selfverify")
     if task_cfg is not None:
         check_task(task_cfg, cfg.trainer)
     selfverify = None if task_cfg is None else SelfVerificationTask(task_cfg, verifier, p_yes, cfg.trainer.seed)
-    rollout = build_rollout(cfg)
-    if rollout is not None:
-        reward_funcs = [scored_on_final_turn(func) for func in reward_funcs]
     check_data_files(cfg.dataset)
     check_reachable(cfg.model)
     return RunParts(reward_funcs, reward_weights, verifier, p_yes, judge, selfverify, rollout)
