@@ -186,6 +186,11 @@ def check_task(task_cfg: DictConfig, trainer_cfg: DictConfig) -> None:
             f"generation group of trainer.prompts_per_step={groups}: raise prompts_per_step above "
             f"{2 * task_cfg.pairs_per_step} or lower pairs_per_step"
         )
+    if task_cfg.objective == "grpo" and task_cfg.balance == "pairs" and groups < 2:
+        raise UserError(
+            "reward.components.selfverify.balance=pairs puts a pair's two answers in two groups of one step, but "
+            f"trainer.prompts_per_step={groups}: raise it to 2 or more"
+        )
     if joint_grpo and task_cfg.balance == "share" and groups < 2:
         raise UserError(
             "reward.components.selfverify.schedule=joint mixes verification groups into batches of several "
