@@ -47,6 +47,7 @@ def test_the_bootstrap_interval_brackets_the_estimate_and_narrows_with_more_data
 def test_benchmark_metrics_of_an_always_yes_verifier():
     metrics = benchmark_metrics([0.9] * 4, [True, False, True, False], resamples=50, seed=0)
     assert metrics["verify_bench/auroc"] == 0.5 and metrics["verify_bench/balanced_accuracy"] == 0.5
+    assert metrics["verify_bench/balanced_accuracy_low"] == metrics["verify_bench/balanced_accuracy_high"] == 0.5
     assert metrics["verify_bench/yes_rate"] == 1.0 and metrics["verify_bench/examples"] == 4.0
     assert metrics["verify_bench/brier"] == pytest.approx((0.01 + 0.81) / 2)
     assert metrics["verify_bench/ece"] == pytest.approx(0.4)

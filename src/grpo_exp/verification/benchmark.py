@@ -94,8 +94,10 @@ def policy_scorer(model, tokenizer, bench_cfg: DictConfig, batch_size: int) -> P
 
 
 def benchmark_metrics(p_yes: list[float], correct: list[bool], resamples: int, seed: int) -> dict[str, float]:
-    """The measures of a P(Yes) on the benchmark; the AUROC's 95% percentile-bootstrap interval beside it."""
+    """The measures of a P(Yes) on the benchmark; the 95% percentile-bootstrap intervals of the AUROC and of the
+    balanced accuracy beside them."""
     low, high = bootstrap_interval(p_yes, correct, auroc, resamples, seed=seed)
+    balanced_low, balanced_high = bootstrap_interval(p_yes, correct, _balanced_accuracy, resamples, seed=seed)
     says_yes = [p > 0.5 for p in p_yes]
     return {
         f"{PREFIX}/examples": float(len(p_yes)),
@@ -103,10 +105,16 @@ def benchmark_metrics(p_yes: list[float], correct: list[bool], resamples: int, s
         f"{PREFIX}/auroc_low": low,
         f"{PREFIX}/auroc_high": high,
         f"{PREFIX}/balanced_accuracy": balanced_accuracy(says_yes, correct),
+        f"{PREFIX}/balanced_accuracy_low": balanced_low,
+        f"{PREFIX}/balanced_accuracy_high": balanced_high,
         f"{PREFIX}/yes_rate": sum(says_yes) / len(says_yes),
         f"{PREFIX}/brier": brier(p_yes, correct),
         f"{PREFIX}/ece": expected_calibration_error(p_yes, correct),
     }
+
+
+def _balanced_accuracy(p_yes: list[float], correct: list[bool]) -> float:
+    return balanced_accuracy([p > 0.5 for p in p_yes], correct)
 
 
 def score_benchmark(scorer: PYesScorer, examples: list[Candidate], bench_cfg: DictConfig) -> dict[str, float]:
