@@ -199,13 +199,15 @@ def bootstrap_interval(
 
 
 def balanced_accuracy(predicted_yes: list[bool], actual_yes: list[bool]) -> float:
-    """The mean of the recall of "Yes" and of "No": 0.5 for any constant verdict, whatever the labels' balance."""
+    """The mean of the recall of "Yes" and of "No": 0.5 for any constant verdict, whatever the labels' balance
+    (NaN unless both labels occur)."""
     recalls = []
     for label in (True, False):
         members = [p for p, a in zip(predicted_yes, actual_yes, strict=True) if a == label]
-        if members:
-            recalls.append(sum(p == label for p in members) / len(members))
-    return sum(recalls) / len(recalls) if recalls else math.nan
+        if not members:
+            return math.nan
+        recalls.append(sum(p == label for p in members) / len(members))
+    return sum(recalls) / len(recalls)
 
 
 def impute_group_means(rewards: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
