@@ -64,11 +64,13 @@ def build_benchmark(
     kept, _ = filter_candidates(candidates, drop_no_answer=True, drop_all_wrong=False)
     chosen = balanced_set(kept, bench_cfg.per_label, bench_cfg.per_problem, bench_cfg.seed)
     if len(chosen) < 2 * bench_cfg.per_label:
+        right = [c for c in kept if c.correct]
         log.warning(
-            "verification benchmark: %d correct and %d incorrect answers (asked for %d each): the policy answered "
-            "too few problems %s; raise eval.verification_benchmark.problems or .samples",
-            len(chosen) // 2, len(chosen) // 2, bench_cfg.per_label,
-            "right" if sum(c.correct for c in kept) < sum(not c.correct for c in kept) else "wrong",
+            "verification benchmark: %d correct and %d incorrect answers (asked for %d each): of %d sampled "
+            "answers %d were right, on %d problems; raise eval.verification_benchmark.problems or .samples, or "
+            "lower .temperature",
+            len(chosen) // 2, len(chosen) // 2, bench_cfg.per_label, len(texts), len(right),
+            len({c.problem for c in right}),
         )  # fmt: skip
     return chosen
 
