@@ -1,0 +1,58 @@
+"""How much a run changed the policy's verification ability, paired: `python -m benchmarks.verification_change
+<run dir> [<run dir> ...]`.
+
+Each run directory's verification benchmark (verification_benchmark.json) is scored by the initial policy
+(model=smollm2_135m, the presets' default) and by the run's final checkpoint; the AUROC change gets a paired
+percentile-bootstrap 95% interval (the same resampled examples for both), tighter than comparing the two
+unpaired intervals in summary.json. Needs the checkpoint (save_model=true, the default).
+"""
+
+import os
+import random
+import sys
+from pathlib import Path
+
+from grpo_exp.models import load_model, load_tokenizer, model_option_config
+from grpo_exp.run.files import BENCHMARK_FILE
+from grpo_exp.stats import auroc
+from grpo_exp.verification.benchmark import load_benchmark, policy_scorer
+from tests.conftest import compose_config
+
+RESAMPLES = 2000
+
+
+def p_yes(model_cfg, bench_cfg, cache_dir: str, examples) -> list[float]:
+    tokenizer = load_tokenizer(model_cfg, cache_dir)
+    model = load_model(model_cfg, tokenizer, cache_dir, seed=0).eval()
+    scorer = policy_scorer(model, tokenizer, bench_cfg, batch_size=64)
+    return scorer([c.question for c in examples], [c.answer or "" for c in examples])
+
+
+def paired_change(before: list[float], after: list[float], labels: list[bool], seed: int = 0) -> tuple[float, float]:
+    rng, changes = random.Random(seed), []
+    for _ in range(RESAMPLES):
+        picks = [rng.randrange(len(labels)) for _ in labels]
+        resampled = [labels[i] for i in picks]
+        if any(resampled) and not all(resampled):
+            changes.append(auroc([after[i] for i in picks], resampled) - auroc([before[i] for i in picks], resampled))
+    changes.sort()
+    return changes[int(0.025 * len(changes))], changes[int(0.975 * len(changes))]
+
+
+def main(run_dirs: list[str]) -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    cfg = compose_config(["+experiment=selfverify"])
+    bench_cfg = cfg.eval.verification_benchmark
+    for run_dir in map(Path, run_dirs):
+        examples = load_benchmark(run_dir / BENCHMARK_FILE)
+        labels = [c.correct for c in examples]
+        before = p_yes(cfg.model, bench_cfg, cfg.cache_dir, examples)
+        after = p_yes(model_option_config(str(run_dir), "run"), bench_cfg, cfg.cache_dir, examples)
+        low, high = paired_change(before, after, labels)
+        first, last = auroc(before, labels), auroc(after, labels)
+        print(f"{run_dir}: {len(examples)} examples, AUROC {first:.3f} -> {last:.3f}, change {last - first:+.3f}, "
+              f"paired 95% [{low:+.3f}, {high:+.3f}]")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
