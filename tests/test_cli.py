@@ -48,8 +48,10 @@ USER_ERRORS = [
         "schedule=joint mixes verification groups",
     ),  # fmt: skip
     (["reward=math+selfverify", "trainer.prompts_per_step=2"], "leaves no generation group"),
-    (["reward=math+selfverify", "reward.components.selfverify.schedule=interleave", "trainer.prompts_per_step=1"],
-     "balance=pairs puts a pair's two answers in two groups"),  # fmt: skip
+    (
+        ["reward=math+selfverify", "reward.components.selfverify.schedule=interleave", "trainer.prompts_per_step=1"],
+        "balance=pairs puts a pair's two answers in two groups",
+    ),  # fmt: skip
     (
         [
             "reward=math+selfverify",

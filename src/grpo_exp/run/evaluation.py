@@ -34,6 +34,8 @@ from grpo_exp.verification.benchmark import (
 from grpo_exp.verification.rule import Verifier
 from grpo_exp.verification.selfverify import Candidate
 
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class EvalResult:
@@ -122,7 +124,7 @@ def verification_benchmark(
     key = benchmark_key(bench_cfg, cfg.model, cfg.dataset, max_new_tokens)
     cached = Path(cfg.cache_dir) / "verification_benchmark" / f"{key}.json"
     if cached.is_file():
-        logging.getLogger(__name__).info("Verification benchmark from the cache: %s", cached)
+        log.info("Verification benchmark from the cache: %s", cached)
     else:
         problems = unseen_problems(cfg.dataset, bench_cfg.problems, train, heldout)
         examples = build_benchmark(model, tokenizer, problems, verifier, bench_cfg, max_new_tokens, cfg.eval.batch_size)
