@@ -224,6 +224,7 @@ def test_confidence_reward_from_a_frozen_genrm_trains_end_to_end(tmp_path):
     run_dir = tmp_path / "run"
     result = run_cli(
         *TINY_RUN, "reward=confidence", "verifier=genrm", "verifier.model=tiny", "logger=none",
+        "reward.components.confidence.show=solution",  # the random tiny model never writes a final answer
         "eval.before=false", f"hydra.run.dir={run_dir}",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
