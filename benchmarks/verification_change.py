@@ -15,7 +15,8 @@ from pathlib import Path
 from grpo_exp.models import load_model, load_tokenizer, model_option_config
 from grpo_exp.run.files import BENCHMARK_FILE
 from grpo_exp.stats import auroc
-from grpo_exp.verification.benchmark import load_benchmark, policy_scorer
+from grpo_exp.verification.benchmark import load_benchmark
+from grpo_exp.verification.p_yes import policy_p_yes
 from tests.conftest import compose_config
 
 RESAMPLES = 2000
@@ -24,7 +25,7 @@ RESAMPLES = 2000
 def p_yes(model_cfg, bench_cfg, cache_dir: str, examples) -> list[float]:
     tokenizer = load_tokenizer(model_cfg, cache_dir)
     model = load_model(model_cfg, tokenizer, cache_dir, seed=0).eval()
-    scorer = policy_scorer(model, tokenizer, bench_cfg, batch_size=64)
+    scorer = policy_p_yes(model, tokenizer, batch_size=64, template=bench_cfg.template)
     return scorer([c.question for c in examples], [c.answer or "" for c in examples])
 
 

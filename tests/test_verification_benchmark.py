@@ -9,7 +9,6 @@ from grpo_exp.stats import auroc, balanced_accuracy, bootstrap_interval
 from grpo_exp.verification.benchmark import (
     benchmark_metrics,
     load_benchmark,
-    policy_scorer,
     save_benchmark,
     score_benchmark,
 )
@@ -72,7 +71,7 @@ def test_a_model_is_scored_on_the_benchmark_by_its_p_yes():
     tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
     model = build_tiny_model(cfg.model, tokenizer, seed=0)
     bench_cfg = cfg.eval.verification_benchmark
-    metrics = score_benchmark(policy_scorer(model, tokenizer, bench_cfg, 4), EXAMPLES, bench_cfg)
+    metrics = score_benchmark(model, tokenizer, EXAMPLES, bench_cfg, batch_size=4)
     assert metrics["verify_bench/examples"] == 4.0
     assert metrics["verify_bench/auroc_low"] <= metrics["verify_bench/auroc"] <= metrics["verify_bench/auroc_high"]
     assert 0.0 <= metrics["verify_bench/yes_rate"] <= 1.0 and 0.0 <= metrics["verify_bench/brier"] <= 1.0

@@ -27,7 +27,6 @@ from grpo_exp.verification.benchmark import (
     benchmark_key,
     build_benchmark,
     load_benchmark,
-    policy_scorer,
     save_benchmark,
     score_benchmark,
 )
@@ -136,4 +135,4 @@ def verification_benchmark(
 def benchmark_statistics(model, tokenizer, examples: list[Candidate], cfg: DictConfig) -> dict[str, float]:
     """The model's own P(Yes) on the verification benchmark."""
     bench_cfg = cfg.eval.verification_benchmark
-    return score_benchmark(policy_scorer(model, tokenizer, bench_cfg, cfg.eval.batch_size), examples, bench_cfg)
+    return score_benchmark(model, tokenizer, examples, bench_cfg, cfg.eval.batch_size)

@@ -19,9 +19,8 @@ from datasets import Dataset
 from omegaconf import DictConfig, OmegaConf
 
 from grpo_exp.generation import generate_completions
-from grpo_exp.schema import VerifierName, VerifierSchema
 from grpo_exp.stats import auroc, balanced_accuracy, bootstrap_interval
-from grpo_exp.verification.p_yes import PYesScorer
+from grpo_exp.verification.p_yes import policy_p_yes
 from grpo_exp.verification.rule import Verifier
 from grpo_exp.verification.selfverify import (
     Candidate,
@@ -30,6 +29,7 @@ from grpo_exp.verification.selfverify import (
     candidates_from_groups,
     expected_calibration_error,
     filter_candidates,
+    shown_answer,
 )
 
 log = logging.getLogger(__name__)
@@ -87,14 +87,6 @@ def load_benchmark(path: Path) -> list[Candidate]:
     return [Candidate(**row) for row in json.loads(path.read_text(encoding="utf-8"))]
 
 
-def policy_scorer(model, tokenizer, bench_cfg: DictConfig, batch_size: int) -> PYesScorer:
-    """These weights' P(Yes), asked with the benchmark's question."""
-    verifier_cfg = VerifierSchema(name=VerifierName.self, template=bench_cfg.template, batch_size=batch_size)
-    scorer = PYesScorer(OmegaConf.structured(verifier_cfg), None, "")
-    scorer.bind(model, tokenizer)
-    return scorer
-
-
 def benchmark_metrics(p_yes: list[float], correct: list[bool], resamples: int, seed: int) -> dict[str, float]:
     """The measures of a P(Yes) on the benchmark; the 95% percentile-bootstrap intervals of the AUROC and of the
     balanced accuracy beside them."""
@@ -119,8 +111,10 @@ def _balanced_accuracy(p_yes: list[float], correct: list[bool]) -> float:
     return balanced_accuracy([p > 0.5 for p in p_yes], correct)
 
 
-def score_benchmark(scorer: PYesScorer, examples: list[Candidate], bench_cfg: DictConfig) -> dict[str, float]:
+def score_benchmark(model, tokenizer, examples: list[Candidate], bench_cfg: DictConfig, batch_size: int) -> dict:
+    """These weights' own P(Yes) on the benchmark, asked with its question."""
     if not examples:
         return {}
-    p_yes = scorer([c.question for c in examples], [c.answer or "" for c in examples])
+    scorer = policy_p_yes(model, tokenizer, batch_size, bench_cfg.template)
+    p_yes = scorer([c.question for c in examples], [shown_answer(c) for c in examples])
     return benchmark_metrics(p_yes, [c.correct for c in examples], bench_cfg.resamples, bench_cfg.seed)

@@ -124,8 +124,11 @@ def build_p_yes(verifier_cfg: DictConfig, policy_cfg: DictConfig, cache_dir: str
     return PYesScorer(verifier_cfg, policy_cfg, cache_dir)
 
 
-def policy_p_yes(model, tokenizer, batch_size: int) -> PYesScorer:
-    """These weights' own P(Yes), asked with the default verifier question (held-out self-verification)."""
-    scorer = PYesScorer(OmegaConf.structured(VerifierSchema(name=VerifierName.self, batch_size=batch_size)), None, "")
+def policy_p_yes(model, tokenizer, batch_size: int, template: str | None = None) -> PYesScorer:
+    """These weights' own P(Yes), asked with `template` (null: the default verifier question)."""
+    settings = VerifierSchema(name=VerifierName.self, batch_size=batch_size)
+    if template is not None:
+        settings.template = template
+    scorer = PYesScorer(OmegaConf.structured(settings), None, "")
     scorer.bind(model, tokenizer)
     return scorer
