@@ -63,6 +63,16 @@ USER_ERRORS = [
     (["model=pretrained"], "model.name_or_path is required with model=pretrained"),
     (["+trainer.extra.per_device_train_batch_size=3"], "derived from trainer.prompts_per_step"),
     (["+trainer.extra.num_generatoins=3"], "did you mean ['num_generations'"),
+    (["trainer.zero_variance_groups=drop"], "Invalid value 'drop', expected one of [keep, skip, resample]"),
+    (["trainer.max_resample_batches=0"], "trainer.max_resample_batches=0"),
+    (
+        ["trainer.zero_variance_groups=skip", "+trainer.extra.multi_objective_aggregation=normalize_then_sum"],
+        "advantages are normalised over the whole batch",
+    ),  # fmt: skip
+    (
+        ["reward=math+selfverify", "trainer.prompts_per_step=3", "trainer.zero_variance_groups=resample"],
+        "use zero_variance_groups=skip or keep with reward=...selfverify",
+    ),  # fmt: skip
 ]
 
 

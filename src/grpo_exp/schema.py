@@ -67,6 +67,12 @@ class ScaleRewards(Enum):
     none = "none"
 
 
+class ZeroVarianceGroups(Enum):
+    keep = "keep"  # TRL as it is: every group trains, a group with no reward spread giving zero gradient
+    skip = "skip"  # groups with no reward spread take no part in the loss forward / backward (same update, beta=0)
+    resample = "resample"  # DAPO's dynamic sampling: generate more prompts' groups until the step has spread
+
+
 class RolloutName(Enum):
     single = "single"  # one completion, TRL's own generation
     multiturn = "multiturn"  # several turns with tools between them (grpo_exp.rollout)
@@ -349,6 +355,13 @@ class TrainerSchema:
     max_grad_norm: float = knob(1.0, gt=0.0)
     logging_steps: int = knob(1, ge=1)
     seed: int = knob(42, ge=0)
+    # Groups whose completions all got the same reward (advantages all zero): `keep` trains on them as TRL does (their
+    # gradient is zero when beta=0); `skip` leaves them out of the loss forward/backward with the update unchanged
+    # (beta=0; with beta>0, entropy_coef or top_entropy_quantile<1 those terms then see the other groups only);
+    # `resample` also generates up to max_resample_batches more batches of fresh prompts per step until
+    # prompts_per_step groups have a spread (DAPO's dynamic sampling), then trains on those.
+    zero_variance_groups: ZeroVarianceGroups = ZeroVarianceGroups.keep
+    max_resample_batches: int = knob(4, ge=1)  # resample: extra generation batches a step may take at most
     # Resumable checkpoints (weights, optimiser, RNG) every N steps under <run dir>/trainer (0: only when a run is
     # interrupted); deleted when the run finishes unless keep_checkpoints.
     save_steps: int = knob(10, ge=0, why="must be 0 (off) or a number of steps")

@@ -42,12 +42,22 @@ def group_std(rewards: torch.Tensor) -> torch.Tensor:
     return torch.sqrt(torch.nanmean(centred**2, dim=1))
 
 
+# A group's reward std below this is no spread: the float noise of equal rewards, not a learning signal.
+ZERO_SPREAD = 1e-6
+
+
+def zero_spread_groups(rewards: torch.Tensor) -> torch.Tensor:
+    """rewards [P, G] -> [P] bool: the groups whose advantages are all zero (up to float noise), because their
+    rewards have no spread or none of them could be scored."""
+    return ~(group_std(rewards) >= ZERO_SPREAD)  # NaN (nothing scored) compares False: no spread
+
+
 def reward_spread(rewards: torch.Tensor, prefix: str) -> dict[str, float]:
     """rewards [P, G]: distribution of per-group mean and std, and the share of groups with no spread."""
     group_mean = torch.nanmean(rewards, dim=1)
     spread = group_std(rewards)
     valid = ~torch.isnan(spread)
-    zero_std = (spread[valid] < 1e-6).float()
+    zero_std = (spread[valid] < ZERO_SPREAD).float()
     return {
         f"{prefix}/group_mean/mean": _nanmean(group_mean),
         f"{prefix}/group_std/mean": _nanmean(spread),

@@ -123,6 +123,8 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
             stats_cfg=cfg.stats,
             samples_path=run_dir / SAMPLES_FILE,
             selfverify=parts.selfverify,
+            zero_variance_groups=cfg.trainer.zero_variance_groups.value,
+            max_resample_batches=cfg.trainer.max_resample_batches,
             model=model,
             reward_funcs=parts.reward_funcs,
             args=args,

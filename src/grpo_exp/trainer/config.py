@@ -13,7 +13,9 @@ from trl import GRPOConfig
 from grpo_exp.errors import UserError
 
 # TrainerSchema keys that are grpo_exp's own, not GRPOConfig fields.
-OWN_KEYS = {"prompts_per_step", "extra", "keep_checkpoints", "resume"}
+OWN_KEYS = {
+    "prompts_per_step", "extra", "keep_checkpoints", "resume", "zero_variance_groups", "max_resample_batches",
+}  # fmt: skip
 
 
 def check_trainer(trainer_cfg: DictConfig, processes: int = 1) -> None:
@@ -27,6 +29,7 @@ def check_trainer(trainer_cfg: DictConfig, processes: int = 1) -> None:
         )
     if trainer_cfg.extra.get("use_vllm"):
         check_vllm()
+    check_zero_variance_groups(trainer_cfg, processes)
     known = {f.name for f in dataclasses.fields(GRPOConfig)}
     for key, value in trainer_cfg.extra.items():
         if key not in known:
@@ -42,6 +45,24 @@ def check_trainer(trainer_cfg: DictConfig, processes: int = 1) -> None:
                 "set those instead"
             )
         _check_extra_value(key, value)
+
+
+def check_zero_variance_groups(trainer_cfg: DictConfig, processes: int) -> None:
+    mode = trainer_cfg.zero_variance_groups
+    mode = getattr(mode, "value", mode)
+    if mode == "keep":
+        return
+    if trainer_cfg.extra.get("multi_objective_aggregation") == "normalize_then_sum":
+        raise UserError(
+            f"trainer.zero_variance_groups={mode} leaves out groups whose advantages are all zero, but with "
+            "trainer.extra.multi_objective_aggregation=normalize_then_sum advantages are normalised over the whole "
+            "batch, so such a group still has (equal, non-zero) advantages: use zero_variance_groups=keep"
+        )
+    if mode == "resample" and processes > 1:
+        raise UserError(
+            f"trainer.zero_variance_groups=resample runs in one process only (this run has {processes}): "
+            "use zero_variance_groups=skip"
+        )
 
 
 # Pass-through fields with a fixed set of values that TRL only checks mid-training (the seam mirrors this one).

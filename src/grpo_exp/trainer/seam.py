@@ -8,9 +8,14 @@ its checkpointing (`_save_checkpoint`), and what a custom rollout needs (`model_
 fails loudly when an upgrade changes any of it, TRL's reward aggregation included.
 
 The trainer subclass (grpo_exp.trainer.trainer) sees two hooks and a typed ScoredBatch, never TRL's state.
+
+Groups with no reward spread (trainer.zero_variance_groups) are handled here too, on TRL's generation batch
+(grpo_exp.trainer.trl_batch): `skip` marks their rows so that the loss leaves them out, rescaled so that the
+update is TRL's; `resample` generates more batches of fresh prompts until a step has enough groups with spread.
 """
 
 import math
+import random
 from dataclasses import dataclass
 
 import torch
@@ -20,8 +25,9 @@ from trl.models.utils import unwrap_model_for_generation
 from trl.trainer.utils import nanstd
 
 from grpo_exp.rollout.multiturn import TRAJECTORY_FIELDS
-from grpo_exp.stats import impute_group_means
+from grpo_exp.stats import impute_group_means, zero_spread_groups
 from grpo_exp.text import completion_text
+from grpo_exp.trainer.trl_batch import INFORMATIVE, concatenate, loss_scale, select_rows
 
 # Dataset / rollout columns carried from the inputs into the ScoredBatch rows (None where a row lacks them).
 ROW_KEYS = ("question", "solution", "task", "verify_label", "pass_rate", *TRAJECTORY_FIELDS)
@@ -72,8 +78,14 @@ class HookedGRPOTrainer(GRPOTrainer):
     """TRL's GRPOTrainer, unmodified, with two hooks around its generation-and-scoring step (training only):
 
     - `before_generation(inputs)` may replace the batch's rows before TRL generates for them;
-    - `after_scoring(batch)` receives the ScoredBatch TRL has just produced, when `wants_scored_batch`.
+    - `after_scoring(batch)` receives the ScoredBatch TRL has just produced, when `wants_scored_batch` (every
+      generated batch, resampled ones included).
     """
+
+    def __init__(self, *args, zero_variance_groups: str = "keep", max_resample_batches: int = 4, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.zero_variance_groups = zero_variance_groups
+        self.max_resample_batches = max_resample_batches
 
     def before_generation(self, inputs: list[dict]) -> list[dict]:
         return inputs
@@ -108,13 +120,72 @@ class HookedGRPOTrainer(GRPOTrainer):
         self._save_checkpoint(self.model, trial=None)
 
     def _generate_and_score_completions(self, inputs):
-        training = self.model.training
-        if training:
-            inputs = self.before_generation(inputs)
-        output = super()._generate_and_score_completions(inputs)
-        if training and self.wants_scored_batch:
-            self.after_scoring(self._scored_batch(inputs, output))
+        if not self.model.training:
+            return super()._generate_and_score_completions(inputs)
+        output, no_spread = self._generate_scored(self.before_generation(inputs))
+        if self.zero_variance_groups == "resample":
+            output, no_spread = self._resample(output, no_spread, len(inputs) // self.num_generations)
+        if self.zero_variance_groups != "keep":
+            rows = no_spread.repeat_interleave(self.num_generations)
+            start = self.accelerator.process_index * len(inputs)  # this process's rows of the gathered batch
+            output[INFORMATIVE] = ~rows[start : start + len(inputs)].to(output["advantages"].device)
+            self.record_metric("zero_variance/groups_left_out", float(no_spread.sum()))
         return output
+
+    def _generate_scored(self, inputs: list[dict]) -> tuple[dict, torch.Tensor | None]:
+        """TRL's generation and scoring of one batch; the after_scoring hook; which groups have no spread."""
+        output = super()._generate_and_score_completions(inputs)
+        if not self.wants_scored_batch and self.zero_variance_groups == "keep":
+            return output, None
+        batch = self._scored_batch(inputs, output)
+        if self.wants_scored_batch:
+            self.after_scoring(batch)
+        return output, zero_spread_groups(batch.grouped(batch.total))
+
+    def _resample(self, output: dict, no_spread: torch.Tensor, groups: int) -> tuple[dict, torch.Tensor]:
+        """DAPO's dynamic sampling: more batches of fresh prompts (at most max_resample_batches) until `groups`
+        groups have a spread; the step trains on those, topped up with no-spread groups if the bound was hit."""
+        batches = [(output, no_spread)]
+        while sum(int((~flags).sum()) for _, flags in batches) < groups and len(batches) <= self.max_resample_batches:
+            batches.append(self._generate_scored(self._fresh_inputs(groups, attempt=len(batches))))
+        every_group = [(bool(flags[g]), b, g) for b, (_, flags) in enumerate(batches) for g in range(len(flags))]
+        ranked = sorted(every_group)[:groups]  # groups with spread first, each in the order generated
+        size = self.num_generations
+        parts, chosen_flags = [], []
+        for b, (batch, flags) in enumerate(batches):
+            chosen = [g for _, batch_no, g in ranked if batch_no == b]
+            if chosen:
+                rows = torch.tensor([g * size + i for g in chosen for i in range(size)])
+                parts.append(select_rows(batch, rows))
+                chosen_flags.extend(bool(flags[g]) for g in chosen)
+        with_spread = sum(int((~flags).sum()) for _, flags in batches)
+        self.record_metric("resample/batches", float(len(batches)))
+        self.record_metric("resample/groups_dropped", float(sum(len(flags) for _, flags in batches) - groups))
+        self.record_metric("resample/bound_hit", float(with_spread < groups))
+        return concatenate(parts, self.processing_class.pad_token_id), torch.tensor(chosen_flags)
+
+    def _fresh_inputs(self, groups: int, attempt: int) -> list[dict]:
+        """`groups` prompts of the training set, each repeated G times as TRL's sampler gives them; drawn from the
+        seed, the step and the attempt, so a resumed run draws the same ones."""
+        dataset = self.train_dataset
+        rng = random.Random(f"{self.args.seed}/{self.state.global_step}/{attempt}")
+        indices = range(len(dataset))
+        drawn = rng.sample(indices, groups) if len(dataset) >= groups else rng.choices(indices, k=groups)
+        return [dataset[i] for i in drawn for _ in range(self.num_generations)]
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """TRL's loss; with rows of no-spread groups marked (skip/resample), over the other rows only, rescaled to
+        TRL's normalisation: the same update for beta=0, without the forward/backward of the left-out rows."""
+        keep = inputs.get(INFORMATIVE)
+        if keep is None or bool(keep.all()):
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        if not keep.any():
+            # TRL's gradient is exactly zero here. Zero gradients rather than none, so that the optimiser takes
+            # the same step TRL takes (Adam's moments still move the weights).
+            return sum(p.view(-1)[0] * 0.0 for p in model.parameters() if p.requires_grad)
+        kept = select_rows(inputs, keep.nonzero().squeeze(1))
+        loss = super().compute_loss(model, kept, return_outputs, num_items_in_batch)
+        return loss * loss_scale(self.loss_type, inputs, keep)
 
     def _scored_batch(self, inputs: list[dict], output: dict) -> ScoredBatch:
         # TRL keeps exactly the last generation batch (gathered over processes) in these deques.

@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 
 from grpo_exp.errors import UserError
 from grpo_exp.generation import generate_completions
-from grpo_exp.schema import ScaleRewards, SelfVerifySchedule
+from grpo_exp.schema import ScaleRewards, SelfVerifySchedule, ZeroVarianceGroups
 from grpo_exp.verification.p_yes import PYesScorer, policy_p_yes
 from grpo_exp.verification.rule import Verifier
 from grpo_exp.verification.selfverify import (
@@ -195,6 +195,11 @@ def check_task(task_cfg: DictConfig, trainer_cfg: DictConfig) -> None:
         raise UserError(
             "reward.components.selfverify.schedule=joint mixes verification groups into batches of several "
             f"prompts, but trainer.prompts_per_step={groups}: raise it or use schedule=interleave"
+        )
+    if ZeroVarianceGroups(trainer_cfg.zero_variance_groups) is ZeroVarianceGroups.resample:
+        raise UserError(
+            "trainer.zero_variance_groups=resample draws extra batches of fresh prompts, which the self-verification "
+            "schedule does not count: use zero_variance_groups=skip or keep with reward=...selfverify"
         )
     if task_cfg.scale_by_pass_rate and ScaleRewards(trainer_cfg.scale_rewards) is ScaleRewards.group:
         raise UserError(
