@@ -63,7 +63,8 @@ def run_grpo_exp(steps: int, out_dir: Path, overrides: list[str]) -> dict:
     }
 
 
-def run_bare_trl(steps: int, out_dir: Path, overrides: list[str]) -> dict:
+def bare_trl_trainer(steps: int, out_dir: Path, overrides: list[str]):
+    """The experiment that `overrides` compose, as a bare TRL GRPOTrainer (not trained yet), with its config."""
     from trl import GRPOConfig, GRPOTrainer
 
     from grpo_exp.data import load_splits
@@ -99,6 +100,11 @@ def run_bare_trl(steps: int, out_dir: Path, overrides: list[str]) -> dict:
     trainer = GRPOTrainer(
         model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_set, processing_class=tokenizer
     )
+    return trainer, cfg
+
+
+def run_bare_trl(steps: int, out_dir: Path, overrides: list[str]) -> dict:
+    trainer, _ = bare_trl_trainer(steps, out_dir, overrides)
     output = trainer.train()
     history = trainer.state.log_history
     return {
