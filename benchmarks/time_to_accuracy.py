@@ -1,0 +1,159 @@
+"""Time to accuracy: `python -m benchmarks.time_to_accuracy` (part of `make bench`).
+
+The default experiment (`make train`: embedded SmolLM2, offline arithmetic, reward=math, 40 steps of 2 prompts x
+G=4) under grpo_exp's fastest settings (GRPO_EXP_SETTINGS) against bare TRL: same model, data, seeds, group size,
+completion length and learning rate. For each seed, one bare TRL run (GRPOTrainer straight, no logging) and one
+grpo_exp run (the real `python -m grpo_exp.train` job, W&B offline logging and group statistics on), each a
+fresh process, their order alternating by seed. Checkpoints are off in both. Measured: the training wall time
+(trainer.train(); loading and evaluation excluded) and greedy held-out accuracy afterwards on the same 100
+problems, by the same function (grpo_exp.run.evaluation.heldout_accuracy).
+
+Each run's result is appended to --results as it finishes; runs already there are not run again, so an
+interrupted benchmark continues where it stopped.
+
+    python -m benchmarks.time_to_accuracy [--seeds 42 43 44] [--results JSON] [--out PNG] [overrides of both...]
+"""
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# grpo_exp's settings for learning per CPU-minute (BENCHMARKS.md says what each bought on its own).
+GRPO_EXP_SETTINGS = ["trainer.zero_variance_groups=skip"]
+COMMON = ["trainer.save_steps=0", "save_model=false"]
+ARMS = ("trl", "grpo_exp")
+
+
+def run_trl(seed: int, overrides: list[str]) -> dict:
+    """Bare TRL: train, then the held-out accuracy of the trained policy (in this process)."""
+    from benchmarks.overhead_worker import bare_trl_trainer
+    from grpo_exp.data import load_splits
+    from grpo_exp.run.evaluation import heldout_accuracy
+    from grpo_exp.verification.rule import math_verify_verifier
+    from tests.conftest import compose_config
+
+    overrides = [f"trainer.seed={seed}", *overrides]
+    steps = compose_config(overrides).trainer.max_steps
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer, cfg = bare_trl_trainer(steps, Path(tmp), overrides)
+        started = time.perf_counter()
+        trainer.train()
+        seconds = time.perf_counter() - started
+    _, heldout = load_splits(cfg.dataset)
+    max_new_tokens = cfg.eval.max_new_tokens or cfg.trainer.max_completion_length
+    result = heldout_accuracy(
+        trainer.model, trainer.processing_class, heldout, math_verify_verifier(), max_new_tokens,
+        cfg.eval.batch_size, None,
+    )  # fmt: skip
+    return {"train_seconds": seconds, "accuracy_after": result.accuracy}
+
+
+def run_grpo_exp(seed: int, overrides: list[str]) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        command = [sys.executable, "-m", "grpo_exp.train", f"trainer.seed={seed}", f"hydra.run.dir={tmp}/run",
+                   *COMMON, *overrides, *GRPO_EXP_SETTINGS]  # fmt: skip
+        completed = subprocess.run(command, capture_output=True, text=True)
+        if completed.returncode != 0:
+            raise SystemExit(f"grpo_exp run (seed {seed}) failed:\n{completed.stderr[-3000:]}")
+        summary = json.loads((Path(tmp) / "run" / "summary.json").read_text())
+    return {
+        "train_seconds": summary["train_seconds"],
+        "accuracy_before": summary["heldout_accuracy_before"],
+        "accuracy_after": summary["heldout_accuracy_after"],
+    }
+
+
+def run_arm(arm: str, seed: int, overrides: list[str]) -> dict:
+    if arm == "grpo_exp":
+        return run_grpo_exp(seed, overrides)
+    with tempfile.TemporaryDirectory() as tmp:  # bare TRL in its own process, as the grpo_exp job is
+        out = Path(tmp) / "result.json"
+        command = [sys.executable, "-m", "benchmarks.time_to_accuracy", "--trl-worker", str(seed), str(out),
+                   *overrides]  # fmt: skip
+        completed = subprocess.run(command, capture_output=True, text=True)
+        if completed.returncode != 0:
+            raise SystemExit(f"bare TRL run (seed {seed}) failed:\n{completed.stderr[-3000:]}")
+        return json.loads(out.read_text())
+
+
+def mean_sd(values: list[float]) -> str:
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.mean(values):.3f} +- {sd:.3f}"
+
+
+def report(results: list[dict], seeds: list[int]) -> None:
+    by = {(r["arm"], r["seed"]): r for r in results}
+    done = [s for s in seeds if all((arm, s) in by for arm in ARMS)]
+    if not done:
+        return
+    trl = [by["trl", s] for s in done]
+    ours = [by["grpo_exp", s] for s in done]
+    ratios = [o["train_seconds"] / t["train_seconds"] for o, t in zip(ours, trl, strict=True)]
+    print(f"{len(done)} seeds ({', '.join(map(str, done))}), grpo_exp with {' '.join(GRPO_EXP_SETTINGS)}")
+    for label, runs in (("bare TRL", trl), ("grpo_exp", ours)):
+        print(f"  {label:9s} held-out after {mean_sd([r['accuracy_after'] for r in runs])}, "
+              f"training {mean_sd([r['train_seconds'] / 60 for r in runs])} min")  # fmt: skip
+    reached = statistics.mean(r["accuracy_after"] for r in ours) >= statistics.mean(r["accuracy_after"] for r in trl)
+    print(f"  wall time grpo_exp / bare TRL: {mean_sd(ratios)} (per seed: {', '.join(f'{r:.3f}' for r in ratios)})")
+    print(f"  grpo_exp reached bare TRL's final accuracy (mean): {'yes' if reached else 'no'}, in "
+          f"{statistics.mean(ratios):.2f}x its wall time (target <= 0.5x)")  # fmt: skip
+
+
+def plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    before = next((r["accuracy_before"] for r in results if "accuracy_before" in r), None)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for arm, colour in zip(ARMS, ("tab:grey", "tab:blue"), strict=True):
+        runs = [r for r in results if r["arm"] == arm]
+        for i, r in enumerate(runs):
+            ax.plot([0, r["train_seconds"] / 60], [before, r["accuracy_after"]], color=colour, alpha=0.5,
+                    marker="o", label=("bare TRL" if arm == "trl" else "grpo_exp") if i == 0 else None)  # fmt: skip
+    ax.set_xlabel("training wall time (min), 2 CPU cores")
+    ax.set_ylabel("held-out accuracy (greedy, 100 problems)")
+    ax.set_title("time to accuracy: each seed, start and end of 40 steps")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    print(f"figure: {path}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--trl-worker"]:
+        seed, out, *overrides = argv[1:]
+        Path(out).write_text(json.dumps(run_trl(int(seed), overrides)))
+        return
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.time_to_accuracy")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44])
+    parser.add_argument("--results", type=Path, default=Path("outputs/time_to_accuracy/results.json"))
+    parser.add_argument("--out", type=Path, default=Path("outputs/time_to_accuracy/time_to_accuracy.png"))
+    parser.add_argument("overrides", nargs="*", help="the experiment, for both (default: `make train`'s)")
+    args = parser.parse_args(argv)
+    results = json.loads(args.results.read_text()) if args.results.exists() else []
+    for index, seed in enumerate(args.seeds):
+        for arm in ARMS if index % 2 == 0 else ARMS[::-1]:
+            if any(r["arm"] == arm and r["seed"] == seed for r in results):
+                continue
+            result = {"arm": arm, "seed": seed, **run_arm(arm, seed, args.overrides)}
+            results.append(result)
+            args.results.parent.mkdir(parents=True, exist_ok=True)
+            args.results.write_text(json.dumps(results, indent=1))
+            print(f"  seed {seed} {arm:8s}: {result['train_seconds'] / 60:5.2f} min training, "
+                  f"held-out after {result['accuracy_after']:.3f}", flush=True)  # fmt: skip
+    report(results, args.seeds)
+    plot(results, args.out)
+
+
+if __name__ == "__main__":
+    main()
