@@ -65,3 +65,8 @@ def test_a_tiny_run_prints_the_compact_line_and_still_records_every_metric(tmp_p
     steps = [m for m in metrics if "reward" in m]
     assert len(steps) == 2 and all("completions/mean_length" in m and "rewards/math/mean" in m for m in steps)
     assert any("train_runtime" in m for m in metrics)
+
+
+def test_a_resampling_step_shows_how_many_generation_batches_it_took():
+    line = format_step({"reward": 0.5, "frac_reward_zero_std": 0.75, "resample/batches": 3.0}, step=2, max_steps=4)
+    assert line == "step 2/4 | reward 0.500 | frac_zero_std 0.75 | batches 3"

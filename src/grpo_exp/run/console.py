@@ -30,6 +30,8 @@ def format_step(
     parts = [f"step {step}/{max_steps}", reward]
     if "frac_reward_zero_std" in logs:  # groups with no reward spread: no advantage, no learning signal
         parts.append(f"frac_zero_std {_number(logs['frac_reward_zero_std'], '.2f')}")
+    if "resample/batches" in logs:  # zero_variance_groups=resample: generation batches this step took
+        parts.append(f"batches {_number(logs['resample/batches'], '.0f')}")
     if "kl" in logs:  # TRL logs it only when beta > 0
         parts.append(f"kl {_number(logs['kl'], '.3g')}")
     if heldout_before is not None:

@@ -125,6 +125,7 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
             selfverify=parts.selfverify,
             zero_variance_groups=cfg.trainer.zero_variance_groups.value,
             max_resample_batches=cfg.trainer.max_resample_batches,
+            shared_prompt_forward=cfg.trainer.shared_prompt_forward,
             model=model,
             reward_funcs=parts.reward_funcs,
             args=args,

@@ -15,6 +15,7 @@ from grpo_exp.errors import UserError
 # TrainerSchema keys that are grpo_exp's own, not GRPOConfig fields.
 OWN_KEYS = {
     "prompts_per_step", "extra", "keep_checkpoints", "resume", "zero_variance_groups", "max_resample_batches",
+    "shared_prompt_forward",
 }  # fmt: skip
 
 

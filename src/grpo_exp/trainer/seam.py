@@ -12,6 +12,8 @@ The trainer subclass (grpo_exp.trainer.trainer) sees two hooks and a typed Score
 Groups with no reward spread (trainer.zero_variance_groups) are handled here too, on TRL's generation batch
 (grpo_exp.trainer.trl_batch): `skip` marks their rows so that the loss leaves them out, rescaled so that the
 update is TRL's; `resample` generates more batches of fresh prompts until a step has enough groups with spread.
+With trainer.shared_prompt_forward, the per-token log-probabilities (the loss forward, and the reference model's)
+are computed with each group's prompt read once (grpo_exp.trainer.shared_prompt).
 """
 
 import math
@@ -24,9 +26,11 @@ from trl import GRPOTrainer
 from trl.models.utils import unwrap_model_for_generation
 from trl.trainer.utils import nanstd
 
+from grpo_exp.masks import MASKABLE_ATTENTION, additive_mask
 from grpo_exp.rollout.multiturn import TRAJECTORY_FIELDS
 from grpo_exp.stats import impute_group_means, zero_spread_groups
 from grpo_exp.text import completion_text
+from grpo_exp.trainer.shared_prompt import pack_groups, unpack
 from grpo_exp.trainer.trl_batch import INFORMATIVE, concatenate, loss_scale, select_rows
 
 # Dataset / rollout columns carried from the inputs into the ScoredBatch rows (None where a row lacks them).
@@ -82,10 +86,12 @@ class HookedGRPOTrainer(GRPOTrainer):
       generated batch, resampled ones included).
     """
 
-    def __init__(self, *args, zero_variance_groups: str = "keep", max_resample_batches: int = 4, **kwargs):
+    def __init__(self, *args, zero_variance_groups: str = "keep", max_resample_batches: int = 4,
+                 shared_prompt_forward: bool = False, **kwargs):  # fmt: skip
         super().__init__(*args, **kwargs)
         self.zero_variance_groups = zero_variance_groups
         self.max_resample_batches = max_resample_batches
+        self.shared_prompt_forward = shared_prompt_forward
 
     def before_generation(self, inputs: list[dict]) -> list[dict]:
         return inputs
@@ -172,6 +178,28 @@ class HookedGRPOTrainer(GRPOTrainer):
         indices = range(len(dataset))
         drawn = rng.sample(indices, groups) if len(dataset) >= groups else rng.choices(indices, k=groups)
         return [dataset[i] for i in drawn for _ in range(self.num_generations)]
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
+                                           compute_entropy=False, compute_aux_loss=False, **multimodal):  # fmt: skip
+        """TRL's per-token log-probabilities (and entropies) of the completions; with shared_prompt_forward, from
+        one packed forward in which each group's prompt is read once (text models with a maskable attention)."""
+        attention = self.accelerator.unwrap_model(model).config._attn_implementation
+        if (not self.shared_prompt_forward or compute_aux_loss or attention not in MASKABLE_ATTENTION
+                or any(value is not None for value in multimodal.values())):  # fmt: skip
+            return super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
+                **multimodal,
+            )  # fmt: skip
+        packed = pack_groups(input_ids.cpu(), attention_mask.cpu(), logits_to_keep, self.processing_class.pad_token_id)
+        device = input_ids.device
+        # sdpa takes a boolean mask whatever the compute dtype (autocast); eager adds a float one
+        mask = packed.allowed if attention == "sdpa" else additive_mask(packed.allowed, model.dtype)
+        with self.accelerator.autocast():
+            out = model(input_ids=packed.input_ids.to(device), attention_mask=mask.to(device),
+                        position_ids=packed.position_ids.to(device), shift_labels=packed.shift_labels.to(device),
+                        fused_lm_head=True)  # fmt: skip
+        entropies = unpack(out.entropy, packed, logits_to_keep) if compute_entropy else None
+        return unpack(out.log_probs, packed, logits_to_keep), entropies, None
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """TRL's loss; with rows of no-spread groups marked (skip/resample), over the other rows only, rescaled to

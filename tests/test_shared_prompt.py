@@ -1,0 +1,68 @@
+"""trainer.shared_prompt_forward: the loss forward with each group's prompt read once gives TRL's per-token
+log-probabilities, entropies and gradients (tiny model, a real generated batch, TRL's own forward as reference)."""
+
+import pytest
+import torch
+from trl import GRPOTrainer
+
+from grpo_exp.trainer.shared_prompt import IGNORE, pack_groups, unpack
+from tests.tiny_trainer import G, generation_batch, make_trainer
+
+
+def distinct(completions, **kwargs):
+    return [float(i % G) for i in range(len(completions))]
+
+
+def test_a_group_is_packed_as_its_prompt_once_then_a_branch_per_completion():
+    # rows: prompt [5 6 7] (left-padded) twice, and prompt [8 9]; completions right-padded to width 3
+    input_ids = torch.tensor([[5, 6, 7, 20, 21, 0], [0, 8, 9, 30, 0, 0], [5, 6, 7, 40, 41, 42]])
+    attention = torch.tensor([[1, 1, 1, 1, 1, 0], [0, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]])
+    packed = pack_groups(input_ids, attention, completion_width=3, pad_id=0)
+    assert packed.input_ids.tolist() == [[5, 6, 7, 20, 21, 7, 40, 41, 42], [8, 9, 30, 0, 0, 0, 0, 0, 0]]
+    assert packed.position_ids[0].tolist() == [0, 1, 2, 3, 4, 2, 3, 4, 5]
+    assert packed.shift_labels[0].tolist() == [IGNORE, IGNORE, 20, 21, IGNORE, 40, 41, 42, IGNORE]
+    allowed = packed.allowed[0, 0]
+    assert allowed[6].tolist() == [True, True, False, False, False, True, True, False, False]  # prompt + own branch
+    assert allowed[8, 4].item() is False and allowed[4, 1].item() is True
+    values = torch.arange(18.0).view(2, 9)
+    assert unpack(values, packed, 3).tolist() == [[2.0, 3.0, 0.0], [10.0, 0.0, 0.0], [5.0, 6.0, 7.0]]
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_the_shared_prompt_forward_gives_trls_log_probabilities_entropies_and_gradients(tmp_path, attention):
+    trainer = make_trainer(tmp_path, distinct, attention=attention, shared_prompt_forward=True)
+    batch = generation_batch(trainer, prompts=3)
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    width = batch["completion_ids"].shape[1]
+    packed = pack_groups(ids, mask, width, trainer.processing_class.pad_token_id)
+    assert packed.input_ids.shape[0] == 3 and packed.input_ids.numel() < 0.75 * ids.numel()  # fewer tokens
+
+    def read(method):
+        trainer.model.zero_grad(set_to_none=True)
+        logps, entropies, _ = method(trainer, trainer.model, ids, mask, width, compute_entropy=True)
+        (logps * batch["completion_mask"]).sum().backward()
+        grads = torch.cat([p.grad.flatten() for p in trainer.model.parameters()])
+        return logps.detach(), entropies.detach(), grads
+
+    shared = read(type(trainer)._get_per_token_logps_and_entropies)
+    trls = read(GRPOTrainer._get_per_token_logps_and_entropies)
+    for ours, theirs in zip(shared, trls, strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-5)
+
+
+def test_a_model_whose_attention_takes_no_custom_mask_uses_trls_forward(tmp_path, monkeypatch):
+    trainer = make_trainer(tmp_path, distinct, shared_prompt_forward=True)
+    trainer.model.config._attn_implementation = "flash_attention_2"  # not run: only read to choose the path
+    calls = []
+    original = GRPOTrainer._get_per_token_logps_and_entropies
+
+    def recording(self, *args, **kwargs):
+        calls.append(args[1].shape)
+        trainer.model.config._attn_implementation = "sdpa"  # TRL's forward really runs, on this machine's attention
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(GRPOTrainer, "_get_per_token_logps_and_entropies", recording)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    trainer._get_per_token_logps_and_entropies(trainer.model, ids, torch.ones_like(ids), 2)
+    assert calls == [(1, 4)]
