@@ -8,10 +8,8 @@ import torch
 
 from grpo_exp.errors import UserError
 from grpo_exp.generation import left_padded_eval
+from grpo_exp.masks import MASKABLE_ATTENTION, additive_mask, branch_attention
 from grpo_exp.rewards.rubric import CRITERIA, SCORE_TOKENS, expected_score, score_position
-
-# Attention implementations that take a custom 4D mask (the local scorer's branches share one pass through it).
-MASKABLE_ATTENTION = ("sdpa", "eager")
 
 
 def score_token_ids(tokenizer, prefix: str) -> list[int]:
@@ -110,13 +108,9 @@ def _read_branches(model, cache, cached_mask, rests, tails, pad: int) -> torch.T
             positions[i, column : column + len(branch)] = base + len(rest) + torch.arange(len(branch))
             ends.append((i, column + len(branch) - 1))
             column += width
-    new = segment.shape[1]
-    causal = torch.ones(new, new, dtype=torch.bool).tril()
-    same_or_rest = (segment[:, None, :] == 0) | (segment[:, None, :] == segment[:, :, None])
-    sees_new = causal & same_or_rest & (segment[:, None, :] >= 0) | torch.eye(new, dtype=torch.bool)  # pads: self
-    sees_cache = cached_mask.bool().cpu()[:, None, :].expand(rows, new, -1)
-    allowed = torch.cat([sees_cache, sees_new], dim=2)[:, None]  # (rows, 1, new, cached + new)
-    additive = torch.zeros(allowed.shape, dtype=model.dtype).masked_fill(~allowed, torch.finfo(model.dtype).min)
+    sees_cache = cached_mask.bool().cpu()[:, None, :].expand(rows, segment.shape[1], -1)
+    allowed = torch.cat([sees_cache, branch_attention(segment)], dim=2)[:, None]  # (rows, 1, new, cached + new)
+    additive = additive_mask(allowed, model.dtype)
     keep = sorted({column for _, column in ends})  # the vocabulary projection only where a branch ends
     out = model(input_ids=ids.to(model.device), attention_mask=additive.to(model.device),
                 position_ids=positions.to(model.device), past_key_values=cache,
