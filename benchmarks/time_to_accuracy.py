@@ -1,17 +1,18 @@
 """Time to accuracy: `python -m benchmarks.time_to_accuracy` (part of `make bench`).
 
 The default experiment (`make train`: embedded SmolLM2, offline arithmetic, reward=math, 40 steps of 2 prompts x
-G=4) under grpo_exp's fastest settings (GRPO_EXP_SETTINGS) against bare TRL: same model, data, seeds, group size,
+G=4) under grpo_exp's settings (ARMS; `best` by default) against bare TRL: same model, data, seeds, group size,
 completion length and learning rate. For each seed, one bare TRL run (GRPOTrainer straight, no logging) and one
-grpo_exp run (the real `python -m grpo_exp.train` job, W&B offline logging and group statistics on), each a
-fresh process, their order alternating by seed. Checkpoints are off in both. Measured: the training wall time
+run of each grpo_exp arm (the real `python -m grpo_exp.train` job, W&B offline logging and group statistics
+on), each a fresh process, their order rotating by seed. Checkpoints are off in all. Measured: the training wall time
 (trainer.train(); loading and evaluation excluded) and greedy held-out accuracy afterwards on the same 100
 problems, by the same function (grpo_exp.run.evaluation.heldout_accuracy).
 
 Each run's result is appended to --results as it finishes; runs already there are not run again, so an
 interrupted benchmark continues where it stopped.
 
-    python -m benchmarks.time_to_accuracy [--seeds 42 43 44] [--results JSON] [--out PNG] [overrides of both...]
+    python -m benchmarks.time_to_accuracy [--seeds 42 43 44] [--arms trl best] [--results JSON] [--out PNG]
+                                          [overrides of every arm...]
 """
 
 import argparse
@@ -23,10 +24,16 @@ import tempfile
 import time
 from pathlib import Path
 
-# grpo_exp's settings for learning per CPU-minute (BENCHMARKS.md says what each bought on its own).
-GRPO_EXP_SETTINGS = ["trainer.zero_variance_groups=skip"]
+# Each arm: bare TRL (None) or grpo_exp with these settings. `best`: what learns most per CPU-minute here.
+ARMS = {
+    "trl": None,
+    "keep": [],
+    "skip": ["trainer.zero_variance_groups=skip"],
+    "shared": ["trainer.shared_prompt_forward=true"],
+    "resample": ["trainer.zero_variance_groups=resample"],
+    "best": ["trainer.zero_variance_groups=skip", "trainer.shared_prompt_forward=true"],
+}
 COMMON = ["trainer.save_steps=0", "save_model=false"]
-ARMS = ("trl", "grpo_exp")
 
 
 def run_trl(seed: int, overrides: list[str]) -> dict:
@@ -53,10 +60,10 @@ def run_trl(seed: int, overrides: list[str]) -> dict:
     return {"train_seconds": seconds, "accuracy_after": result.accuracy}
 
 
-def run_grpo_exp(seed: int, overrides: list[str]) -> dict:
+def run_grpo_exp(seed: int, settings: list[str], overrides: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         command = [sys.executable, "-m", "grpo_exp.train", f"trainer.seed={seed}", f"hydra.run.dir={tmp}/run",
-                   *COMMON, *overrides, *GRPO_EXP_SETTINGS]  # fmt: skip
+                   *COMMON, *overrides, *settings]  # fmt: skip
         completed = subprocess.run(command, capture_output=True, text=True)
         if completed.returncode != 0:
             raise SystemExit(f"grpo_exp run (seed {seed}) failed:\n{completed.stderr[-3000:]}")
@@ -69,8 +76,8 @@ def run_grpo_exp(seed: int, overrides: list[str]) -> dict:
 
 
 def run_arm(arm: str, seed: int, overrides: list[str]) -> dict:
-    if arm == "grpo_exp":
-        return run_grpo_exp(seed, overrides)
+    if ARMS[arm] is not None:
+        return run_grpo_exp(seed, ARMS[arm], overrides)
     with tempfile.TemporaryDirectory() as tmp:  # bare TRL in its own process, as the grpo_exp job is
         out = Path(tmp) / "result.json"
         command = [sys.executable, "-m", "benchmarks.time_to_accuracy", "--trl-worker", str(seed), str(out),
@@ -86,22 +93,23 @@ def mean_sd(values: list[float]) -> str:
     return f"{statistics.mean(values):.3f} +- {sd:.3f}"
 
 
-def report(results: list[dict], seeds: list[int]) -> None:
+def report(results: list[dict], arms: list[str]) -> None:
     by = {(r["arm"], r["seed"]): r for r in results}
-    done = [s for s in seeds if all((arm, s) in by for arm in ARMS)]
-    if not done:
-        return
-    trl = [by["trl", s] for s in done]
-    ours = [by["grpo_exp", s] for s in done]
-    ratios = [o["train_seconds"] / t["train_seconds"] for o, t in zip(ours, trl, strict=True)]
-    print(f"{len(done)} seeds ({', '.join(map(str, done))}), grpo_exp with {' '.join(GRPO_EXP_SETTINGS)}")
-    for label, runs in (("bare TRL", trl), ("grpo_exp", ours)):
-        print(f"  {label:9s} held-out after {mean_sd([r['accuracy_after'] for r in runs])}, "
-              f"training {mean_sd([r['train_seconds'] / 60 for r in runs])} min")  # fmt: skip
-    reached = statistics.mean(r["accuracy_after"] for r in ours) >= statistics.mean(r["accuracy_after"] for r in trl)
-    print(f"  wall time grpo_exp / bare TRL: {mean_sd(ratios)} (per seed: {', '.join(f'{r:.3f}' for r in ratios)})")
-    print(f"  grpo_exp reached bare TRL's final accuracy (mean): {'yes' if reached else 'no'}, in "
-          f"{statistics.mean(ratios):.2f}x its wall time (target <= 0.5x)")  # fmt: skip
+    for arm in [a for a in arms if a != "trl"]:
+        seeds = sorted(seed for name, seed in by if name == arm and ("trl", seed) in by)
+        if not seeds:
+            continue
+        trl, ours = [by["trl", s] for s in seeds], [by[arm, s] for s in seeds]
+        ratios = [o["train_seconds"] / t["train_seconds"] for o, t in zip(ours, trl, strict=True)]
+        print(f"{arm} ({' '.join(ARMS[arm]) or 'the defaults'}) against bare TRL, seeds {seeds}:")
+        for label, runs in (("bare TRL", trl), (arm, ours)):
+            print(f"  {label:9s} held-out after {mean_sd([r['accuracy_after'] for r in runs])}, "
+                  f"training {mean_sd([r['train_seconds'] / 60 for r in runs])} min")  # fmt: skip
+        mean_ours = statistics.mean(r["accuracy_after"] for r in ours)
+        reached = mean_ours >= statistics.mean(r["accuracy_after"] for r in trl)
+        print(f"  wall time {arm} / bare TRL: {mean_sd(ratios)} (per seed: {', '.join(f'{r:.3f}' for r in ratios)})")
+        print(f"  reached bare TRL's final accuracy (mean over seeds): {'yes' if reached else 'no'}, in "
+              f"{statistics.mean(ratios):.2f}x its wall time (target <= 0.5x)")  # fmt: skip
 
 
 def plot(results: list[dict], path: Path) -> None:
@@ -112,11 +120,12 @@ def plot(results: list[dict], path: Path) -> None:
 
     before = next((r["accuracy_before"] for r in results if "accuracy_before" in r), None)
     fig, ax = plt.subplots(figsize=(6, 4))
-    for arm, colour in zip(ARMS, ("tab:grey", "tab:blue"), strict=True):
+    for number, arm in enumerate(dict.fromkeys(r["arm"] for r in results)):
         runs = [r for r in results if r["arm"] == arm]
+        label = "bare TRL" if arm == "trl" else f"grpo_exp {arm}"
         for i, r in enumerate(runs):
-            ax.plot([0, r["train_seconds"] / 60], [before, r["accuracy_after"]], color=colour, alpha=0.5,
-                    marker="o", label=("bare TRL" if arm == "trl" else "grpo_exp") if i == 0 else None)  # fmt: skip
+            ax.plot([0, r["train_seconds"] / 60], [before, r["accuracy_after"]], color=f"C{number}", alpha=0.6,
+                    marker="o", label=label if i == 0 else None)  # fmt: skip
     ax.set_xlabel("training wall time (min), 2 CPU cores")
     ax.set_ylabel("held-out accuracy (greedy, 100 problems)")
     ax.set_title("time to accuracy: each seed, start and end of 40 steps")
@@ -136,13 +145,15 @@ def main(argv: list[str] | None = None) -> None:
         return
     parser = argparse.ArgumentParser(prog="python -m benchmarks.time_to_accuracy")
     parser.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44])
+    parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=["trl", "best"])
     parser.add_argument("--results", type=Path, default=Path("outputs/time_to_accuracy/results.json"))
     parser.add_argument("--out", type=Path, default=Path("outputs/time_to_accuracy/time_to_accuracy.png"))
     parser.add_argument("overrides", nargs="*", help="the experiment, for both (default: `make train`'s)")
     args = parser.parse_args(argv)
     results = json.loads(args.results.read_text()) if args.results.exists() else []
     for index, seed in enumerate(args.seeds):
-        for arm in ARMS if index % 2 == 0 else ARMS[::-1]:
+        rotation = index % len(args.arms)
+        for arm in args.arms[rotation:] + args.arms[:rotation]:
             if any(r["arm"] == arm and r["seed"] == seed for r in results):
                 continue
             result = {"arm": arm, "seed": seed, **run_arm(arm, seed, args.overrides)}
@@ -151,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
             args.results.write_text(json.dumps(results, indent=1))
             print(f"  seed {seed} {arm:8s}: {result['train_seconds'] / 60:5.2f} min training, "
                   f"held-out after {result['accuracy_after']:.3f}", flush=True)  # fmt: skip
-    report(results, args.seeds)
+    report(results, args.arms)
     plot(results, args.out)
 
 
