@@ -66,10 +66,6 @@ USER_ERRORS = [
     (["trainer.zero_variance_groups=drop"], "Invalid value 'drop', expected one of [keep, skip, resample]"),
     (["trainer.max_resample_batches=0"], "trainer.max_resample_batches=0"),
     (
-        ["trainer.zero_variance_groups=skip", "+trainer.extra.multi_objective_aggregation=normalize_then_sum"],
-        "advantages are normalised over the whole batch",
-    ),  # fmt: skip
-    (
         ["reward=math+selfverify", "trainer.prompts_per_step=3", "trainer.zero_variance_groups=resample"],
         "use zero_variance_groups=skip or keep with reward=...selfverify",
     ),  # fmt: skip

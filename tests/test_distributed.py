@@ -41,6 +41,24 @@ def test_two_processes_train_data_parallel_and_only_the_main_one_writes(tmp_path
     assert (run_dir / "checkpoint-final" / "model.safetensors").is_file()
 
 
+@pytest.mark.e2e
+def test_two_processes_leave_out_groups_without_spread_and_read_prompts_once(tmp_path):
+    """The tiny model's groups never have a spread: every step leaves all of them out, and each process still goes
+    through DDP's forward and backward (one row, times 0) so that the gradients are reduced together."""
+    result = subprocess.run(
+        [
+            sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ACCELERATE_DIR / "ddp.yaml"),
+            "-m", "grpo_exp.train", *TINY_RUN, "trainer.max_steps=2", "logger=none", f"hydra.run.dir={tmp_path}",
+            "trainer.zero_variance_groups=skip", "trainer.shared_prompt_forward=true", "eval.before=false",
+        ],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    steps = [m for m in read_metrics(tmp_path / "metrics.jsonl") if "reward" in m]
+    assert [m["zero_variance/groups_left_out"] for m in steps] == [2.0, 2.0]
+    assert all(m["grad_norm"] == 0.0 for m in steps)
+
+
 @pytest.mark.parametrize(
     ("name", "kind", "detail"),
     [

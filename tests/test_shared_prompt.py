@@ -3,9 +3,10 @@ log-probabilities, entropies and gradients (tiny model, a real generated batch, 
 
 import pytest
 import torch
+from transformers import LlamaConfig
 from trl import GRPOTrainer
 
-from grpo_exp.trainer.shared_prompt import IGNORE, pack_groups, unpack
+from grpo_exp.trainer.shared_prompt import IGNORE, pack_groups, packable, unpack
 from tests.tiny_trainer import G, generation_batch, make_trainer
 
 
@@ -51,18 +52,27 @@ def test_the_shared_prompt_forward_gives_trls_log_probabilities_entropies_and_gr
         torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-5)
 
 
-def test_a_model_whose_attention_takes_no_custom_mask_uses_trls_forward(tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    ("attention", "window", "expected"),
+    [("sdpa", None, True), ("eager", None, True), ("flash_attention_2", None, False), ("sdpa", 4096, False)],
+)
+def test_only_models_that_read_a_packed_group_as_trls_rows_are_packed(attention, window, expected):
+    config = LlamaConfig(sliding_window=window)
+    config._attn_implementation = attention
+    assert packable(config) is expected
+
+
+def test_a_model_that_cannot_be_packed_uses_trls_forward(tmp_path, monkeypatch):
     trainer = make_trainer(tmp_path, distinct, shared_prompt_forward=True)
-    trainer.model.config._attn_implementation = "flash_attention_2"  # not run: only read to choose the path
+    trainer.model.config.sliding_window = 8
     calls = []
     original = GRPOTrainer._get_per_token_logps_and_entropies
 
     def recording(self, *args, **kwargs):
         calls.append(args[1].shape)
-        trainer.model.config._attn_implementation = "sdpa"  # TRL's forward really runs, on this machine's attention
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(GRPOTrainer, "_get_per_token_logps_and_entropies", recording)
-    ids = torch.tensor([[1, 2, 3, 4]])
+    ids = torch.tensor([[1, 2, 3, 4]], device=trainer.model.device)
     trainer._get_per_token_logps_and_entropies(trainer.model, ids, torch.ones_like(ids), 2)
     assert calls == [(1, 4)]

@@ -64,6 +64,17 @@ def test_a_batch_with_no_spread_at_all_takes_no_forward_and_gives_zero_gradients
     assert seen == [] and grads.abs().max() == 0  # zero, not missing: the optimiser steps as TRL's would
 
 
+def test_under_normalize_then_sum_skip_also_gives_trls_update(tmp_path):
+    # advantages normalised over the batch: a group is left out only where they are zero too
+    trainer = make_trainer(tmp_path, first_group_flat, "skip",
+                           overrides=["+trainer.extra.multi_objective_aggregation=normalize_then_sum"])  # fmt: skip
+    batch = generation_batch(trainer, prompts=3)
+    assert batch[INFORMATIVE].tolist() == [False] * G + [True] * 2 * G
+    skipped, _ = gradient(trainer, batch)
+    full, _ = gradient(trainer, {k: v for k, v in batch.items() if k != INFORMATIVE})
+    torch.testing.assert_close(skipped, full, rtol=1e-4, atol=1e-7)
+
+
 def test_keep_marks_nothing(tmp_path):
     batch = generation_batch(make_trainer(tmp_path, first_group_flat, "keep"), prompts=3)
     assert INFORMATIVE not in batch

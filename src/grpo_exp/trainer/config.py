@@ -53,12 +53,6 @@ def check_zero_variance_groups(trainer_cfg: DictConfig, processes: int) -> None:
     mode = getattr(mode, "value", mode)
     if mode == "keep":
         return
-    if trainer_cfg.extra.get("multi_objective_aggregation") == "normalize_then_sum":
-        raise UserError(
-            f"trainer.zero_variance_groups={mode} leaves out groups whose advantages are all zero, but with "
-            "trainer.extra.multi_objective_aggregation=normalize_then_sum advantages are normalised over the whole "
-            "batch, so such a group still has (equal, non-zero) advantages: use zero_variance_groups=keep"
-        )
     if mode == "resample" and processes > 1:
         raise UserError(
             f"trainer.zero_variance_groups=resample runs in one process only (this run has {processes}): "

@@ -26,13 +26,15 @@ from trl import GRPOTrainer
 from trl.models.utils import unwrap_model_for_generation
 from trl.trainer.utils import nanstd
 
-from grpo_exp.masks import MASKABLE_ATTENTION, additive_mask
+from grpo_exp.masks import additive_mask
 from grpo_exp.rollout.multiturn import TRAJECTORY_FIELDS
 from grpo_exp.stats import impute_group_means, zero_spread_groups
 from grpo_exp.text import completion_text
-from grpo_exp.trainer.shared_prompt import pack_groups, unpack
+from grpo_exp.trainer.shared_prompt import pack_groups, packable, unpack
 from grpo_exp.trainer.trl_batch import INFORMATIVE, concatenate, loss_scale, select_rows
 
+# An advantage below this is the float noise of equal rewards divided by TRL's std + 1e-4, not a learning signal.
+ADVANTAGE_NOISE = 1e-3
 # Dataset / rollout columns carried from the inputs into the ScoredBatch rows (None where a row lacks them).
 ROW_KEYS = ("question", "solution", "task", "verify_label", "pass_rate", *TRAJECTORY_FIELDS)
 
@@ -146,7 +148,10 @@ class HookedGRPOTrainer(GRPOTrainer):
         batch = self._scored_batch(inputs, output)
         if self.wants_scored_batch:
             self.after_scoring(batch)
-        return output, zero_spread_groups(batch.grouped(batch.total))
+        # No spread, and advantages that are zero (float noise aside): under normalize_then_sum TRL normalises over
+        # the batch, so a group without spread still has equal, non-zero advantages, and it trains.
+        zero_advantages = batch.grouped(batch.advantages).abs().amax(dim=1) < ADVANTAGE_NOISE
+        return output, zero_spread_groups(batch.grouped(batch.total)) & zero_advantages
 
     def _resample(self, output: dict, no_spread: torch.Tensor, groups: int) -> tuple[dict, torch.Tensor]:
         """DAPO's dynamic sampling: more batches of fresh prompts (at most max_resample_batches) until `groups`
@@ -183,8 +188,8 @@ class HookedGRPOTrainer(GRPOTrainer):
                                            compute_entropy=False, compute_aux_loss=False, **multimodal):  # fmt: skip
         """TRL's per-token log-probabilities (and entropies) of the completions; with shared_prompt_forward, from
         one packed forward in which each group's prompt is read once (text models with a maskable attention)."""
-        attention = self.accelerator.unwrap_model(model).config._attn_implementation
-        if (not self.shared_prompt_forward or compute_aux_loss or attention not in MASKABLE_ATTENTION
+        unwrapped = self.accelerator.unwrap_model(model)
+        if (not self.shared_prompt_forward or compute_aux_loss or not packable(unwrapped.config)
                 or any(value is not None for value in multimodal.values())):  # fmt: skip
             return super()._get_per_token_logps_and_entropies(
                 model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
@@ -193,7 +198,8 @@ class HookedGRPOTrainer(GRPOTrainer):
         packed = pack_groups(input_ids.cpu(), attention_mask.cpu(), logits_to_keep, self.processing_class.pad_token_id)
         device = input_ids.device
         # sdpa takes a boolean mask whatever the compute dtype (autocast); eager adds a float one
-        mask = packed.allowed if attention == "sdpa" else additive_mask(packed.allowed, model.dtype)
+        sdpa = unwrapped.config._attn_implementation == "sdpa"
+        mask = packed.allowed if sdpa else additive_mask(packed.allowed, unwrapped.dtype)
         with self.accelerator.autocast():
             out = model(input_ids=packed.input_ids.to(device), attention_mask=mask.to(device),
                         position_ids=packed.position_ids.to(device), shift_labels=packed.shift_labels.to(device),
@@ -209,8 +215,11 @@ class HookedGRPOTrainer(GRPOTrainer):
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         if not keep.any():
             # TRL's gradient is exactly zero here. Zero gradients rather than none, so that the optimiser takes
-            # the same step TRL takes (Adam's moments still move the weights).
-            return sum(p.view(-1)[0] * 0.0 for p in model.parameters() if p.requires_grad)
+            # the same step TRL takes (Adam's moments still move the weights). Several processes (or a sharded
+            # model) must all go through the wrapped model's forward and backward: one row there, times 0.
+            if self.accelerator.num_processes == 1 and not (self.is_deepspeed_enabled or self.is_fsdp_enabled):
+                return sum(p.view(-1)[0] * 0.0 for p in model.parameters() if p.requires_grad)
+            return super().compute_loss(model, select_rows(inputs, torch.tensor([0])), return_outputs) * 0.0
         kept = select_rows(inputs, keep.nonzero().squeeze(1))
         loss = super().compute_loss(model, kept, return_outputs, num_items_in_batch)
         return loss * loss_scale(self.loss_type, inputs, keep)

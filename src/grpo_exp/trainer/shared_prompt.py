@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo_exp.masks import branch_attention
+from grpo_exp.masks import MASKABLE_ATTENTION, branch_attention
 
 IGNORE = -100  # a position with no next token to score
 
@@ -28,6 +28,14 @@ class PackedGroups:
     shift_labels: torch.Tensor  # [packs, L]: the token each position predicts (IGNORE: none)
     # where each row's completion token j is predicted: (pack, column of the position that predicts it)
     sources: list[tuple[int, torch.Tensor]]
+
+
+def packable(config) -> bool:
+    """Whether the model reads a packed group as TRL's rows: an attention that takes a custom mask, and no sliding
+    window (a custom mask replaces the window, so long sequences would see further back than they should)."""
+    text = config.get_text_config()
+    windowed = getattr(text, "sliding_window", None) is not None and getattr(text, "use_sliding_window", True)
+    return config._attn_implementation in MASKABLE_ATTENTION and not windowed
 
 
 def pack_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_width: int, pad_id: int):
