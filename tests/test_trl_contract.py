@@ -18,8 +18,9 @@ from trl import GRPOConfig, GRPOTrainer
 from grpo_exp.data import load_splits
 from grpo_exp.models import build_tiny_model, load_tokenizer
 from grpo_exp.trainer.config import grpo_config
-from grpo_exp.trainer.seam import HookedGRPOTrainer, ScoredBatch, aggregated_reward
+from grpo_exp.trainer.seam import ScoredBatch, aggregated_reward
 from tests.conftest import TINY_RUN, compose_config
+from tests.tiny_trainer import Recording
 
 
 def test_trl_is_pinned_to_one_minor_version_and_installed_at_it():
@@ -39,21 +40,6 @@ def test_grpo_trainer_still_has_what_the_seam_reads():
     fields = {f.name: f for f in GRPOConfig.__dataclass_fields__.values()}
     assert fields["multi_objective_aggregation"].default == "sum_then_normalize"
     assert fields["scale_rewards"].default == "group"
-
-
-class Recording(HookedGRPOTrainer):
-    """The seam's own subclass hooks, recording what they receive."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.batches: list[ScoredBatch] = []
-
-    @property
-    def wants_scored_batch(self) -> bool:
-        return True
-
-    def after_scoring(self, batch: ScoredBatch) -> None:
-        self.batches.append(batch)
 
 
 def length_reward(completions, **kwargs):

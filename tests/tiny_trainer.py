@@ -12,6 +12,8 @@ G = 4
 
 
 class Recording(HookedGRPOTrainer):
+    """The seam's own subclass hooks, recording every ScoredBatch they receive."""
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.batches: list[ScoredBatch] = []
