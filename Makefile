@@ -27,13 +27,15 @@ test: install  ## the whole suite, slow tests included (the CI command)
 test-fast: install  ## without the embedded model (slow) and the end-to-end runs through the CLI (e2e)
 	$(PY) -m pytest -m "not slow and not e2e" $(ARGS)
 
-bench: install  ## benchmarks (ratios measured side by side in one run); results go in BENCHMARKS.md
+bench: install  ## benchmarks (ratios side by side in one run; ~1.5 h, most of it time to accuracy); results in BENCHMARKS.md
 	$(PY) -m benchmarks.rewards
 	$(PY) -m benchmarks.judge
 	$(PY) -m benchmarks.group_stats
 	$(PY) -m benchmarks.p_yes
 	$(PY) -m benchmarks.tool_protocol
 	$(PY) -m benchmarks.overhead
+	$(PY) -m benchmarks.decode
+	$(PY) -m benchmarks.time_to_accuracy
 
 # What the default experiment learns: 3 seeds of `make train`, then held-out accuracy (mean, spread) and a figure.
 CURVE_DIR ?= outputs/learning_curve

@@ -24,13 +24,14 @@ import tempfile
 import time
 from pathlib import Path
 
-# Each arm: bare TRL (None) or grpo_exp with these settings. `best`: what learns most per CPU-minute here.
+# Each arm: bare TRL (None) or grpo_exp with these settings, each lever named whatever the defaults are.
+# `best`: what learns most per CPU-minute here (grpo_exp's defaults).
 ARMS = {
     "trl": None,
-    "keep": [],
-    "skip": ["trainer.zero_variance_groups=skip"],
-    "shared": ["trainer.shared_prompt_forward=true"],
-    "resample": ["trainer.zero_variance_groups=resample"],
+    "keep": ["trainer.zero_variance_groups=keep", "trainer.shared_prompt_forward=false"],
+    "skip": ["trainer.zero_variance_groups=skip", "trainer.shared_prompt_forward=false"],
+    "shared": ["trainer.zero_variance_groups=keep", "trainer.shared_prompt_forward=true"],
+    "resample": ["trainer.zero_variance_groups=resample", "trainer.shared_prompt_forward=false"],
     "best": ["trainer.zero_variance_groups=skip", "trainer.shared_prompt_forward=true"],
 }
 COMMON = ["trainer.save_steps=0", "save_model=false"]
@@ -151,6 +152,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("overrides", nargs="*", help="the experiment, for both (default: `make train`'s)")
     args = parser.parse_args(argv)
     results = json.loads(args.results.read_text()) if args.results.exists() else []
+    if results:
+        print(f"continuing {args.results}: its {len(results)} runs are kept (delete it to measure them again)")
     for index, seed in enumerate(args.seeds):
         rotation = index % len(args.arms)
         for arm in args.arms[rotation:] + args.arms[:rotation]:

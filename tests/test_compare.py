@@ -1,5 +1,7 @@
 """The compare tool and its notebook, on a small real multirun of the tiny model made here."""
 
+import json
+
 import nbformat
 import pytest
 from nbclient import NotebookClient
@@ -70,3 +72,20 @@ def test_the_overhead_benchmark_runs_both_variants_and_prints_the_ratios(capsys)
     printed = capsys.readouterr().out
     assert "grpo_exp vs bare TRL" in printed and "peak memory (RSS)" in printed
     assert "rewards" in printed and "group statistics" in printed and "logging: W&B per step" in printed
+
+
+@pytest.mark.e2e
+def test_the_time_to_accuracy_benchmark_runs_each_arm_and_continues_where_it_stopped(tmp_path, capsys):
+    """The benchmark's machinery on the tiny model (the real numbers, embedded model: BENCHMARKS.md)."""
+    from benchmarks.time_to_accuracy import main as time_main
+
+    results, figure = tmp_path / "results.json", tmp_path / "figure.png"
+    tiny = ["model=tiny", "trainer=debug", "dataset.eval_size=4", "dataset.train_size=64", "logger=none"]
+    time_main(["--seeds", "1", "--arms", "trl", "best", "--results", str(results), "--out", str(figure), *tiny])
+    printed = capsys.readouterr().out
+    assert "seed 1 trl" in printed and "seed 1 best" in printed and "wall time best / bare TRL" in printed
+    assert {r["arm"] for r in json.loads(results.read_text())} == {"trl", "best"}
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    time_main(["--seeds", "1", "--arms", "trl", "best", "--results", str(results), "--out", str(figure), *tiny])
+    printed = capsys.readouterr().out
+    assert "its 2 runs are kept" in printed and "seed 1 trl" not in printed  # nothing run again

@@ -1,0 +1,128 @@
+"""Decode speed of each generation path: `python -m benchmarks.decode` (part of `make bench`).
+
+Milliseconds per token-step (one new token for every sequence of the batch) with the embedded SmolLM2-135M, at
+batch 8 (the default step: 2 prompts x G=4, sampled at temperature 1) and at batch 1. Each path generates
+exactly 8 and then 72 new tokens for the same prompts (EOS ignored); the difference over 64 steps is the decode
+cost, prefill excluded. Paths, all in one process, one after another:
+
+- transformers, float32: what TRL's own generation does in the default run (on-policy);
+- transformers, bfloat16: the same weights rounded to bfloat16 (half the bytes read per step);
+- transformers, static KV cache with torch.compile: generate()'s compiled decoding;
+- transformers continuous batching (`generate_batch`, paged attention: TRL's use_transformers_paged), float32;
+- llama.cpp (llama-cpp-python), the packaged Q4_1 GGUF, batch 1: the engine the issue compared against.
+
+    python -m benchmarks.decode [--repeats 2]
+"""
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from grpo_exp.models import gguf_location, load_tokenizer, materialise_embedded
+from tests.conftest import compose_config
+
+QUESTIONS = [(12, 34), (56, 7)]
+
+
+def prompts(tokenizer, batch: int) -> dict:
+    messages = [
+        [{"role": "user", "content": f"What is {a} + {b}?\nPut your final answer within \\boxed{{}}."}]
+        for a, b in QUESTIONS
+    ]
+    texts = [tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m in messages]
+    texts = [texts[i * len(texts) // batch] for i in range(batch)]  # G copies of each prompt, as TRL batches them
+    tokenizer.padding_side = "left"
+    return tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+
+
+def transformers_ms(model, tokenizer, batch: int, repeats: int, **options) -> float:
+    inputs = prompts(tokenizer, batch)
+    settings = dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, pad_token_id=tokenizer.pad_token_id)
+
+    def seconds(tokens: int) -> float:
+        started = time.perf_counter()
+        with torch.no_grad():
+            model.generate(**inputs, max_new_tokens=tokens, min_new_tokens=tokens, **settings, **options)
+        return time.perf_counter() - started
+
+    seconds(8)  # warm-up (and compilation, for the static cache)
+    return statistics.median((seconds(72) - seconds(8)) / 64 * 1000 for _ in range(repeats))
+
+
+def continuous_batching_ms(model, tokenizer, batch: int, repeats: int) -> float:
+    from transformers import GenerationConfig
+
+    ids = prompts(tokenizer, batch)
+    rows = [row[mask.bool()].tolist() for row, mask in zip(ids["input_ids"], ids["attention_mask"], strict=True)]
+
+    def seconds(tokens: int) -> float:
+        config = GenerationConfig(max_new_tokens=tokens, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
+                                  eos_token_id=None, pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+        started = time.perf_counter()
+        with torch.no_grad():
+            model.generate_batch(rows, generation_config=config, progress_bar=False)
+        return time.perf_counter() - started
+
+    seconds(8)
+    return statistics.median((seconds(72) - seconds(8)) / 64 * 1000 for _ in range(repeats))
+
+
+def llama_cpp_ms(gguf: str, repeats: int) -> float:
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=gguf, n_ctx=512, n_threads=torch.get_num_threads(), verbose=False)
+    prompt = f"What is {QUESTIONS[0][0]} + {QUESTIONS[0][1]}?"
+
+    def seconds(tokens: int) -> float:
+        started = time.perf_counter()
+        llm.create_completion(prompt, max_tokens=tokens, temperature=1.0, seed=0, logit_bias={llm.token_eos(): -1e9})
+        return time.perf_counter() - started
+
+    seconds(8)
+    return statistics.median((seconds(72) - seconds(8)) / 64 * 1000 for _ in range(repeats))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.decode")
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args(argv)
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    cfg = compose_config()
+    tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
+    checkpoint = materialise_embedded(cfg.model, cfg.cache_dir)
+    print(f"decode, embedded SmolLM2-135M, {torch.get_num_threads()} threads, ms per token-step (median of "
+          f"{args.repeats}):")  # fmt: skip
+    rows = []
+    for label, dtype, options in [
+        ("transformers float32 (TRL's generation, on-policy)", torch.float32, {}),
+        ("transformers bfloat16", torch.bfloat16, {}),
+        ("transformers float32, static cache + torch.compile", torch.float32, {"cache_implementation": "static"}),
+    ]:
+        model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=dtype).eval()
+        for batch in (8, 1):
+            ms = transformers_ms(model, tokenizer, batch, args.repeats, **options)
+            rows.append((label, batch, ms))
+            print(f"  {label:55s} batch {batch}: {ms:6.1f} ms", flush=True)
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    label = "transformers continuous batching (generate_batch), float32"
+    try:
+        ms = continuous_batching_ms(model, tokenizer, 8, args.repeats)
+        rows.append((label, 8, ms))
+        print(f"  {label:55s} batch 8: {ms:6.1f} ms", flush=True)
+    except Exception as err:  # an engine that does not run here is a result too
+        print(f"  {label:55s} batch 8: did not run ({type(err).__name__}: {str(err)[:200]})", flush=True)
+    package_dir, name = gguf_location(cfg.model)
+    ms = llama_cpp_ms(str(package_dir / name), args.repeats)
+    print(f"  {'llama.cpp, Q4_1 GGUF (llama-cpp-python)':55s} batch 1: {ms:6.1f} ms", flush=True)
+    base = next(ms for label, batch, ms in rows if batch == 8 and "float32 (TRL" in label)
+    for label, batch, ms in rows:
+        if batch == 8:
+            print(f"  batch 8, {label}: {ms / base:.2f}x TRL's generation (target: <= 40 ms)")
+
+
+if __name__ == "__main__":
+    main()
