@@ -360,12 +360,13 @@ class TrainerSchema:
     # (beta=0; with beta>0, entropy_coef or top_entropy_quantile<1 those terms then see the other groups only);
     # `resample` also generates up to max_resample_batches more batches of fresh prompts per step until
     # prompts_per_step groups have a spread (DAPO's dynamic sampling), then trains on those.
-    zero_variance_groups: ZeroVarianceGroups = ZeroVarianceGroups.keep
+    # skip is the default: TRL's update for less work (BENCHMARKS.md: time to accuracy).
+    zero_variance_groups: ZeroVarianceGroups = ZeroVarianceGroups.skip
     max_resample_batches: int = knob(4, ge=1)  # resample: extra generation batches a step may take at most
     # The loss forward (and the reference model's) reads each group's prompt once, its G completions packed as
     # branches of one sequence: TRL's log-probabilities up to float rounding, for fewer tokens (text models with
-    # sdpa or eager attention; others use TRL's forward).
-    shared_prompt_forward: bool = False
+    # sdpa or eager attention and no sliding window; others use TRL's forward).
+    shared_prompt_forward: bool = True
     # Resumable checkpoints (weights, optimiser, RNG) every N steps under <run dir>/trainer (0: only when a run is
     # interrupted); deleted when the run finishes unless keep_checkpoints.
     save_steps: int = knob(10, ge=0, why="must be 0 (off) or a number of steps")
