@@ -75,6 +75,12 @@ def test_under_normalize_then_sum_skip_also_gives_trls_update(tmp_path):
     torch.testing.assert_close(skipped, full, rtol=1e-4, atol=1e-7)
 
 
+def test_with_a_kl_term_skip_leaves_no_group_out(tmp_path):
+    # beta > 0: a row with zero advantage still adds its KL term, so leaving it out would change the update
+    trainer = make_trainer(tmp_path, first_group_flat, "skip", overrides=["trainer.beta=0.04"])
+    assert INFORMATIVE not in generation_batch(trainer, prompts=3)
+
+
 def test_keep_marks_nothing(tmp_path):
     batch = generation_batch(make_trainer(tmp_path, first_group_flat, "keep"), prompts=3)
     assert INFORMATIVE not in batch

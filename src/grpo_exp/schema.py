@@ -357,7 +357,7 @@ class TrainerSchema:
     seed: int = knob(42, ge=0)
     # Groups whose completions all got the same reward (advantages all zero): `keep` trains on them as TRL does (their
     # gradient is zero when beta=0); `skip` leaves them out of the loss forward/backward with the update unchanged
-    # (beta=0; with beta>0, entropy_coef or top_entropy_quantile<1 those terms then see the other groups only);
+    # (only where that is exact: with beta>0, an entropy bonus or top_entropy_quantile<1 every group trains);
     # `resample` also generates up to max_resample_batches more batches of fresh prompts per step until
     # prompts_per_step groups have a spread (DAPO's dynamic sampling), then trains on those.
     # skip is the default: TRL's update for less work (BENCHMARKS.md: time to accuracy).

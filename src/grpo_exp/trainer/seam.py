@@ -16,6 +16,7 @@ With trainer.shared_prompt_forward, the per-token log-probabilities (the loss fo
 are computed with each group's prompt read once (grpo_exp.trainer.shared_prompt).
 """
 
+import logging
 import math
 import random
 from dataclasses import dataclass
@@ -35,6 +36,8 @@ from grpo_exp.trainer.trl_batch import INFORMATIVE, concatenate, loss_scale, sel
 
 # An advantage below this is the float noise of equal rewards divided by TRL's std + 1e-4, not a learning signal.
 ADVANTAGE_NOISE = 1e-3
+log = logging.getLogger(__name__)
+
 # Dataset / rollout columns carried from the inputs into the ScoredBatch rows (None where a row lacks them).
 ROW_KEYS = ("question", "solution", "task", "verify_label", "pass_rate", *TRAJECTORY_FIELDS)
 
@@ -133,12 +136,25 @@ class HookedGRPOTrainer(GRPOTrainer):
         output, no_spread = self._generate_scored(self.before_generation(inputs))
         if self.zero_variance_groups == "resample":
             output, no_spread = self._resample(output, no_spread, len(inputs) // self.num_generations)
-        if self.zero_variance_groups != "keep":
+        if self.zero_variance_groups != "keep" and self._leaving_out_is_exact():
             rows = no_spread.repeat_interleave(self.num_generations)
             start = self.accelerator.process_index * len(inputs)  # this process's rows of the gathered batch
             output[INFORMATIVE] = ~rows[start : start + len(inputs)].to(output["advantages"].device)
             self.record_metric("zero_variance/groups_left_out", float(no_spread.sum()))
         return output
+
+    def _leaving_out_is_exact(self) -> bool:
+        """Whether rows with zero advantages add nothing to the loss: not with a KL term (beta > 0), an entropy
+        bonus, a high-entropy token mask or a router loss, which see every row. Then every group trains, as in
+        TRL (said once in the log)."""
+        exact = self.beta == 0.0 and not self._entropy_bonus_enabled and self.top_entropy_quantile == 1.0
+        exact = exact and not self.aux_loss_enabled
+        if not exact and not getattr(self, "_said_not_exact", False):
+            log.warning("trainer.zero_variance_groups=%s leaves no group out: with beta > 0 (or an entropy term) "
+                        "a group without spread still moves the weights, so every group trains as in TRL",
+                        self.zero_variance_groups)  # fmt: skip
+            self._said_not_exact = True
+        return exact
 
     def _generate_scored(self, inputs: list[dict]) -> tuple[dict, torch.Tensor | None]:
         """TRL's generation and scoring of one batch; the after_scoring hook; which groups have no spread."""
