@@ -25,6 +25,7 @@ def test_a_group_is_packed_as_its_prompt_once_then_a_branch_per_completion():
     allowed = packed.allowed[0, 0]
     assert allowed[6].tolist() == [True, True, False, False, False, True, True, False, False]  # prompt + own branch
     assert allowed[8, 4].item() is False and allowed[4, 1].item() is True
+    assert pack_groups(input_ids, attention, completion_width=3, pad_id=0, max_tokens=8) is None  # too long
     values = torch.arange(18.0).view(2, 9)
     assert unpack(values, packed, 3).tolist() == [[2.0, 3.0, 0.0], [10.0, 0.0, 0.0], [5.0, 6.0, 7.0]]
 

@@ -205,13 +205,16 @@ class HookedGRPOTrainer(GRPOTrainer):
         """TRL's per-token log-probabilities (and entropies) of the completions; with shared_prompt_forward, from
         one packed forward in which each group's prompt is read once (text models with a maskable attention)."""
         unwrapped = self.accelerator.unwrap_model(model)
-        if (not self.shared_prompt_forward or compute_aux_loss or not packable(unwrapped.config)
-                or any(value is not None for value in multimodal.values())):  # fmt: skip
+        packed = None
+        if (self.shared_prompt_forward and not compute_aux_loss and packable(unwrapped.config)
+                and all(value is None for value in multimodal.values())):  # fmt: skip
+            pad = self.processing_class.pad_token_id
+            packed = pack_groups(input_ids.cpu(), attention_mask.cpu(), logits_to_keep, pad)
+        if packed is None:
             return super()._get_per_token_logps_and_entropies(
                 model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
                 **multimodal,
             )  # fmt: skip
-        packed = pack_groups(input_ids.cpu(), attention_mask.cpu(), logits_to_keep, self.processing_class.pad_token_id)
         device = input_ids.device
         # sdpa takes a boolean mask whatever the compute dtype (autocast); eager adds a float one
         sdpa = unwrapped.config._attn_implementation == "sdpa"

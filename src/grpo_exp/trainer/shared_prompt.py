@@ -18,6 +18,9 @@ import torch
 from grpo_exp.masks import MASKABLE_ATTENTION, branch_attention
 
 IGNORE = -100  # a position with no next token to score
+# Longest packed group worth packing: its attention is computed over the whole pack and masked, so many long
+# branches (large G, long completions) would cost more than the prompt copies saved.
+MAX_PACKED_TOKENS = 2048
 
 
 @dataclass
@@ -38,8 +41,10 @@ def packable(config) -> bool:
     return config._attn_implementation in MASKABLE_ATTENTION and not windowed
 
 
-def pack_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_width: int, pad_id: int):
-    """TRL's rows (prompt left-padded, completion right-padded to `completion_width`) packed by identical prompt."""
+def pack_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_width: int, pad_id: int,
+                max_tokens: int = MAX_PACKED_TOKENS) -> PackedGroups | None:  # fmt: skip
+    """TRL's rows (prompt left-padded, completion right-padded to `completion_width`) packed by identical prompt;
+    None when a pack would be longer than max_tokens."""
     prompt_width = input_ids.shape[1] - completion_width
     prompts, completions = [], []
     for ids, mask in zip(input_ids.tolist(), attention_mask.tolist(), strict=True):
@@ -61,6 +66,8 @@ def pack_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, completio
             sources[row] = (pack, torch.arange(start, start + len(completion)))
         sequences.append((ids, positions, segments, labels))
     width = max(len(s[0]) for s in sequences)
+    if width > max_tokens:
+        return None
     packs = len(sequences)
     input_ids_out = torch.full((packs, width), pad_id, dtype=torch.long)
     position_ids = torch.zeros((packs, width), dtype=torch.long)
