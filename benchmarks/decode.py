@@ -37,6 +37,13 @@ def prompts(tokenizer, batch: int) -> dict:
     return tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
 
 
+def decode_ms(seconds, repeats: int) -> float:
+    """ms per token-step from `seconds(new_tokens)`: 72 minus 8 new tokens over 64 steps (prefill cancels out),
+    after one warm-up (and compilation, for the static cache); the median of `repeats`."""
+    seconds(8)
+    return statistics.median((seconds(72) - seconds(8)) / 64 * 1000 for _ in range(repeats))
+
+
 def transformers_ms(model, tokenizer, batch: int, repeats: int, **options) -> float:
     inputs = prompts(tokenizer, batch)
     settings = dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, pad_token_id=tokenizer.pad_token_id)
@@ -47,8 +54,7 @@ def transformers_ms(model, tokenizer, batch: int, repeats: int, **options) -> fl
             model.generate(**inputs, max_new_tokens=tokens, min_new_tokens=tokens, **settings, **options)
         return time.perf_counter() - started
 
-    seconds(8)  # warm-up (and compilation, for the static cache)
-    return statistics.median((seconds(72) - seconds(8)) / 64 * 1000 for _ in range(repeats))
+    return decode_ms(seconds, repeats)
 
 
 def continuous_batching_ms(model, tokenizer, batch: int, repeats: int) -> float:
@@ -65,8 +71,7 @@ def continuous_batching_ms(model, tokenizer, batch: int, repeats: int) -> float:
             model.generate_batch(rows, generation_config=config, progress_bar=False)
         return time.perf_counter() - started
 
-    seconds(8)
-    return statistics.median((seconds(72) - seconds(8)) / 64 * 1000 for _ in range(repeats))
+    return decode_ms(seconds, repeats)
 
 
 def llama_cpp_ms(gguf: str, repeats: int) -> float:
@@ -80,8 +85,7 @@ def llama_cpp_ms(gguf: str, repeats: int) -> float:
         llm.create_completion(prompt, max_tokens=tokens, temperature=1.0, seed=0, logit_bias={llm.token_eos(): -1e9})
         return time.perf_counter() - started
 
-    seconds(8)
-    return statistics.median((seconds(72) - seconds(8)) / 64 * 1000 for _ in range(repeats))
+    return decode_ms(seconds, repeats)
 
 
 def main(argv: list[str] | None = None) -> None:

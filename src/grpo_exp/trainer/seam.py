@@ -97,6 +97,7 @@ class HookedGRPOTrainer(GRPOTrainer):
         self.zero_variance_groups = zero_variance_groups
         self.max_resample_batches = max_resample_batches
         self.shared_prompt_forward = shared_prompt_forward
+        self._said_not_exact = False  # the log says once that skip/resample leave nothing out
 
     def before_generation(self, inputs: list[dict]) -> list[dict]:
         return inputs
@@ -149,7 +150,7 @@ class HookedGRPOTrainer(GRPOTrainer):
         TRL (said once in the log)."""
         exact = self.beta == 0.0 and not self._entropy_bonus_enabled and self.top_entropy_quantile == 1.0
         exact = exact and not self.aux_loss_enabled
-        if not exact and not getattr(self, "_said_not_exact", False):
+        if not exact and not self._said_not_exact:
             log.warning("trainer.zero_variance_groups=%s leaves no group out: with beta > 0 (or an entropy term) "
                         "a group without spread still moves the weights, so every group trains as in TRL",
                         self.zero_variance_groups)  # fmt: skip
@@ -173,8 +174,10 @@ class HookedGRPOTrainer(GRPOTrainer):
         """DAPO's dynamic sampling: more batches of fresh prompts (at most max_resample_batches) until `groups`
         groups have a spread; the step trains on those, topped up with no-spread groups if the bound was hit."""
         batches = [(output, no_spread)]
-        while sum(int((~flags).sum()) for _, flags in batches) < groups and len(batches) <= self.max_resample_batches:
+        with_spread = int((~no_spread).sum())
+        while with_spread < groups and len(batches) <= self.max_resample_batches:
             batches.append(self._generate_scored(self._fresh_inputs(groups, attempt=len(batches))))
+            with_spread += int((~batches[-1][1]).sum())
         every_group = [(bool(flags[g]), b, g) for b, (_, flags) in enumerate(batches) for g in range(len(flags))]
         ranked = sorted(every_group)[:groups]  # groups with spread first, each in the order generated
         size = self.num_generations
@@ -185,7 +188,6 @@ class HookedGRPOTrainer(GRPOTrainer):
                 rows = torch.tensor([g * size + i for g in chosen for i in range(size)])
                 parts.append(select_rows(batch, rows))
                 chosen_flags.extend(bool(flags[g]) for g in chosen)
-        with_spread = sum(int((~flags).sum()) for _, flags in batches)
         self.record_metric("resample/batches", float(len(batches)))
         self.record_metric("resample/groups_dropped", float(sum(len(flags) for _, flags in batches) - groups))
         self.record_metric("resample/bound_hit", float(with_spread < groups))
