@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from grpo_exp.models import build_tiny_model, load_tokenizer
 from grpo_exp.run.tracking import read_metrics
+from grpo_exp.text import tokens_covering
 from grpo_exp.verification.p_yes import p_yes_from_logits, question_messages, yes_no_token_ids
 from grpo_exp.verification.selfverify import (
     NO,
@@ -25,10 +26,13 @@ from grpo_exp.verification.selfverify import (
     matched_pairs,
     parse_judgement,
     select_samples,
+    verdict_span,
     verification_prompt,
     verification_reward,
 )
+from grpo_exp.verification.task import SelfVerificationTask
 from tests.conftest import TINY_RUN, compose_config, run_cli
+from tests.tiny_trainer import G, Recording, generation_batch, make_trainer
 
 candidate_lists = st.lists(
     st.builds(
@@ -140,6 +144,92 @@ def test_verdicts_and_rewards():
     c = Candidate(0, "What is 2+2?", "2+2 is \\boxed{4}", "4", True, 1.0)
     assert verification_prompt(c, "Q: {question} A: {answer}")[0]["content"] == "Q: What is 2+2? A: 4"
     assert verification_prompt(c, "A: {answer}", show="solution")[0]["content"] == "A: 2+2 is \\boxed{4}"
+
+
+def test_the_verdict_span_ends_where_the_verdict_was_read():
+    assert verdict_span("No, because 3 x 5 is 15.", strict=False) == (NO, 2)
+    boxed = "It checks out: \\boxed{Yes}. No more."
+    end = boxed.index(".")  # just after the box's closing brace; the later "No" is not the verdict
+    assert verdict_span(boxed) == (YES, end) and verdict_span(boxed, strict=False) == (YES, end)
+    assert verdict_span("\\boxed{maybe} yes", strict=False) == (None, None)  # a malformed box is not read past
+    assert verdict_span("Yes") == (None, None) and verdict_span("unsure", strict=False) == (None, None)
+
+
+def test_tokens_covering_counts_the_tokens_that_wrote_a_prefix_even_through_a_split_character():
+    cfg = compose_config(["model=tiny"])
+    tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
+    decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+    text = "Hmm 😀😀 No, wrong."
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert decode(ids) == text
+    end = text.index(",")
+    count = tokens_covering(ids, text, end, decode)
+    assert decode(ids[:count]) == text[:end]
+    assert len(decode(ids[: count - 1])) < end or decode(ids[: count - 1])[:end] != text[:end]
+    assert tokens_covering(ids, text, len(text), decode) == len(ids)
+
+
+def selfverify_task(*overrides: str) -> SelfVerificationTask:
+    cfg = compose_config(["reward=selfverify+length", *overrides]).reward.components.selfverify
+    return SelfVerificationTask(cfg, verifier=None, p_yes=None, seed=0)
+
+
+def test_loss_on_verdict_counts_a_verification_completion_up_to_its_verdict_only():
+    cfg = compose_config(["model=tiny"])
+    tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
+    decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+    texts = ["No, the answer is 16 not 15.", "I think \\boxed{Yes} since 2+2=4", "Unsure, maybe.", "Yes: 4"]
+    encoded = [tokenizer.encode(t, add_special_tokens=False) + [tokenizer.eos_token_id] for t in texts]
+    width = max(map(len, encoded))
+    ids = torch.tensor([e + [tokenizer.pad_token_id] * (width - len(e)) for e in encoded])
+    completion_mask = torch.tensor([[1] * len(e) + [0] * (width - len(e)) for e in encoded])
+    rows = [{"task": "verify"}] * 3 + [{"task": "generate"}]
+
+    mask = selfverify_task("reward.components.selfverify.strict_verdict=false").verdict_loss_mask(
+        rows, ids, completion_mask, decode
+    )
+    counted = [ids[i][(completion_mask[i] * mask[i]).bool()].tolist() for i in range(4)]
+    assert decode(counted[0]) == "No" and decode(counted[1]) == "I think \\boxed{Yes}"
+    assert counted[2] == encoded[2] and counted[3] == encoded[3]  # no verdict: all of it; an answer: untouched
+    strict = selfverify_task().verdict_loss_mask(rows, ids, completion_mask, decode)
+    assert (strict[0] == 1).all() and decode(ids[1][(completion_mask[1] * strict[1]).bool()].tolist()).endswith("}")
+    whole = selfverify_task("reward.components.selfverify.loss_on=completion")
+    assert whole.verdict_loss_mask(rows, ids, completion_mask, decode) is None
+
+
+class FirstThreeTokens(Recording):
+    """A loss_token_mask hook that counts the first three generated tokens of every completion."""
+
+    def loss_token_mask(self, rows, completion_ids, completion_mask):
+        mask = torch.zeros_like(completion_mask)
+        mask[:, :3] = 1
+        return mask
+
+
+def by_member(completions, **kwargs):
+    return [float(i % G) for i in range(len(completions))]
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
+def test_the_seam_applies_the_loss_token_mask_and_recounts_trls_tokens(tmp_path, loss_type):
+    trainer = make_trainer(tmp_path, by_member, prompts=2, trainer_class=FirstThreeTokens,
+                           overrides=[f"trainer.loss_type={loss_type}"])  # fmt: skip
+    batch = generation_batch(trainer, prompts=2)
+    lengths = batch["completion_mask"].sum(dim=1)
+    assert (lengths <= 3).all() and (lengths > 0).all()
+    assert int(batch["num_items_in_batch"]) == int(lengths.sum())  # dapo's normaliser counts what the loss counts
+    assert max(b.lengths.max().item() for b in trainer.batches) > 3  # statistics still see every generated token
+
+    def gradient(inputs):
+        trainer.model.zero_grad(set_to_none=True)
+        trainer.compute_loss(trainer.model, inputs).backward()
+        return torch.cat([p.grad.flatten() for p in trainer.model.parameters()])
+
+    changed = batch["completion_ids"].clone()
+    changed[:, 3:] = (changed[:, 3:] + 1) % trainer.model.config.vocab_size
+    cut = gradient(batch)
+    assert cut.abs().max() > 0
+    torch.testing.assert_close(gradient({**batch, "completion_ids": changed}), cut)
 
 
 def test_judgement_and_probability_metrics_hand_computed():

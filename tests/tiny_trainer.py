@@ -31,7 +31,7 @@ def logged(trainer: Recording, key: str) -> list[float]:
 
 
 def make_trainer(tmp_path, reward, mode: str = "keep", prompts: int = 3, overrides=(), attention: str = "sdpa",
-                 **kwargs) -> Recording:  # fmt: skip
+                 trainer_class: type[Recording] = Recording, **kwargs) -> Recording:  # fmt: skip
     cfg = compose_config([*TINY_RUN, f"trainer.num_generations={G}", f"trainer.prompts_per_step={prompts}",
                           "logger=none", *overrides])  # fmt: skip
     tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
@@ -39,7 +39,7 @@ def make_trainer(tmp_path, reward, mode: str = "keep", prompts: int = 3, overrid
     if not model_dir.exists():
         build_tiny_model(cfg.model, tokenizer, cfg.trainer.seed).save_pretrained(model_dir)
     train_set, _ = load_splits(cfg.dataset)
-    return Recording(
+    return trainer_class(
         model=AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation=attention),
         reward_funcs=[reward],
         args=grpo_config(cfg.trainer, tmp_path / "trainer", "none", [1.0], False),

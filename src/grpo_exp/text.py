@@ -63,3 +63,14 @@ def prompt_text(prompt) -> str:
     if isinstance(prompt, str):
         return prompt
     return next((m["content"] for m in reversed(prompt) if m["role"] == "user"), "")
+
+
+def tokens_covering(ids: list[int], text: str, end: int, decode) -> int:
+    """How many of the leading token `ids` wrote `text[:end]`, where `text` is `decode(ids)`: the shortest prefix
+    whose decoded text starts with it (a character split over tokens decodes to a placeholder until its last
+    token, so a prefix is only trusted once it reads the same). All of them when none does."""
+    for count in range(1, len(ids) + 1):
+        prefix = decode(ids[:count])
+        if len(prefix) >= end and prefix[:end] == text[:end]:
+            return count
+    return len(ids)

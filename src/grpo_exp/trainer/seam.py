@@ -105,6 +105,12 @@ class HookedGRPOTrainer(GRPOTrainer):
     def after_scoring(self, batch: ScoredBatch) -> None:
         pass
 
+    def loss_token_mask(self, rows: list[dict], completion_ids: torch.Tensor,
+                        completion_mask: torch.Tensor) -> torch.Tensor | None:  # fmt: skip
+        """Which generated tokens of this process's rows the loss counts (1), on top of TRL's completion mask;
+        None: all of them."""
+        return None
+
     @property
     def wants_scored_batch(self) -> bool:
         return False
@@ -158,17 +164,32 @@ class HookedGRPOTrainer(GRPOTrainer):
         return exact
 
     def _generate_scored(self, inputs: list[dict]) -> tuple[dict, torch.Tensor | None]:
-        """TRL's generation and scoring of one batch; the after_scoring hook; which groups have no spread."""
+        """TRL's generation and scoring of one batch; the after_scoring hook; the loss_token_mask hook; which
+        groups have no spread."""
         output = super()._generate_and_score_completions(inputs)
-        if not self.wants_scored_batch and self.zero_variance_groups == "keep":
-            return output, None
-        batch = self._scored_batch(inputs, output)
+        batch = None
+        if self.wants_scored_batch or self.zero_variance_groups != "keep":
+            batch = self._scored_batch(inputs, output)  # before the loss mask: lengths count every generated token
         if self.wants_scored_batch:
             self.after_scoring(batch)
+        self._mask_loss_tokens(inputs, output)
+        if batch is None:
+            return output, None
         # No spread, and advantages that are zero (float noise aside): under normalize_then_sum TRL normalises over
         # the batch, so a group without spread still has equal, non-zero advantages, and it trains.
         zero_advantages = batch.grouped(batch.advantages).abs().amax(dim=1) < ADVANTAGE_NOISE
         return output, zero_spread_groups(batch.grouped(batch.total)) & zero_advantages
+
+    def _mask_loss_tokens(self, inputs: list[dict], output: dict) -> None:
+        """The loss_token_mask hook applied to TRL's completion mask; where any process cut tokens, TRL's token
+        count (the dapo / cispo normaliser, gathered over processes) is recounted."""
+        mask = self.loss_token_mask(inputs, output["completion_ids"], output["completion_mask"])
+        if mask is not None:
+            output["completion_mask"] = output["completion_mask"] * mask.to(output["completion_mask"])
+        cut = torch.tensor([float(mask is not None)], device=self.accelerator.device)
+        if self.accelerator.gather(cut).any():
+            loss_mask = output["completion_mask"] * output.get("tool_mask", 1)
+            output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
 
     def _resample(self, output: dict, no_spread: torch.Tensor, groups: int) -> tuple[dict, torch.Tensor]:
         """DAPO's dynamic sampling: more batches of fresh prompts (at most max_resample_batches) until `groups`

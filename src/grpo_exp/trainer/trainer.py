@@ -70,6 +70,20 @@ class GRPOExpTrainer(HookedGRPOTrainer):
         self.record_metric("selfverify/verdict_loss", cross_entropy.item())
         return loss + task.cfg.supervised_weight * cross_entropy
 
+    def loss_token_mask(self, rows, completion_ids, completion_mask):
+        """Self-verification (loss_on=verdict): a verification completion counts up to its verdict."""
+        if self.selfverify is None:
+            return None
+        tokenizer = self.processing_class
+        mask = self.selfverify.verdict_loss_mask(
+            rows, completion_ids, completion_mask, lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
+        )
+        if mask is not None:
+            verify = torch.tensor([row.get("task") == VERIFY for row in rows])
+            counted = (completion_mask * mask.to(completion_mask))[verify].sum(dim=1).float()
+            self.record_metric("selfverify/loss_tokens", counted.mean().item())
+        return mask
+
     def after_scoring(self, batch: ScoredBatch) -> None:
         started = time.perf_counter()
         correct = self._correctness(batch)

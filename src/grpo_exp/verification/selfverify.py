@@ -15,7 +15,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from grpo_exp.stats import auroc, final_answer
-from grpo_exp.text import boxed_content
+from grpo_exp.text import BOXED, last_boxed_span
 
 YES, NO = "Yes", "No"
 
@@ -192,13 +192,19 @@ def parse_judgement(text: str, strict: bool = True) -> str | None:
     """The policy's verdict: the last \\boxed{Yes|No} (case-insensitive); None when malformed.
 
     Not strict (for small models that rarely box): without a box, the first standalone "yes" or "no"."""
-    boxed = boxed_content(text)
-    if boxed is not None:
-        return {"yes": YES, "no": NO}.get(re.sub(r"[^a-z]", "", boxed.lower()))
-    if strict:
-        return None
-    match = VERDICT_WORD.search(text)
-    return None if match is None else {"yes": YES, "no": NO}[match.group(1).lower()]
+    return verdict_span(text, strict)[0]
+
+
+def verdict_span(text: str, strict: bool = True) -> tuple[str | None, int | None]:
+    """(the verdict parse_judgement reads, the offset in `text` just after what it read it from); (None, None)
+    when malformed. Nothing after that offset can change the verdict."""
+    span = last_boxed_span(text)
+    if span is not None:
+        content = text[span[0] + len(BOXED) : span[1] - 1]
+        verdict = {"yes": YES, "no": NO}.get(re.sub(r"[^a-z]", "", content.lower()))
+        return (verdict, span[1]) if verdict else (None, None)
+    match = None if strict else VERDICT_WORD.search(text)
+    return (None, None) if match is None else ({"yes": YES, "no": NO}[match.group(1).lower()], match.end())
 
 
 def verification_reward(judgement: str | None, label: str, pass_rate: float, scale_by_pass_rate: bool) -> float:

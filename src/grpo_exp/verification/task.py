@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 from grpo_exp.errors import UserError
 from grpo_exp.generation import generate_completions
 from grpo_exp.schema import ScaleRewards, SelfVerifySchedule, ZeroVarianceGroups
+from grpo_exp.text import tokens_covering
 from grpo_exp.verification.p_yes import PYesScorer, policy_p_yes
 from grpo_exp.verification.rule import Verifier
 from grpo_exp.verification.selfverify import (
@@ -28,6 +29,7 @@ from grpo_exp.verification.selfverify import (
     probability_metrics,
     select_samples,
     shown_answer,
+    verdict_span,
     verification_prompt,
 )
 
@@ -127,6 +129,24 @@ class SelfVerificationTask:
         found = candidates_from_groups(questions, texts, labels, size, first_problem=self._problems_seen)
         self._problems_seen += len(questions)
         self.candidates.extend(found)
+
+    def verdict_loss_mask(self, rows: list[dict], completion_ids: torch.Tensor, completion_mask: torch.Tensor,
+                          decode: Callable[[list[int]], str]) -> torch.Tensor | None:  # fmt: skip
+        """loss_on=verdict: which completion tokens the loss counts (1) for these rows: a verification
+        completion's tokens up to the end of its verdict, every other row's all. None when nothing is cut."""
+        if self.cfg.loss_on != "verdict" or self.supervised_objective:
+            return None
+        verify = [i for i, row in enumerate(rows) if row.get("task") == VERIFY]
+        if not verify:
+            return None
+        mask = torch.ones_like(completion_mask)
+        for i in verify:
+            ids = completion_ids[i][completion_mask[i].bool()].tolist()
+            text = decode(ids)
+            _, end = verdict_span(text, self.cfg.strict_verdict)
+            if end is not None:
+                mask[i, tokens_covering(ids, text, end, decode) :] = 0
+        return mask
 
     def verdict_metrics(self, texts: list[str], labels: list[str], prefix: str = "selfverify") -> dict[str, float]:
         """Accuracy, precision / recall / F1 of "Yes" and the malformed share of verdicts against their labels."""
