@@ -1,12 +1,14 @@
 """How much a run changed the policy's verification ability, paired: `python -m benchmarks.verification_change
-<run dir> [<run dir> ...]`.
+<run dir> [<run dir> ...] [--benchmark <verification benchmark .json>]`.
 
-Each run directory's verification benchmark (verification_benchmark.json) is scored by the initial policy
+Each run directory's verification benchmark (verification_benchmark.json), or the one given with --benchmark
+(e.g. a cached set built with other settings, to score older runs on it), is scored by the initial policy
 (model=smollm2_135m, the presets' default) and by the run's final checkpoint; the AUROC change gets a paired
 percentile-bootstrap 95% interval (the same resampled examples for both), tighter than comparing the two
 unpaired intervals in summary.json. Needs the checkpoint (save_model=true, the default).
 """
 
+import argparse
 import os
 import random
 import sys
@@ -15,7 +17,7 @@ from pathlib import Path
 from grpo_exp.models import load_model, load_tokenizer, model_option_config
 from grpo_exp.run.files import BENCHMARK_FILE
 from grpo_exp.stats import auroc
-from grpo_exp.verification.benchmark import load_benchmark
+from grpo_exp.verification.benchmark import benchmark_metrics, load_benchmark
 from grpo_exp.verification.p_yes import policy_p_yes
 from tests.conftest import compose_config
 
@@ -40,12 +42,16 @@ def paired_change(before: list[float], after: list[float], labels: list[bool], s
     return changes[int(0.025 * len(changes))], changes[int(0.975 * len(changes))]
 
 
-def main(run_dirs: list[str]) -> None:
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.verification_change", description=__doc__)
+    parser.add_argument("run_dirs", nargs="+", type=Path)
+    parser.add_argument("--benchmark", type=Path, help="score every run on this set instead of its own")
+    args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     cfg = compose_config(["+experiment=selfverify"])
     bench_cfg = cfg.eval.verification_benchmark
-    for run_dir in map(Path, run_dirs):
-        examples = load_benchmark(run_dir / BENCHMARK_FILE)
+    for run_dir in args.run_dirs:
+        examples = load_benchmark(args.benchmark or run_dir / BENCHMARK_FILE)
         labels = [c.correct for c in examples]
         before = p_yes(cfg.model, bench_cfg, cfg.cache_dir, examples)
         after = p_yes(model_option_config(str(run_dir), "run"), bench_cfg, cfg.cache_dir, examples)
@@ -53,6 +59,9 @@ def main(run_dirs: list[str]) -> None:
         first, last = auroc(before, labels), auroc(after, labels)
         print(f"{run_dir}: {len(examples)} examples, AUROC {first:.3f} -> {last:.3f}, change {last - first:+.3f}, "
               f"paired 95% [{low:+.3f}, {high:+.3f}]")  # fmt: skip
+        # The checkpoint's other measures on this set, as summary.json would hold them.
+        measures = benchmark_metrics(after, labels, bench_cfg.resamples, bench_cfg.seed)
+        print("  after: " + ", ".join(f"{k.split('/')[-1]} {v:.3f}" for k, v in measures.items()))
 
 
 if __name__ == "__main__":
