@@ -50,10 +50,14 @@ def main(argv: list[str]) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     cfg = compose_config(["+experiment=selfverify"])
     bench_cfg = cfg.eval.verification_benchmark
+    initial = {}  # the initial policy's P(Yes), once per set (runs of one benchmark share it)
     for run_dir in args.run_dirs:
         examples = load_benchmark(args.benchmark or run_dir / BENCHMARK_FILE)
         labels = [c.correct for c in examples]
-        before = p_yes(cfg.model, bench_cfg, cfg.cache_dir, examples)
+        key = tuple((c.question, c.answer) for c in examples)
+        if key not in initial:
+            initial[key] = p_yes(cfg.model, bench_cfg, cfg.cache_dir, examples)
+        before = initial[key]
         after = p_yes(model_option_config(str(run_dir), "run"), bench_cfg, cfg.cache_dir, examples)
         low, high = paired_change(before, after, labels)
         first, last = auroc(before, labels), auroc(after, labels)
