@@ -241,9 +241,9 @@ class SelfVerifyReward:
     objective: str = knob("grpo", choices=("grpo", "supervised"))
     supervised_weight: float = knob(1.0, gt=0.0)
     # objective=grpo: the tokens of a verification completion that the loss counts. verdict: up to the end of the
-    # verdict (the reward reads nothing after it: later tokens add only noise and, normalised per completion,
-    # dilute the verdict's own gradient; a completion without a verdict counts whole) | completion: every token
-    # (the first design)
+    # verdict (the verdict decides the reward; the later tokens' only part in it was not to write another one,
+    # so they add mostly noise and, normalised per completion, dilute the verdict's own gradient; a completion
+    # without a verdict counts whole) | completion: every token (the first design)
     loss_on: str = knob("verdict", choices=("verdict", "completion"))
     # reward x min(pass rate, 0.5), as in the paper. A constant per group: group-normalised advantages cancel
     # it, so it needs trainer.scale_rewards=none or batch (checked).

@@ -197,7 +197,7 @@ def parse_judgement(text: str, strict: bool = True) -> str | None:
 
 def verdict_span(text: str, strict: bool = True) -> tuple[str | None, int | None]:
     """(the verdict parse_judgement reads, the offset in `text` just after what it read it from); (None, None)
-    when malformed. Nothing after that offset can change the verdict."""
+    when malformed. What follows the offset holds no verdict that would override it."""
     span = last_boxed_span(text)
     if span is not None:
         content = text[span[0] + len(BOXED) : span[1] - 1]
