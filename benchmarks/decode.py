@@ -9,7 +9,9 @@ cost, prefill excluded. Paths, all in one process, one after another:
 - transformers, bfloat16: the same weights rounded to bfloat16 (half the bytes read per step);
 - transformers, static KV cache with torch.compile: generate()'s compiled decoding;
 - transformers continuous batching (`generate_batch`, paged attention: TRL's use_transformers_paged), float32;
-- llama.cpp (llama-cpp-python), the packaged Q4_1 GGUF, batch 1: the engine the issue compared against.
+- llama.cpp (llama-cpp-python), the packaged Q4_1 GGUF: batch 1 through its high-level API (the engine the
+  issue compared against), and batch 8 as 8 sequences of one llama.cpp batch (its low-level API, a unified KV
+  cache), sampled at temperature 1 in numpy from each sequence's logits.
 
     python -m benchmarks.decode [--repeats 2]
 """
@@ -88,6 +90,50 @@ def llama_cpp_ms(gguf: str, repeats: int) -> float:
     return decode_ms(seconds, repeats)
 
 
+def llama_cpp_batched_ms(gguf: str, batch: int, repeats: int) -> float:
+    """8 sequences decoded together: one llama_decode per token-step for the whole batch."""
+    import llama_cpp
+    import numpy as np
+    from llama_cpp import Llama
+    from llama_cpp._internals import LlamaBatch, LlamaContext
+
+    threads = torch.get_num_threads()
+    llm = Llama(model_path=gguf, n_ctx=256, n_threads=threads, verbose=False)  # loads the weights
+    params = llama_cpp.llama_context_default_params()
+    params.n_ctx, params.n_batch, params.n_ubatch, params.n_seq_max = 128 * batch, 512, 512, batch
+    params.n_threads = params.n_threads_batch = threads
+    params.kv_unified = True
+    context = LlamaContext(model=llm._model, params=params, verbose=False)
+    work = LlamaBatch(n_tokens=512, embd=0, n_seq_max=batch, verbose=False)
+    prompt = llm.tokenize(f"What is {QUESTIONS[0][0]} + {QUESTIONS[0][1]}?".encode(), add_bos=True)
+    vocab, rng = llm.n_vocab(), np.random.default_rng(0)
+
+    def seconds(tokens: int) -> float:
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(context.ctx), True)
+        started = time.perf_counter()
+        work.reset()
+        for sequence in range(batch):
+            work.add_sequence(prompt, sequence, False)
+        last = [len(prompt) * (sequence + 1) - 1 for sequence in range(batch)]  # each prompt's last token
+        for step in range(tokens):
+            if llama_cpp.llama_decode(context.ctx, work.batch) != 0:
+                raise RuntimeError("llama_decode failed")
+            logits = np.stack([np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(context.ctx, i), shape=(vocab,))
+                               for i in last])  # fmt: skip
+            probabilities = np.exp(logits - logits.max(axis=1, keepdims=True))
+            probabilities /= probabilities.sum(axis=1, keepdims=True)
+            chosen = [int(rng.choice(vocab, p=row)) for row in probabilities]
+            work.reset()
+            for sequence, token in enumerate(chosen):
+                work.batch.token[sequence], work.batch.pos[sequence] = token, len(prompt) + step
+                work.batch.seq_id[sequence][0], work.batch.n_seq_id[sequence] = sequence, 1
+                work.batch.logits[sequence] = True
+            work.batch.n_tokens, last = batch, list(range(batch))
+        return time.perf_counter() - started
+
+    return decode_ms(seconds, repeats)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.decode")
     parser.add_argument("--repeats", type=int, default=2)
@@ -122,6 +168,10 @@ def main(argv: list[str] | None = None) -> None:
     package_dir, name = gguf_location(cfg.model)
     ms = llama_cpp_ms(str(package_dir / name), args.repeats)
     print(f"  {'llama.cpp, Q4_1 GGUF (llama-cpp-python)':55s} batch 1: {ms:6.1f} ms", flush=True)
+    label = "llama.cpp, Q4_1 GGUF, one batch of 8 sequences"
+    ms = llama_cpp_batched_ms(str(package_dir / name), 8, args.repeats)
+    rows.append((label, 8, ms))
+    print(f"  {label:55s} batch 8: {ms:6.1f} ms", flush=True)
     base = next(ms for label, batch, ms in rows if batch == 8 and "float32 (TRL" in label)
     for label, batch, ms in rows:
         if batch == 8:
