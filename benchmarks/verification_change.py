@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from grpo_exp.models import load_model, load_tokenizer, model_option_config
-from grpo_exp.run.files import BENCHMARK_FILE
+from grpo_exp.run.files import BENCHMARK_FILE, FINAL_CHECKPOINT_DIR
 from grpo_exp.stats import auroc
 from grpo_exp.verification.benchmark import benchmark_metrics, load_benchmark
 from grpo_exp.verification.p_yes import policy_p_yes
@@ -47,6 +47,10 @@ def main(argv: list[str]) -> None:
     parser.add_argument("run_dirs", nargs="+", type=Path)
     parser.add_argument("--benchmark", type=Path, help="score every run on this set instead of its own")
     args = parser.parse_args(argv)
+    missing = [str(p) for p in [args.benchmark] if p and not p.is_file()]
+    missing += [str(d) for d in args.run_dirs if not (d / FINAL_CHECKPOINT_DIR).is_dir()]
+    if missing:
+        parser.error(f"not found: {', '.join(missing)} (a set's .json; run dirs with {FINAL_CHECKPOINT_DIR}/)")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     cfg = compose_config(["+experiment=selfverify"])
     bench_cfg = cfg.eval.verification_benchmark
