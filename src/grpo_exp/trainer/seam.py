@@ -108,7 +108,7 @@ class HookedGRPOTrainer(GRPOTrainer):
     def loss_token_mask(self, rows: list[dict], completion_ids: torch.Tensor,
                         completion_mask: torch.Tensor) -> torch.Tensor | None:  # fmt: skip
         """Which generated tokens of this process's rows the loss counts (1), on top of TRL's completion mask;
-        None: all of them."""
+        None: all of them. None or not must be the same in every process (TRL's token count is gathered)."""
         return None
 
     @property
@@ -181,15 +181,14 @@ class HookedGRPOTrainer(GRPOTrainer):
         return output, zero_spread_groups(batch.grouped(batch.total)) & zero_advantages
 
     def _mask_loss_tokens(self, inputs: list[dict], output: dict) -> None:
-        """The loss_token_mask hook applied to TRL's completion mask; where any process cut tokens, TRL's token
-        count (the dapo / cispo normaliser, gathered over processes) is recounted."""
+        """The loss_token_mask hook applied to TRL's completion mask, and TRL's token count (the dapo / cispo
+        normaliser, gathered over processes) recounted."""
         mask = self.loss_token_mask(inputs, output["completion_ids"], output["completion_mask"])
-        if mask is not None:
-            output["completion_mask"] = output["completion_mask"] * mask.to(output["completion_mask"])
-        cut = torch.tensor([float(mask is not None)], device=self.accelerator.device)
-        if self.accelerator.gather(cut).any():
-            loss_mask = output["completion_mask"] * output.get("tool_mask", 1)
-            output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
+        if mask is None:
+            return
+        output["completion_mask"] = output["completion_mask"] * mask.to(output["completion_mask"])
+        loss_mask = output["completion_mask"] * output.get("tool_mask", 1)
+        output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
 
     def _resample(self, output: dict, no_spread: torch.Tensor, groups: int) -> tuple[dict, torch.Tensor]:
         """DAPO's dynamic sampling: more batches of fresh prompts (at most max_resample_batches) until `groups`

@@ -133,14 +133,12 @@ class SelfVerificationTask:
     def verdict_loss_mask(self, rows: list[dict], completion_ids: torch.Tensor, completion_mask: torch.Tensor,
                           decode: Callable[[list[int]], str]) -> torch.Tensor | None:  # fmt: skip
         """loss_on=verdict: which completion tokens the loss counts (1) for these rows: a verification
-        completion's tokens up to the end of its verdict, every other row's all. None when nothing is cut."""
+        completion's tokens up to the end of its verdict, every other row's all. None when the settings never cut
+        (the same answer in every process, whatever rows it holds)."""
         if self.cfg.loss_on != "verdict" or self.supervised_objective:
             return None
-        verify = [i for i, row in enumerate(rows) if row.get("task") == VERIFY]
-        if not verify:
-            return None
         mask = torch.ones_like(completion_mask)
-        for i in verify:
+        for i in (i for i, row in enumerate(rows) if row.get("task") == VERIFY):
             ids = completion_ids[i][completion_mask[i].bool()].tolist()
             text = decode(ids)
             _, end = verdict_span(text, self.cfg.strict_verdict)
