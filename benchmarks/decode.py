@@ -26,6 +26,7 @@ from grpo_exp.models import gguf_location, load_tokenizer, materialise_embedded
 from tests.conftest import compose_config
 
 QUESTIONS = [(12, 34), (56, 7)]
+LLAMA_CPP_PROMPT = f"What is {QUESTIONS[0][0]} + {QUESTIONS[0][1]}?"  # llama.cpp paths: a raw prompt, no template
 
 
 def prompts(tokenizer, batch: int) -> dict:
@@ -80,11 +81,11 @@ def llama_cpp_ms(gguf: str, repeats: int) -> float:
     from llama_cpp import Llama
 
     llm = Llama(model_path=gguf, n_ctx=512, n_threads=torch.get_num_threads(), verbose=False)
-    prompt = f"What is {QUESTIONS[0][0]} + {QUESTIONS[0][1]}?"
+    no_eos = {llm.token_eos(): -1e9}
 
     def seconds(tokens: int) -> float:
         started = time.perf_counter()
-        llm.create_completion(prompt, max_tokens=tokens, temperature=1.0, seed=0, logit_bias={llm.token_eos(): -1e9})
+        llm.create_completion(LLAMA_CPP_PROMPT, max_tokens=tokens, temperature=1.0, seed=0, logit_bias=no_eos)
         return time.perf_counter() - started
 
     return decode_ms(seconds, repeats)
@@ -105,7 +106,7 @@ def llama_cpp_batched_ms(gguf: str, batch: int, repeats: int) -> float:
     params.kv_unified = True
     context = LlamaContext(model=llm._model, params=params, verbose=False)
     work = LlamaBatch(n_tokens=512, embd=0, n_seq_max=batch, verbose=False)
-    prompt = llm.tokenize(f"What is {QUESTIONS[0][0]} + {QUESTIONS[0][1]}?".encode(), add_bos=True)
+    prompt = llm.tokenize(LLAMA_CPP_PROMPT.encode(), add_bos=True)
     vocab, rng = llm.n_vocab(), np.random.default_rng(0)
 
     def seconds(tokens: int) -> float:
