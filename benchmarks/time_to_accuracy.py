@@ -25,15 +25,21 @@ import time
 from pathlib import Path
 
 # Each arm: bare TRL (None) or grpo_exp with these settings, each lever named whatever the defaults are.
-# `best`: what learns most per CPU-minute here (grpo_exp's defaults).
+# `best`: what learns most per CPU-minute here.
 ARMS = {
     "trl": None,
-    "keep": ["trainer.zero_variance_groups=keep", "trainer.shared_prompt_forward=false"],
-    "skip": ["trainer.zero_variance_groups=skip", "trainer.shared_prompt_forward=false"],
-    "shared": ["trainer.zero_variance_groups=keep", "trainer.shared_prompt_forward=true"],
-    "resample": ["trainer.zero_variance_groups=resample", "trainer.shared_prompt_forward=false"],
-    "best": ["trainer.zero_variance_groups=skip", "trainer.shared_prompt_forward=true"],
-}
+    "keep": ["trainer.zero_variance_groups=keep", "trainer.shared_prompt_forward=false", "generation=transformers"],
+    "skip": ["trainer.zero_variance_groups=skip", "trainer.shared_prompt_forward=false", "generation=transformers"],
+    "shared": ["trainer.zero_variance_groups=keep", "trainer.shared_prompt_forward=true", "generation=transformers"],
+    "bf16": ["trainer.zero_variance_groups=keep", "trainer.shared_prompt_forward=false",
+             "generation=transformers_bf16"],
+    "resample": ["trainer.zero_variance_groups=resample", "trainer.shared_prompt_forward=false",
+                 "generation=transformers"],
+    "skip_shared": ["trainer.zero_variance_groups=skip", "trainer.shared_prompt_forward=true",
+                    "generation=transformers"],
+    "best": ["trainer.zero_variance_groups=skip", "trainer.shared_prompt_forward=true",
+             "generation=transformers_bf16"],
+}  # fmt: skip
 COMMON = ["trainer.save_steps=0", "save_model=false"]
 
 

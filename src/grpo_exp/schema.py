@@ -372,6 +372,10 @@ class TrainerSchema:
     # branches of one sequence: TRL's log-probabilities up to float rounding, for fewer tokens (text models with
     # sdpa or eager attention and no sliding window; others use TRL's forward).
     shared_prompt_forward: bool = True
+    # TRL's transformers generation samples from a bfloat16 copy of the policy (refreshed every step; ~0.57x the
+    # decode time on CPU), and the loss's ratio is taken against the copy's log-probabilities (PPO-clipped), which
+    # corrects for it. Set by generation=transformers_bf16; not with vLLM, multi-turn rollouts, DeepSpeed or FSDP.
+    bfloat16_generation: bool = False
     # Resumable checkpoints (weights, optimiser, RNG) every N steps under <run dir>/trainer (0: only when a run is
     # interrupted); deleted when the run finishes unless keep_checkpoints.
     save_steps: int = knob(10, ge=0, why="must be 0 (off) or a number of steps")

@@ -85,5 +85,7 @@ def build_rollout(cfg: DictConfig) -> MultiTurnRollout | None:
         raise UserError("reward=...selfverify with rollout=multiturn is not supported: use rollout=single")
     if cfg.trainer.extra.get("use_vllm"):
         raise UserError("rollout=multiturn generates with transformers; use generation=transformers")
+    if cfg.trainer.bfloat16_generation:
+        raise UserError("rollout=multiturn generates its turns itself (float32); use generation=transformers")
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is "experimental" in TRL: we know
     return MultiTurnRollout(cfg.rollout)

@@ -13,7 +13,9 @@ Groups with no reward spread (trainer.zero_variance_groups) are handled here too
 (grpo_exp.trainer.trl_batch): `skip` marks their rows so that the loss leaves them out, rescaled so that the
 update is TRL's; `resample` generates more batches of fresh prompts until a step has enough groups with spread.
 With trainer.shared_prompt_forward, the per-token log-probabilities (the loss forward, and the reference model's)
-are computed with each group's prompt read once (grpo_exp.trainer.shared_prompt).
+are computed with each group's prompt read once (grpo_exp.trainer.shared_prompt). With trainer.bfloat16_generation,
+TRL's transformers generation samples from a bfloat16 copy of the policy (grpo_exp.trainer.bfloat16_sampler), and
+the copy's log-probabilities become TRL's `old_per_token_logps`: the loss's ratio corrects for the copy.
 """
 
 import logging
@@ -24,13 +26,16 @@ from dataclasses import dataclass
 import torch
 from accelerate.utils import gather_object
 from trl import GRPOTrainer
+from trl.extras.profiling import profiling_context
 from trl.models.utils import unwrap_model_for_generation
 from trl.trainer.utils import nanstd
 
+from grpo_exp.errors import UserError
 from grpo_exp.masks import additive_mask
 from grpo_exp.rollout.multiturn import TRAJECTORY_FIELDS
 from grpo_exp.stats import impute_group_means, zero_spread_groups
 from grpo_exp.text import completion_text
+from grpo_exp.trainer.bfloat16_sampler import Bfloat16Sampler
 from grpo_exp.trainer.shared_prompt import pack_groups, packable, unpack
 from grpo_exp.trainer.trl_batch import INFORMATIVE, concatenate, loss_scale, select_rows
 
@@ -92,11 +97,17 @@ class HookedGRPOTrainer(GRPOTrainer):
     """
 
     def __init__(self, *args, zero_variance_groups: str = "keep", max_resample_batches: int = 4,
-                 shared_prompt_forward: bool = False, **kwargs):  # fmt: skip
+                 shared_prompt_forward: bool = False, bfloat16_generation: bool = False, **kwargs):  # fmt: skip
         super().__init__(*args, **kwargs)
         self.zero_variance_groups = zero_variance_groups
         self.max_resample_batches = max_resample_batches
         self.shared_prompt_forward = shared_prompt_forward
+        self.bfloat16_generation = bfloat16_generation
+        self._bfloat16_sampler = None  # made at the first generation, from the policy as it is then
+        if bfloat16_generation and (self.is_deepspeed_enabled or self.is_fsdp_enabled):
+            # a copy of sharded parameters would hold this process's shards only
+            raise UserError("trainer.bfloat16_generation copies the whole policy: it does not run under DeepSpeed "
+                            "or FSDP; use generation=transformers or generation=vllm_colocate there")  # fmt: skip
         self._said_not_exact = False  # the log says once that skip/resample leave nothing out
 
     def before_generation(self, inputs: list[dict]) -> list[dict]:
@@ -173,6 +184,10 @@ class HookedGRPOTrainer(GRPOTrainer):
         if self.wants_scored_batch:
             self.after_scoring(batch)
         self._mask_loss_tokens(inputs, output)
+        if self.bfloat16_generation and output.get("sampling_per_token_logps") is not None:
+            # The bfloat16 copy sampled: it is the behaviour policy that the loss's ratio (and PPO's clip) is
+            # taken against, in place of TRL's float32 log-probabilities.
+            output["old_per_token_logps"] = output["sampling_per_token_logps"]
         if batch is None:
             return output, None
         # No spread, and advantages that are zero (float noise aside): under normalize_then_sum TRL normalises over
@@ -189,6 +204,19 @@ class HookedGRPOTrainer(GRPOTrainer):
         output["completion_mask"] = output["completion_mask"] * mask.to(output["completion_mask"])
         loss_mask = output["completion_mask"] * output.get("tool_mask", 1)
         output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
+
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        """TRL's single-turn generation; with bfloat16_generation (text prompts, training), from the bfloat16 copy,
+        returning its log-probabilities where TRL's transformers path returns none."""
+        if not (self.bfloat16_generation and self.model.training) or images is not None or multimodal_fields:
+            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
+                                                 has_tool_images)  # fmt: skip
+        policy = self.accelerator.unwrap_model(self.model)
+        if self._bfloat16_sampler is None:
+            self._bfloat16_sampler = Bfloat16Sampler(policy)
+        with profiling_context(self, "transformers.generate"):
+            self._bfloat16_sampler.sync(policy, self.state.global_step)
+            return self._bfloat16_sampler.generate(prompt_ids, self.generation_config)
 
     def _resample(self, output: dict, no_spread: torch.Tensor, groups: int) -> tuple[dict, torch.Tensor]:
         """DAPO's dynamic sampling: more batches of fresh prompts (at most max_resample_batches) until `groups`

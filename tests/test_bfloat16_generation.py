@@ -1,0 +1,166 @@
+"""trainer.bfloat16_generation (generation=transformers_bf16): TRL's transformers generation samples from a bfloat16
+copy of the policy, and the copy's log-probabilities are the behaviour policy that TRL's loss ratio is taken against.
+TRL's GRPOTrainer really generates and computes its loss here (tiny model)."""
+
+import json
+import math
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, GenerationConfig
+
+from grpo_exp.errors import UserError
+from grpo_exp.models import build_tiny_model, load_tokenizer
+from grpo_exp.run.build import build_rollout
+from grpo_exp.trainer.bfloat16_sampler import Bfloat16Sampler, sampled_log_probs, through_first_eos
+from grpo_exp.trainer.config import check_trainer
+from tests.conftest import TINY_RUN, compose_config, run_cli
+from tests.test_zero_variance import gradient
+from tests.tiny_trainer import G, generation_batch, make_trainer
+
+
+def by_index(completions, **kwargs):
+    return [float(i % G) for i in range(len(completions))]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    cfg = compose_config([*TINY_RUN])
+    tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
+    model_dir = tmp_path_factory.mktemp("tiny")
+    build_tiny_model(cfg.model, tokenizer, cfg.trainer.seed).save_pretrained(model_dir)
+    return AutoModelForCausalLM.from_pretrained(model_dir), tokenizer
+
+
+def teacher_forced_log_probs(model, prompt: list[int], completion: list[int], temperature: float) -> torch.Tensor:
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float() / temperature
+    return torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(completion)[:, None]).squeeze(1)
+
+
+def test_sampled_log_probs_read_each_step_and_rows_end_at_their_first_eos():
+    scores = (torch.tensor([[0.0, 0.0], [2.0, 0.0]]), torch.tensor([[0.0, float("-inf")], [1.0, 1.0]]))
+    tokens = torch.tensor([[1, 0], [0, 1]])
+    expected = torch.tensor([[-0.6931, 0.0], [-0.1269, -0.6931]])
+    torch.testing.assert_close(sampled_log_probs(scores, tokens), expected, atol=1e-4, rtol=0)
+    rows = torch.tensor([[5, 2, 9, 2], [5, 5, 5, 5], [3, 5, 5, 7]])
+    assert through_first_eos(rows, [2, 7]) == [2, 4, 4]
+
+
+def test_the_sampler_gives_the_log_probabilities_of_the_copy_that_sampled(tiny):
+    policy, tokenizer = tiny
+    sampler = Bfloat16Sampler(policy)
+    sampler.sync(policy, step=0)
+    assert {p.dtype for p in sampler.copy.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in policy.parameters()} == {torch.float32}  # the policy itself is untouched
+    prompts = [tokenizer("What is 2 + 3?")["input_ids"], tokenizer("Add 10 and 4, then say why.")["input_ids"]]
+    config = GenerationConfig(do_sample=True, temperature=0.7, top_k=0, max_new_tokens=12,
+                              pad_token_id=tokenizer.pad_token_id, eos_token_id=[tokenizer.eos_token_id])  # fmt: skip
+    torch.manual_seed(0)
+    completions, log_probs = sampler.generate(prompts, config)
+    mismatch = []
+    for prompt, completion, sampled in zip(prompts, completions, log_probs, strict=True):
+        assert len(completion) == len(sampled) > 0
+        of_copy = teacher_forced_log_probs(sampler.copy, prompt, completion, 0.7)
+        of_policy = teacher_forced_log_probs(policy, prompt, completion, 0.7)
+        # the copy's own distribution (up to bfloat16 rounding between cached and full forwards) ...
+        torch.testing.assert_close(torch.tensor(sampled), of_copy, atol=0.03, rtol=0)
+        mismatch.append((torch.tensor(sampled) - of_policy).abs())
+    # ... which is not exactly the float32 policy's: hence the correction
+    assert torch.cat(mismatch).max() > 1e-4
+
+
+def test_the_copy_follows_the_policy_once_per_training_step(tiny):
+    policy, _ = tiny
+    sampler = Bfloat16Sampler(policy)
+    sampler.sync(policy, step=3)
+    moved = [p.detach().clone() + 0.5 for p in policy.parameters()]
+    changed = AutoModelForCausalLM.from_config(policy.config)
+    with torch.no_grad():
+        for target, value in zip(changed.parameters(), moved, strict=True):
+            target.copy_(value)
+    first = next(sampler.copy.parameters()).clone()
+    sampler.sync(changed, step=3)  # the same step: no refresh (resampled batches of one step share the copy)
+    assert torch.equal(next(sampler.copy.parameters()), first)
+    sampler.sync(changed, step=4)
+    for copied, value in zip(sampler.copy.parameters(), moved, strict=True):
+        assert torch.equal(copied, value.to(torch.bfloat16))
+
+
+def forward_calls(model: torch.nn.Module) -> list:
+    calls = []
+    model.register_forward_pre_hook(lambda module, args: calls.append(1))
+    return calls
+
+
+def test_in_the_trainer_the_copy_samples_not_the_policy(tmp_path):
+    trainer = make_trainer(tmp_path, by_index, prompts=2, bfloat16_generation=True)
+    generation_batch(trainer, prompts=2)  # makes the copy (TRL has patched the policy's forward: its fused LM head)
+    assert {p.dtype for p in trainer._bfloat16_sampler.copy.parameters()} == {torch.bfloat16}
+    with torch.no_grad():
+        for parameter in trainer.model.parameters():
+            parameter.zero_()  # the policy now gives every token the same probability
+    batch = generation_batch(trainer, prompts=2)  # the same step: the copy is not refreshed
+    sampled = batch["sampling_per_token_logps"][batch["completion_mask"].bool()]
+    uniform = -math.log(trainer.model.config.vocab_size)
+    assert (sampled - uniform).abs().max() > 0.1  # the copy's own distribution, not the zeroed policy's
+
+
+def test_the_trainer_takes_its_loss_ratio_against_the_copy(tmp_path):
+    trainer = make_trainer(tmp_path, by_index, prompts=2, bfloat16_generation=True)
+    batch = generation_batch(trainer, prompts=2)
+    sampled = batch["sampling_per_token_logps"]
+    assert batch["old_per_token_logps"] is sampled
+    mask = batch["completion_mask"].bool()
+    assert mask.sum() > 0 and (sampled[mask] < 0).all()
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    attention = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    with torch.no_grad():
+        policy, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, attention, mask.shape[1])
+    gap = (policy - sampled)[mask].abs()
+    assert 0 < gap.max() < 0.5  # near the float32 policy, not equal to it
+
+    corrected, _ = gradient(trainer, batch)
+    uncorrected, _ = gradient(trainer, {k: v for k, v in batch.items() if k != "old_per_token_logps"})
+    assert torch.isfinite(corrected).all() and corrected.abs().max() > 0
+    assert not torch.allclose(corrected, uncorrected, rtol=1e-6, atol=0)  # the ratio is not TRL's 1
+
+
+def test_without_it_trl_generates_as_before(tmp_path):
+    trainer = make_trainer(tmp_path, by_index, prompts=2)
+    policy_calls = forward_calls(trainer.model)
+    batch = generation_batch(trainer, prompts=2)
+    assert len(policy_calls) > 0
+    assert "sampling_per_token_logps" not in batch and "old_per_token_logps" not in batch
+    assert trainer._bfloat16_sampler is None
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["generation=vllm_colocate", "trainer.bfloat16_generation=true"], "use_vllm=true: vLLM samples instead"),
+        (["generation=transformers_bf16", "+trainer.extra.use_transformers_paged=true"],
+         "use_transformers_paged=true: continuous batching samples instead"),
+    ],
+)  # fmt: skip
+def test_other_generation_paths_are_refused_with_it(overrides, message):
+    cfg = compose_config(overrides)
+    with pytest.raises(UserError, match=message):
+        check_trainer(cfg.trainer)
+
+
+def test_multi_turn_rollouts_are_refused_with_it():
+    cfg = compose_config(["generation=transformers_bf16", "rollout=multiturn"])
+    with pytest.raises(UserError, match="rollout=multiturn generates its turns itself"):
+        build_rollout(cfg)
+
+
+@pytest.mark.e2e
+def test_the_command_line_trains_with_generation_transformers_bf16(tmp_path):
+    result = run_cli(*TINY_RUN, "logger=none", f"hydra.run.dir={tmp_path}", "generation=transformers_bf16",
+                     "trainer.zero_variance_groups=keep", "eval.before=false", "eval.after=false")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    steps = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    trained = [s for s in steps if "loss" in s]
+    assert trained and all("clip_ratio/region_mean" in s for s in trained)
