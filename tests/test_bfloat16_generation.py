@@ -136,6 +136,13 @@ def test_without_it_trl_generates_as_before(tmp_path):
     assert trainer._bfloat16_sampler is None
 
 
+def test_a_policy_already_in_bfloat16_samples_itself(tmp_path):
+    trainer = make_trainer(tmp_path, by_index, prompts=2, bfloat16_generation=True)
+    trainer.model.to(torch.bfloat16)
+    batch = generation_batch(trainer, prompts=2)
+    assert trainer._bfloat16_sampler is None and "old_per_token_logps" not in batch
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [

@@ -208,10 +208,12 @@ class HookedGRPOTrainer(GRPOTrainer):
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         """TRL's single-turn generation; with bfloat16_generation (text prompts, training), from the bfloat16 copy,
         returning its log-probabilities where TRL's transformers path returns none."""
-        if not (self.bfloat16_generation and self.model.training) or images is not None or multimodal_fields:
+        policy = self.accelerator.unwrap_model(self.model)
+        # A policy already in bfloat16 samples exactly as it is: no copy (and no correction) needed.
+        copy_samples = self.bfloat16_generation and self.model.training and policy.dtype != torch.bfloat16
+        if not copy_samples or images is not None or multimodal_fields:
             return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
                                                  has_tool_images)  # fmt: skip
-        policy = self.accelerator.unwrap_model(self.model)
         if self._bfloat16_sampler is None:
             self._bfloat16_sampler = Bfloat16Sampler(policy)
         with profiling_context(self, "transformers.generate"):
