@@ -8,8 +8,10 @@ on), each a fresh process, their order rotating by seed. Checkpoints are off in 
 (trainer.train(); loading and evaluation excluded) and greedy held-out accuracy afterwards on the same 100
 problems, by the same function (grpo_exp.run.evaluation.heldout_accuracy).
 
-Each run's result is appended to --results as it finishes; runs already there are not run again, so an
-interrupted benchmark continues where it stopped.
+Each run's result is appended to --results as it finishes, with the arm's settings and the overrides it ran with;
+runs already there with the same arm, seed, settings and overrides are not run again, so an interrupted benchmark
+continues where it stopped. A run whose arm has changed since (or that predates this record) is run again, and
+only runs of the current settings are reported.
 
     python -m benchmarks.time_to_accuracy [--seeds 42 43 44] [--arms trl best] [--results JSON] [--out PNG]
                                           [overrides of every arm...]
@@ -159,20 +161,32 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     results = json.loads(args.results.read_text()) if args.results.exists() else []
     if results:
-        print(f"continuing {args.results}: its {len(results)} runs are kept (delete it to measure them again)")
+        stale = len(results) - len(current(results, args.overrides))
+        print(
+            f"continuing {args.results}: {len(results) - stale} runs of the current settings are kept"
+            + (f", {stale} of other settings are ignored" if stale else "")
+            + " (delete it to measure them again)"
+        )
     for index, seed in enumerate(args.seeds):
         rotation = index % len(args.arms)
         for arm in args.arms[rotation:] + args.arms[:rotation]:
-            if any(r["arm"] == arm and r["seed"] == seed for r in results):
+            if any(r["arm"] == arm and r["seed"] == seed for r in current(results, args.overrides)):
                 continue
-            result = {"arm": arm, "seed": seed, **run_arm(arm, seed, args.overrides)}
+            run = {"arm": arm, "seed": seed, "settings": ARMS[arm], "overrides": args.overrides}
+            result = run | run_arm(arm, seed, args.overrides)
             results.append(result)
             args.results.parent.mkdir(parents=True, exist_ok=True)
             args.results.write_text(json.dumps(results, indent=1))
             print(f"  seed {seed} {arm:8s}: {result['train_seconds'] / 60:5.2f} min training, "
                   f"held-out after {result['accuracy_after']:.3f}", flush=True)  # fmt: skip
-    report(results, args.arms)
-    plot(results, args.out)
+    report(current(results, args.overrides), args.arms)
+    plot(current(results, args.overrides), args.out)
+
+
+def current(results: list[dict], overrides: list[str]) -> list[dict]:
+    """The runs made with their arm's present settings and these overrides (a run without that record: not)."""
+    return [r for r in results if "settings" in r and r["settings"] == ARMS.get(r["arm"], "gone")
+            and r.get("overrides") == overrides]  # fmt: skip
 
 
 if __name__ == "__main__":

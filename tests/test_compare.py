@@ -88,4 +88,11 @@ def test_the_time_to_accuracy_benchmark_runs_each_arm_and_continues_where_it_sto
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     time_main(["--seeds", "1", "--arms", "trl", "best", "--results", str(results), "--out", str(figure), *tiny])
     printed = capsys.readouterr().out
-    assert "its 2 runs are kept" in printed and "seed 1 trl" not in printed  # nothing run again
+    assert "2 runs of the current settings are kept" in printed and "seed 1 trl" not in printed  # nothing rerun
+    runs = json.loads(results.read_text())
+    next(r for r in runs if r["arm"] == "best")["settings"] = ["trainer.zero_variance_groups=keep"]  # an old `best`
+    results.write_text(json.dumps(runs))
+    time_main(["--seeds", "1", "--arms", "trl", "best", "--results", str(results), "--out", str(figure), *tiny])
+    printed = capsys.readouterr().out
+    assert "1 runs of the current settings are kept, 1 of other settings are ignored" in printed
+    assert "seed 1 best" in printed and "seed 1 trl" not in printed  # the changed arm alone is measured again
