@@ -104,10 +104,13 @@ class HookedGRPOTrainer(GRPOTrainer):
         self.shared_prompt_forward = shared_prompt_forward
         self.bfloat16_generation = bfloat16_generation
         self._bfloat16_sampler = None  # made at the first generation, from the policy as it is then
-        if bfloat16_generation and (self.is_deepspeed_enabled or self.is_fsdp_enabled):
-            # a copy of sharded parameters would hold this process's shards only
-            raise UserError("trainer.bfloat16_generation copies the whole policy: it does not run under DeepSpeed "
-                            "or FSDP; use generation=transformers or generation=vllm_colocate there")  # fmt: skip
+        sharded = self.is_deepspeed_enabled or self.is_fsdp_enabled
+        if bfloat16_generation and sharded and self.accelerator.unwrap_model(self.model).dtype != torch.bfloat16:
+            # a copy of sharded parameters would hold this process's shards only (a bfloat16 policy needs no copy)
+            raise UserError(
+                "trainer.bfloat16_generation copies a float32 policy whole: not under DeepSpeed or FSDP; use "
+                "model.dtype=bfloat16, generation=transformers or generation=vllm_colocate there"
+            )
         self._said_not_exact = False  # the log says once that skip/resample leave nothing out
 
     def before_generation(self, inputs: list[dict]) -> list[dict]:
