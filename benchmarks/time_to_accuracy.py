@@ -27,7 +27,8 @@ import time
 from pathlib import Path
 
 # Each arm: bare TRL (None) or grpo_exp with these settings, each lever named whatever the defaults are.
-# `best`: what learns most per CPU-minute here.
+# `skip_shared`: grpo_exp's defaults. `best`: the fastest settings measured here (bfloat16 sampling added; it ended
+# lower on held-out accuracy, so it is not a default: BENCHMARKS.md).
 ARMS = {
     "trl": None,
     "keep": ["trainer.zero_variance_groups=keep", "trainer.shared_prompt_forward=false", "generation=transformers"],
