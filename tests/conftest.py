@@ -1,3 +1,4 @@
+import json
 import os
 import subprocess
 import sys
@@ -19,6 +20,11 @@ register_schemas()
 def compose_config(overrides: list[str] | None = None):
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         return compose("config", overrides=overrides or [])
+
+
+def logged_steps(run_dir: Path) -> list[dict]:
+    """Every line of a run's metrics.jsonl."""
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def run_cli(

@@ -2,7 +2,6 @@
 copy of the policy, and the copy's log-probabilities are the behaviour policy that TRL's loss ratio is taken against.
 TRL's GRPOTrainer really generates and computes its loss here (tiny model)."""
 
-import json
 import math
 
 import pytest
@@ -14,7 +13,7 @@ from grpo_exp.models import build_tiny_model, load_tokenizer
 from grpo_exp.run.build import build_rollout
 from grpo_exp.trainer.bfloat16_sampler import Bfloat16Sampler, sampled_log_probs, through_first_eos
 from grpo_exp.trainer.config import check_trainer
-from tests.conftest import TINY_RUN, compose_config, run_cli
+from tests.conftest import TINY_RUN, compose_config, logged_steps, run_cli
 from tests.test_zero_variance import gradient
 from tests.tiny_trainer import G, generation_batch, make_trainer
 
@@ -168,6 +167,6 @@ def test_the_command_line_trains_with_generation_transformers_bf16(tmp_path):
     result = run_cli(*TINY_RUN, "logger=none", f"hydra.run.dir={tmp_path}", "generation=transformers_bf16",
                      "trainer.zero_variance_groups=keep", "eval.before=false", "eval.after=false")  # fmt: skip
     assert result.returncode == 0, result.stderr
-    steps = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    steps = logged_steps(tmp_path)
     trained = [s for s in steps if "loss" in s]
     assert trained and all("clip_ratio/region_mean" in s for s in trained)

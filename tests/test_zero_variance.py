@@ -1,14 +1,12 @@
 """trainer.zero_variance_groups: groups with no reward spread left out of the loss (skip) or replaced by groups of
 fresh prompts (resample). TRL's GRPOTrainer really generates, scores and computes its loss here (tiny model)."""
 
-import json
-
 import pytest
 import torch
 
 from grpo_exp.stats import zero_spread_groups
 from grpo_exp.trainer.trl_batch import INFORMATIVE, concatenate, loss_scale, select_rows
-from tests.conftest import TINY_RUN, run_cli
+from tests.conftest import TINY_RUN, logged_steps, run_cli
 from tests.tiny_trainer import G, Recording, generation_batch, logged, make_trainer
 
 RESAMPLE_METRICS = (
@@ -175,7 +173,7 @@ def test_the_command_line_resamples_and_logs_it(tmp_path):
     result = run_cli(*TINY_RUN, "logger=none", f"hydra.run.dir={tmp_path}", "trainer.zero_variance_groups=resample",
                      "trainer.max_resample_batches=1", "eval.before=false", "eval.after=false")  # fmt: skip
     assert result.returncode == 0, result.stderr
-    steps = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    steps = logged_steps(tmp_path)
     logged = [s for s in steps if "resample/batches" in s]
     assert len(logged) == 2 and all(1 <= s["resample/batches"] <= 2 for s in logged)
     assert all("zero_variance/groups_left_out" in s for s in logged)
