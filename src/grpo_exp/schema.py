@@ -374,7 +374,8 @@ class TrainerSchema:
     shared_prompt_forward: bool = True
     # TRL's transformers generation samples from a bfloat16 copy of the policy (refreshed every step; ~0.57x the
     # decode time on CPU), and the loss's ratio is taken against the copy's log-probabilities (PPO-clipped), which
-    # corrects for it. Set by generation=transformers_bf16; not with vLLM, multi-turn rollouts, DeepSpeed or FSDP.
+    # corrects for it. Set by generation=transformers_bf16; not with vLLM, multi-turn rollouts, or DeepSpeed/FSDP
+    # with a float32 policy (a bfloat16 policy samples itself). An option: BENCHMARKS.md, time to accuracy.
     bfloat16_generation: bool = False
     # Resumable checkpoints (weights, optimiser, RNG) every N steps under <run dir>/trainer (0: only when a run is
     # interrupted); deleted when the run finishes unless keep_checkpoints.
