@@ -161,27 +161,29 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("overrides", nargs="*", help="the experiment, for both (default: `make train`'s)")
     args = parser.parse_args(argv)
     results = json.loads(args.results.read_text()) if args.results.exists() else []
+    kept = current(results, args.overrides)
     if results:
-        stale = len(results) - len(current(results, args.overrides))
+        stale = len(results) - len(kept)
         print(
-            f"continuing {args.results}: {len(results) - stale} runs of the current settings are kept"
+            f"continuing {args.results}: {len(kept)} runs of the current settings are kept"
             + (f", {stale} of other settings are ignored" if stale else "")
             + " (delete it to measure them again)"
         )
     for index, seed in enumerate(args.seeds):
         rotation = index % len(args.arms)
         for arm in args.arms[rotation:] + args.arms[:rotation]:
-            if any(r["arm"] == arm and r["seed"] == seed for r in current(results, args.overrides)):
+            if any(r["arm"] == arm and r["seed"] == seed for r in kept):
                 continue
             run = {"arm": arm, "seed": seed, "settings": ARMS[arm], "overrides": args.overrides}
             result = run | run_arm(arm, seed, args.overrides)
             results.append(result)
+            kept.append(result)
             args.results.parent.mkdir(parents=True, exist_ok=True)
             args.results.write_text(json.dumps(results, indent=1))
             print(f"  seed {seed} {arm:8s}: {result['train_seconds'] / 60:5.2f} min training, "
                   f"held-out after {result['accuracy_after']:.3f}", flush=True)  # fmt: skip
-    report(current(results, args.overrides), args.arms)
-    plot(current(results, args.overrides), args.out)
+    report(kept, args.arms)
+    plot(kept, args.out)
 
 
 def current(results: list[dict], overrides: list[str]) -> list[dict]:

@@ -78,8 +78,10 @@ class GRPOExpTrainer(HookedGRPOTrainer):
         mask = self.selfverify.verdict_loss_mask(
             rows, completion_ids, completion_mask, lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
         )
+        if mask is None:
+            return None
         verify = torch.tensor([row.get("task") == VERIFY for row in rows])
-        if mask is not None and verify.any():
+        if verify.any():
             counted = (completion_mask * mask.to(completion_mask))[verify].sum(dim=1).float()
             self.record_metric("selfverify/loss_tokens", counted.mean().item())
         return mask
