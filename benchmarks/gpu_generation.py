@@ -5,7 +5,7 @@
 It imports only grpo_exp's torch-level modules, so that it runs on a GPU machine with no hub, no TRL and no Hydra.
 The model is SmolLM2-135M's architecture with random weights, a float32 policy as TRL trains it; random weights
 decode at the speed trained ones do (every step runs to the same length here).
-- Decode ms per token-step, float32 policy's generate() against the bfloat16 copy (Bfloat16Sampler), batch 8 and 64.
+- Decode ms per token-step, float32 policy's generate() against the bfloat16 copy (SamplingCopy), batch 8 and 64.
 - The copy's log-probabilities as it returns them against its own teacher-forced ones, and against the float32
   policy's (the gap the loss ratio corrects).
 - shared_prompt_forward's packed log-probabilities against TRL's row layout on CUDA (sdpa with a boolean mask).
@@ -17,7 +17,7 @@ import time
 import torch
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-from grpo_exp.trainer.bfloat16_sampler import Bfloat16Sampler
+from grpo_exp.trainer.sampling_copy import SamplingCopy
 from grpo_exp.trainer.shared_prompt import pack_groups, unpack
 
 SMOLLM2_135M = dict(
@@ -123,7 +123,7 @@ def packed_forward_gap(policy, batch: int, prompt: int, group: int, longest: int
 def main() -> None:
     torch.manual_seed(0)
     policy = LlamaForCausalLM(LlamaConfig(**SMOLLM2_135M)).cuda()  # float32, sdpa
-    sampler = Bfloat16Sampler(policy)
+    sampler = SamplingCopy(policy)
     sampler.sync(policy, step=0)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; SmolLM2-135M architecture, random weights")
     for batch in (8, 64):

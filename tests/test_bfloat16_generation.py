@@ -11,8 +11,8 @@ from transformers import AutoModelForCausalLM, GenerationConfig
 from grpo_exp.errors import UserError
 from grpo_exp.models import build_tiny_model, load_tokenizer
 from grpo_exp.run.build import build_rollout
-from grpo_exp.trainer.bfloat16_sampler import Bfloat16Sampler, sampled_log_probs, through_first_eos
 from grpo_exp.trainer.config import check_trainer
+from grpo_exp.trainer.sampling_copy import SamplingCopy, sampled_log_probs, through_first_eos
 from tests.conftest import TINY_RUN, compose_config, logged_steps, run_cli
 from tests.test_zero_variance import gradient
 from tests.tiny_trainer import G, generation_batch, make_trainer
@@ -49,7 +49,7 @@ def test_sampled_log_probs_read_each_step_and_rows_end_at_their_first_eos():
 
 def test_the_sampler_gives_the_log_probabilities_of_the_copy_that_sampled(tiny):
     policy, tokenizer = tiny
-    sampler = Bfloat16Sampler(policy)
+    sampler = SamplingCopy(policy)
     sampler.sync(policy, step=0)
     assert {p.dtype for p in sampler.copy.parameters()} == {torch.bfloat16}
     assert {p.dtype for p in policy.parameters()} == {torch.float32}  # the policy itself is untouched
@@ -72,7 +72,7 @@ def test_the_sampler_gives_the_log_probabilities_of_the_copy_that_sampled(tiny):
 
 def test_the_copy_follows_the_policy_once_per_training_step(tiny):
     policy, _ = tiny
-    sampler = Bfloat16Sampler(policy)
+    sampler = SamplingCopy(policy)
     sampler.sync(policy, step=3)
     moved = [p.detach().clone() + 0.5 for p in policy.parameters()]
     changed = AutoModelForCausalLM.from_config(policy.config)
@@ -96,7 +96,7 @@ def forward_calls(model: torch.nn.Module) -> list:
 def test_in_the_trainer_the_copy_samples_not_the_policy(tmp_path):
     trainer = make_trainer(tmp_path, by_index, prompts=2, bfloat16_generation=True)
     generation_batch(trainer, prompts=2)  # makes the copy (TRL has patched the policy's forward: its fused LM head)
-    assert {p.dtype for p in trainer._bfloat16_sampler.copy.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in trainer._sampling_copy.copy.parameters()} == {torch.bfloat16}
     with torch.no_grad():
         for parameter in trainer.model.parameters():
             parameter.zero_()  # the policy now gives every token the same probability
@@ -132,14 +132,14 @@ def test_without_it_trl_generates_as_before(tmp_path):
     batch = generation_batch(trainer, prompts=2)
     assert len(policy_calls) > 0
     assert "sampling_per_token_logps" not in batch and "old_per_token_logps" not in batch
-    assert trainer._bfloat16_sampler is None
+    assert trainer._sampling_copy is None
 
 
 def test_a_policy_already_in_bfloat16_samples_itself(tmp_path):
     trainer = make_trainer(tmp_path, by_index, prompts=2, bfloat16_generation=True)
     trainer.model.to(torch.bfloat16)
     batch = generation_batch(trainer, prompts=2)
-    assert trainer._bfloat16_sampler is None and "old_per_token_logps" not in batch
+    assert trainer._sampling_copy is None and "old_per_token_logps" not in batch
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ Groups with no reward spread (trainer.zero_variance_groups) are handled here too
 update is TRL's; `resample` generates more batches of fresh prompts until a step has enough groups with spread.
 With trainer.shared_prompt_forward, the per-token log-probabilities (the loss forward, and the reference model's)
 are computed with each group's prompt read once (grpo_exp.trainer.shared_prompt). With trainer.bfloat16_generation,
-TRL's transformers generation samples from a bfloat16 copy of the policy (grpo_exp.trainer.bfloat16_sampler), and
+TRL's transformers generation samples from a bfloat16 copy of the policy (grpo_exp.trainer.sampling_copy), and
 the copy's log-probabilities become TRL's `old_per_token_logps`: the loss's ratio corrects for the copy.
 """
 
@@ -35,7 +35,7 @@ from grpo_exp.masks import additive_mask
 from grpo_exp.rollout.multiturn import TRAJECTORY_FIELDS
 from grpo_exp.stats import impute_group_means, zero_spread_groups
 from grpo_exp.text import completion_text
-from grpo_exp.trainer.bfloat16_sampler import Bfloat16Sampler
+from grpo_exp.trainer.sampling_copy import SamplingCopy
 from grpo_exp.trainer.shared_prompt import pack_groups, packable, unpack
 from grpo_exp.trainer.trl_batch import INFORMATIVE, concatenate, loss_scale, select_rows
 
@@ -103,7 +103,7 @@ class HookedGRPOTrainer(GRPOTrainer):
         self.max_resample_batches = max_resample_batches
         self.shared_prompt_forward = shared_prompt_forward
         self.bfloat16_generation = bfloat16_generation
-        self._bfloat16_sampler = None  # made at the first generation, from the policy as it is then
+        self._sampling_copy = None  # made at the first generation, from the policy as it is then
         sharded = self.is_deepspeed_enabled or self.is_fsdp_enabled
         if bfloat16_generation and sharded and self.accelerator.unwrap_model(self.model).dtype != torch.bfloat16:
             # a copy of sharded parameters would hold this process's shards only (a bfloat16 policy needs no copy)
@@ -217,11 +217,11 @@ class HookedGRPOTrainer(GRPOTrainer):
         if not copy_samples or images is not None or multimodal_fields:
             return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
                                                  has_tool_images)  # fmt: skip
-        if self._bfloat16_sampler is None:
-            self._bfloat16_sampler = Bfloat16Sampler(policy)
+        if self._sampling_copy is None:
+            self._sampling_copy = SamplingCopy(policy)
         with profiling_context(self, "transformers.generate"):
-            self._bfloat16_sampler.sync(policy, self.state.global_step)
-            return self._bfloat16_sampler.generate(prompt_ids, self.generation_config)
+            self._sampling_copy.sync(policy, self.state.global_step)
+            return self._sampling_copy.generate(prompt_ids, self.generation_config)
 
     def _resample(self, output: dict, no_spread: torch.Tensor, groups: int) -> tuple[dict, torch.Tensor]:
         """DAPO's dynamic sampling: more batches of fresh prompts (at most max_resample_batches) until `groups`

@@ -1,4 +1,4 @@
-"""Sampling from a bfloat16 copy of the policy, with the copy's own log-probability of every sampled token.
+"""Sampling from a copy of the policy, with the copy's own log-probability of every sampled token.
 
 Decoding on a CPU reads every weight once per token-step, so a bfloat16 copy (half the bytes) decodes 8 sequences
 in ~0.57x the time of the float32 policy (BENCHMARKS.md, decode speed). Its samples come from slightly different
@@ -14,18 +14,18 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 
-class Bfloat16Sampler:
-    """A bfloat16 copy of `policy`'s parameters (its buffers, such as rotary frequencies, stay as they are),
+class SamplingCopy:
+    """A copy of `policy` with its parameters in `dtype` (its buffers, such as rotary frequencies, stay as they are),
     refreshed from the policy whenever the training step has changed since the last refresh."""
 
-    def __init__(self, policy: torch.nn.Module):
+    def __init__(self, policy: torch.nn.Module, dtype: torch.dtype = torch.bfloat16):
         self.copy = copy.deepcopy(policy).eval().requires_grad_(False)
         for module in self.copy.modules():
             # A forward patched onto the instance (TRL's fused LM head) still calls the policy's own forward: the
             # copy would generate with the float32 policy. The class's forward is the one generate() needs.
             module.__dict__.pop("forward", None)
         for parameter in self.copy.parameters():
-            parameter.data = parameter.data.to(torch.bfloat16)
+            parameter.data = parameter.data.to(dtype)
         self.synced_step: int | None = None
 
     @torch.no_grad()
@@ -33,7 +33,7 @@ class Bfloat16Sampler:
         if step == self.synced_step:
             return
         for target, source in zip(self.copy.parameters(), policy.parameters(), strict=True):
-            target.copy_(source)  # cast to bfloat16 on the way
+            target.copy_(source)  # cast to the copy's dtype on the way
         self.synced_step = step
 
     @torch.no_grad()
