@@ -27,8 +27,9 @@ import time
 from pathlib import Path
 
 # Each arm: bare TRL (None) or grpo_exp with these settings, each lever named whatever the defaults are.
-# `skip_shared`: grpo_exp's defaults. `best`: the fastest settings measured here (bfloat16 sampling added; it ended
-# lower on held-out accuracy, so it is not a default: BENCHMARKS.md).
+# `skip_shared`: skip + the shared-prompt loss forward. `best`: the fastest on-policy settings measured here (with
+# generation=transformers_fast). `skip_shared_bf16`: bfloat16 sampling instead, which ended lower on held-out
+# accuracy (BENCHMARKS.md).
 ARMS = {
     "trl": None,
     "keep": ["trainer.zero_variance_groups=keep", "trainer.shared_prompt_forward=false", "generation=transformers"],
@@ -40,8 +41,12 @@ ARMS = {
                  "generation=transformers"],
     "skip_shared": ["trainer.zero_variance_groups=skip", "trainer.shared_prompt_forward=true",
                     "generation=transformers"],
+    "fast": ["trainer.zero_variance_groups=keep", "trainer.shared_prompt_forward=false",
+             "generation=transformers_fast"],
+    "skip_shared_bf16": ["trainer.zero_variance_groups=skip", "trainer.shared_prompt_forward=true",
+                         "generation=transformers_bf16"],
     "best": ["trainer.zero_variance_groups=skip", "trainer.shared_prompt_forward=true",
-             "generation=transformers_bf16"],
+             "generation=transformers_fast"],
 }  # fmt: skip
 COMMON = ["trainer.save_steps=0", "save_model=false"]
 

@@ -85,7 +85,11 @@ def build_rollout(cfg: DictConfig) -> MultiTurnRollout | None:
         raise UserError("reward=...selfverify with rollout=multiturn is not supported: use rollout=single")
     if cfg.trainer.extra.get("use_vllm"):
         raise UserError("rollout=multiturn generates with transformers; use generation=transformers")
-    if cfg.trainer.bfloat16_generation:
-        raise UserError("rollout=multiturn generates its turns itself (float32); use generation=transformers")
+    for option in ("bfloat16_generation", "fast_generation"):
+        if cfg.trainer[option]:
+            raise UserError(
+                f"rollout=multiturn generates its turns itself (trainer.{option} is not used there); "
+                "use generation=transformers"
+            )
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is "experimental" in TRL: we know
     return MultiTurnRollout(cfg.rollout)

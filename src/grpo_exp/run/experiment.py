@@ -127,6 +127,7 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
             max_resample_batches=cfg.trainer.max_resample_batches,
             shared_prompt_forward=cfg.trainer.shared_prompt_forward,
             bfloat16_generation=cfg.trainer.bfloat16_generation,
+            fast_generation=cfg.trainer.fast_generation,
             model=model,
             reward_funcs=parts.reward_funcs,
             args=args,

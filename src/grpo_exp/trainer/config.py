@@ -15,7 +15,7 @@ from grpo_exp.errors import UserError
 # TrainerSchema keys that are grpo_exp's own, not GRPOConfig fields.
 OWN_KEYS = {
     "prompts_per_step", "extra", "keep_checkpoints", "resume", "zero_variance_groups", "max_resample_batches",
-    "shared_prompt_forward", "bfloat16_generation",
+    "shared_prompt_forward", "bfloat16_generation", "fast_generation",
 }  # fmt: skip
 
 
@@ -28,7 +28,7 @@ def check_trainer(trainer_cfg: DictConfig, processes: int = 1) -> None:
             f"{trainer_cfg.prompts_per_step * trainer_cfg.num_generations} completions per step cannot be split "
             f"evenly over {processes} processes: change trainer.prompts_per_step"
         )
-    check_bfloat16_generation(trainer_cfg)
+    check_sampling_copy(trainer_cfg)
     if trainer_cfg.extra.get("use_vllm"):
         check_vllm()
     check_zero_variance_groups(trainer_cfg, processes)
@@ -61,16 +61,17 @@ def check_zero_variance_groups(trainer_cfg: DictConfig, processes: int) -> None:
         )
 
 
-def check_bfloat16_generation(trainer_cfg: DictConfig) -> None:
-    """bfloat16_generation replaces TRL's transformers generate(); the other generation paths sample elsewhere."""
-    if not trainer_cfg.bfloat16_generation:
-        return
-    for key, path in (("use_vllm", "vLLM samples"), ("use_transformers_paged", "continuous batching samples")):
-        if trainer_cfg.extra.get(key):
-            raise UserError(
-                f"trainer.bfloat16_generation=true is a transformers generation path (generation=transformers_bf16), "
-                f"but trainer.extra.{key}=true: {path} instead. Use one of them"
-            )
+def check_sampling_copy(trainer_cfg: DictConfig) -> None:
+    """bfloat16_generation and fast_generation replace TRL's transformers generate(); the other generation paths
+    sample elsewhere."""
+    presets = {"bfloat16_generation": "transformers_bf16", "fast_generation": "transformers_fast"}
+    for option in [name for name in presets if trainer_cfg[name]]:
+        for key, path in (("use_vllm", "vLLM samples"), ("use_transformers_paged", "continuous batching samples")):
+            if trainer_cfg.extra.get(key):
+                raise UserError(
+                    f"trainer.{option}=true is a transformers generation path (generation={presets[option]}), "
+                    f"but trainer.extra.{key}=true: {path} instead. Use one of them"
+                )
 
 
 # Pass-through fields with a fixed set of values that TRL only checks mid-training (the seam mirrors this one).

@@ -1,5 +1,15 @@
 """Sampling from a copy of the policy, with the copy's own log-probability of every sampled token.
 
+Two reasons to sample from a copy rather than from the policy TRL trains (trainer.bfloat16_generation,
+trainer.fast_generation):
+
+- bfloat16 weights, below;
+- decoding faster on CPU in the policy's own dtype (`prepack`): the copy's Linear weights laid out once per step for
+  oneDNN's matmul (a decode step multiplies a few rows by every weight: ~0.6x the time of torch's default path for
+  the model's Linear layers at batch 8, BENCHMARKS.md), and each prompt's prefill computed once for its G
+  completions, its KV cache repeated G times. In float32 that is the policy's own distribution (up to the float
+  rounding of another summation order), so nothing needs correcting.
+
 Decoding on a CPU reads every weight once per token-step, so a bfloat16 copy (half the bytes) decodes 8 sequences
 in ~0.57x the time of the float32 policy (BENCHMARKS.md, decode speed). Its samples come from slightly different
 weights than the ones trained; the seam (grpo_exp.trainer.seam) hands TRL the copy's log-probabilities as the
@@ -12,13 +22,37 @@ import copy
 
 import torch
 from torch.nn.utils.rnn import pad_sequence
+from transformers import DynamicCache
+
+
+class PrepackedLinear(torch.nn.Module):
+    """A Linear layer (CPU) whose weight is held in oneDNN's own layout, laid out again by `load`."""
+
+    def __init__(self, linear: torch.nn.Linear):
+        super().__init__()
+        self.bias = linear.bias
+        self.dtype = linear.weight.dtype
+        self.load(linear.weight)
+
+    @torch.no_grad()
+    def load(self, weight: torch.Tensor) -> None:
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(self.dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+
+def can_prepack() -> bool:
+    """oneDNN's prepacked matmul is a CPU kernel of torch builds with mkldnn."""
+    return torch.backends.mkldnn.is_available()
 
 
 class SamplingCopy:
     """A copy of `policy` with its parameters in `dtype` (its buffers, such as rotary frequencies, stay as they are),
-    refreshed from the policy whenever the training step has changed since the last refresh."""
+    refreshed from the policy whenever the training step has changed since the last refresh. With `prepack` (CPU),
+    its Linear layers are PrepackedLinear and each prompt's prefill is shared by its repeats."""
 
-    def __init__(self, policy: torch.nn.Module, dtype: torch.dtype = torch.bfloat16):
+    def __init__(self, policy: torch.nn.Module, dtype: torch.dtype = torch.bfloat16, prepack: bool = False):
         self.copy = copy.deepcopy(policy).eval().requires_grad_(False)
         for module in self.copy.modules():
             # A forward patched onto the instance (TRL's fused LM head) still calls the policy's own forward: the
@@ -26,37 +60,74 @@ class SamplingCopy:
             module.__dict__.pop("forward", None)
         for parameter in self.copy.parameters():
             parameter.data = parameter.data.to(dtype)
+        self.prepacked: dict[str, PrepackedLinear] = {}
+        if prepack:
+            for name, module in list(self.copy.named_modules()):
+                for child_name, child in list(module.named_children()):
+                    if type(child) is torch.nn.Linear:  # exactly: quantised subclasses keep their own kernels
+                        packed = PrepackedLinear(child)
+                        setattr(module, child_name, packed)
+                        self.prepacked[f"{name}.{child_name}" if name else child_name] = packed
+        self.prepack = prepack
         self.synced_step: int | None = None
 
     @torch.no_grad()
     def sync(self, policy: torch.nn.Module, step: int) -> None:
         if step == self.synced_step:
             return
-        for target, source in zip(self.copy.parameters(), policy.parameters(), strict=True):
-            target.copy_(source)  # cast to the copy's dtype on the way
+        sources = dict(policy.named_parameters())
+        for name, target in self.copy.named_parameters():
+            target.copy_(sources[name])  # cast to the copy's dtype on the way
+        modules = dict(policy.named_modules())
+        for name, packed in self.prepacked.items():
+            packed.load(modules[name].weight)
         self.synced_step = step
 
     @torch.no_grad()
-    def generate(self, prompt_ids: list[list[int]], generation_config) -> tuple[list[list[int]], list[list[float]]]:
-        """Each prompt's completion (through its first EOS, as TRL cuts it) and the sampler's log-probability of
-        each of its tokens, under the distribution it was drawn from (temperature, top-k, top-p... applied).
-        `generation_config` (TRL's) replaces the copy's own, so that none of the model's defaults slip in."""
+    def generate(self, prompt_ids: list[list[int]], generation_config,
+                 with_log_probs: bool = True) -> tuple[list[list[int]], list[list[float]] | None]:  # fmt: skip
+        """Each prompt's completion (through its first EOS, as TRL cuts it) and, `with_log_probs`, the sampler's
+        log-probability of each of its tokens, under the distribution it was drawn from (temperature, top-k,
+        top-p... applied). `generation_config` (TRL's) replaces the copy's own, so that none of the model's
+        defaults slip in."""
         self.copy.generation_config = generation_config
         pad, eos = generation_config.pad_token_id, generation_config.eos_token_id
         prompts = [torch.tensor(ids) for ids in prompt_ids]
         input_ids = pad_sequence(prompts, batch_first=True, padding_value=pad, padding_side="left")
         attention_mask = pad_sequence([torch.ones_like(p) for p in prompts], batch_first=True, padding_side="left")
+        input_ids, attention_mask = input_ids.to(self.copy.device), attention_mask.to(self.copy.device)
+        cache = None
+        if self.prepack and generation_config.cache_implementation is None:
+            cache = shared_prefill(self.copy, input_ids, attention_mask)
         output = self.copy.generate(
-            input_ids=input_ids.to(self.copy.device), attention_mask=attention_mask.to(self.copy.device),
-            output_scores=True, return_dict_in_generate=True,
+            input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache,
+            output_scores=with_log_probs, return_dict_in_generate=True,
         )  # fmt: skip
         completions = output.sequences[:, input_ids.shape[1] :].cpu()
-        log_probs = sampled_log_probs(output.scores, completions)
         lengths = through_first_eos(completions, eos if isinstance(eos, list) else [eos])
+        log_probs = sampled_log_probs(output.scores, completions) if with_log_probs else None
         return (
             [row[:n].tolist() for row, n in zip(completions, lengths, strict=True)],
-            [row[:n].tolist() for row, n in zip(log_probs, lengths, strict=True)],
+            None if log_probs is None else [row[:n].tolist() for row, n in zip(log_probs, lengths, strict=True)],
         )
+
+
+def shared_prefill(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> DynamicCache | None:
+    """The KV cache of every row's prompt but its last token, computed once per distinct prompt and repeated for
+    the rows that share it (TRL repeats each prompt G times); generate() then starts from the last token. None
+    when no prompt repeats (nothing to share)."""
+    distinct, row_of = torch.unique(torch.cat([input_ids, attention_mask], dim=1), dim=0, return_inverse=True)
+    if len(distinct) == len(input_ids) or input_ids.shape[1] < 2:
+        return None
+    first = torch.tensor([row_of.tolist().index(d) for d in range(len(distinct))])  # a row of each prompt
+    ids, mask = input_ids[first, :-1], attention_mask[first, :-1]
+    # generate()'s own positions for a left-padded batch: counted from each row's first real token
+    positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)
+    cache = DynamicCache(config=model.config)
+    model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True,
+          logits_to_keep=1)  # fmt: skip
+    cache.batch_select_indices(row_of.to(input_ids.device))
+    return cache
 
 
 def sampled_log_probs(scores: tuple[torch.Tensor, ...], tokens: torch.Tensor) -> torch.Tensor:

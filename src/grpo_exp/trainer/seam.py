@@ -15,7 +15,9 @@ update is TRL's; `resample` generates more batches of fresh prompts until a step
 With trainer.shared_prompt_forward, the per-token log-probabilities (the loss forward, and the reference model's)
 are computed with each group's prompt read once (grpo_exp.trainer.shared_prompt). With trainer.bfloat16_generation,
 TRL's transformers generation samples from a bfloat16 copy of the policy (grpo_exp.trainer.sampling_copy), and
-the copy's log-probabilities become TRL's `old_per_token_logps`: the loss's ratio corrects for the copy.
+the copy's log-probabilities become TRL's `old_per_token_logps`: the loss's ratio corrects for the copy. With
+trainer.fast_generation (CPU), it samples from a copy with prepacked weights and each prompt's prefill shared by
+its G completions: in the policy's own dtype, the policy's distribution.
 """
 
 import logging
@@ -35,7 +37,7 @@ from grpo_exp.masks import additive_mask
 from grpo_exp.rollout.multiturn import TRAJECTORY_FIELDS
 from grpo_exp.stats import impute_group_means, zero_spread_groups
 from grpo_exp.text import completion_text
-from grpo_exp.trainer.sampling_copy import SamplingCopy
+from grpo_exp.trainer.sampling_copy import SamplingCopy, can_prepack
 from grpo_exp.trainer.shared_prompt import pack_groups, packable, unpack
 from grpo_exp.trainer.trl_batch import INFORMATIVE, concatenate, loss_scale, select_rows
 
@@ -97,12 +99,14 @@ class HookedGRPOTrainer(GRPOTrainer):
     """
 
     def __init__(self, *args, zero_variance_groups: str = "keep", max_resample_batches: int = 4,
-                 shared_prompt_forward: bool = False, bfloat16_generation: bool = False, **kwargs):  # fmt: skip
+                 shared_prompt_forward: bool = False, bfloat16_generation: bool = False,
+                 fast_generation: bool = False, **kwargs):  # fmt: skip
         super().__init__(*args, **kwargs)
         self.zero_variance_groups = zero_variance_groups
         self.max_resample_batches = max_resample_batches
         self.shared_prompt_forward = shared_prompt_forward
         self.bfloat16_generation = bfloat16_generation
+        self.fast_generation = fast_generation
         self._sampling_copy = None  # made at the first generation, from the policy as it is then
         sharded = self.is_deepspeed_enabled or self.is_fsdp_enabled
         if bfloat16_generation and sharded and self.accelerator.unwrap_model(self.model).dtype != torch.bfloat16:
@@ -110,6 +114,14 @@ class HookedGRPOTrainer(GRPOTrainer):
             raise UserError(
                 "trainer.bfloat16_generation copies a float32 policy whole: not under DeepSpeed or FSDP; use "
                 "model.dtype=bfloat16, generation=transformers or generation=vllm_colocate there"
+            )
+        if fast_generation and (sharded or self.accelerator.device.type != "cpu" or not can_prepack()):
+            raise UserError(
+                f"trainer.fast_generation (generation=transformers_fast) decodes from a prepacked copy of the whole "
+                f"policy on CPU, with torch's oneDNN kernels; this run is on {self.accelerator.device.type}"
+                + (" under DeepSpeed/FSDP" if sharded else "")
+                + ("" if can_prepack() else ", and this torch build has no oneDNN (mkldnn)")
+                + ". Use generation=transformers, or on a GPU generation=vllm_colocate / vllm_server"
             )
         self._said_not_exact = False  # the log says once that skip/resample leave nothing out
 
@@ -209,19 +221,23 @@ class HookedGRPOTrainer(GRPOTrainer):
         output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
-        """TRL's single-turn generation; with bfloat16_generation (text prompts, training), from the bfloat16 copy,
-        returning its log-probabilities where TRL's transformers path returns none."""
+        """TRL's single-turn generation; with bfloat16_generation or fast_generation (text prompts, training), from
+        the sampling copy. A bfloat16 copy of a float32 policy returns its log-probabilities (where TRL's
+        transformers path returns none); a copy in the policy's own dtype samples the policy's distribution."""
         policy = self.accelerator.unwrap_model(self.model)
-        # A policy already in bfloat16 samples exactly as it is: no copy (and no correction) needed.
-        copy_samples = self.bfloat16_generation and self.model.training and policy.dtype != torch.bfloat16
+        dtype = torch.bfloat16 if self.bfloat16_generation else policy.dtype
+        # A policy already in the copy's dtype samples exactly as it is: no copy unless it decodes faster.
+        copy_samples = self.model.training and (self.fast_generation or dtype != policy.dtype)
         if not copy_samples or images is not None or multimodal_fields:
             return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
                                                  has_tool_images)  # fmt: skip
         if self._sampling_copy is None:
-            self._sampling_copy = SamplingCopy(policy)
+            self._sampling_copy = SamplingCopy(policy, dtype, prepack=self.fast_generation)
         with profiling_context(self, "transformers.generate"):
             self._sampling_copy.sync(policy, self.state.global_step)
-            return self._sampling_copy.generate(prompt_ids, self.generation_config)
+            return self._sampling_copy.generate(
+                prompt_ids, self.generation_config, with_log_probs=dtype != policy.dtype
+            )
 
     def _resample(self, output: dict, no_spread: torch.Tensor, groups: int) -> tuple[dict, torch.Tensor]:
         """DAPO's dynamic sampling: more batches of fresh prompts (at most max_resample_batches) until `groups`
