@@ -121,7 +121,7 @@ def shared_prefill(model, input_ids: torch.Tensor, attention_mask: torch.Tensor)
         return None
     first = torch.tensor([row_of.tolist().index(d) for d in range(len(distinct))])  # a row of each prompt
     ids, mask = input_ids[first, :-1], attention_mask[first, :-1]
-    # generate()'s own positions for a left-padded batch: counted from each row's first real token
+    # generate()'s own positions for a left-padded batch: counted from each row's first real token (pads: masked)
     positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)
     cache = DynamicCache(config=model.config)
     model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True,

@@ -1,0 +1,181 @@
+"""trainer.fast_generation (generation=transformers_fast): on CPU, TRL's transformers generation samples from a copy
+of the policy in its own dtype, its Linear weights prepacked for oneDNN and each prompt's prefill computed once for
+its G completions. In float32 that must be the policy's own distribution: with the same seed, the same tokens.
+TRL's GRPOTrainer really generates here (tiny model)."""
+
+import math
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, GenerationConfig
+
+from grpo_exp.errors import UserError
+from grpo_exp.models import build_tiny_model, load_tokenizer
+from grpo_exp.run.build import build_rollout
+from grpo_exp.trainer import seam
+from grpo_exp.trainer.config import check_trainer
+from grpo_exp.trainer.sampling_copy import PrepackedLinear, SamplingCopy, shared_prefill
+from tests.conftest import TINY_RUN, compose_config, logged_steps, run_cli
+from tests.tiny_trainer import generation_batch, make_trainer
+
+
+def by_index(completions, **kwargs):
+    return [float(i % 4) for i in range(len(completions))]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    cfg = compose_config([*TINY_RUN])
+    tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
+    model_dir = tmp_path_factory.mktemp("tiny")
+    build_tiny_model(cfg.model, tokenizer, cfg.trainer.seed).save_pretrained(model_dir)
+    return AutoModelForCausalLM.from_pretrained(model_dir).eval(), tokenizer
+
+
+def chat(tokenizer, question: str) -> list[int]:
+    messages = [{"role": "user", "content": question}]
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+
+
+def group_prompts(tokenizer) -> list[list[int]]:
+    """Three prompts of different lengths, two of them repeated as TRL repeats a group's prompt, one alone."""
+    questions = ["What is 2 + 3?", "Add 10 and 4, then say why the sum is what it is.", "Name a prime."]
+    return [chat(tokenizer, q) for q, repeats in zip(questions, (3, 3, 1), strict=True) for _ in range(repeats)]
+
+
+def policy_generate(policy, prompts: list[list[int]], config: GenerationConfig) -> list[list[int]]:
+    """The policy's own generate() on the left-padded batch, as TRL calls it, cut after the first EOS."""
+    width = max(map(len, prompts))
+    ids = torch.tensor([[config.pad_token_id] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with torch.no_grad():
+        out = policy.generate(input_ids=ids, attention_mask=mask, generation_config=config)[:, width:].tolist()
+    eos = config.eos_token_id[0]
+    return [row[: row.index(eos) + 1] if eos in row else row for row in out]
+
+
+def sampling_config(tokenizer, do_sample: bool) -> GenerationConfig:
+    return GenerationConfig(do_sample=do_sample, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=16,
+                            pad_token_id=tokenizer.pad_token_id, eos_token_id=[tokenizer.eos_token_id])  # fmt: skip
+
+
+def test_the_prepacked_copy_computes_the_policys_logits(tiny):
+    policy, tokenizer = tiny
+    fast = SamplingCopy(policy, torch.float32, prepack=True)
+    linears = [m for m in policy.modules() if type(m) is torch.nn.Linear]
+    assert len(fast.prepacked) == len(linears) > 0
+    assert not any(type(m) is torch.nn.Linear for m in fast.copy.modules())
+    ids = torch.tensor([chat(tokenizer, "What is 2 + 3?")])
+    with torch.no_grad():
+        torch.testing.assert_close(fast.copy(input_ids=ids).logits, policy(input_ids=ids).logits, atol=1e-4, rtol=0)
+
+
+def test_the_prepacked_copy_follows_the_policy_once_per_training_step(tiny):
+    policy, tokenizer = tiny
+    fast = SamplingCopy(policy, torch.float32, prepack=True)
+    fast.sync(policy, step=1)
+    changed = AutoModelForCausalLM.from_config(policy.config).eval()
+    with torch.no_grad():
+        for target, source in zip(changed.parameters(), policy.parameters(), strict=True):
+            target.copy_(source * 1.5)
+    ids = torch.tensor([chat(tokenizer, "What is 2 + 3?")])
+    with torch.no_grad():
+        before = fast.copy(input_ids=ids).logits
+        fast.sync(changed, step=1)  # the same step: not refreshed
+        assert torch.equal(fast.copy(input_ids=ids).logits, before)
+        fast.sync(changed, step=2)  # every weight, prepacked ones included
+        torch.testing.assert_close(fast.copy(input_ids=ids).logits, changed(input_ids=ids).logits, atol=1e-4, rtol=0)
+
+
+def test_the_shared_prefill_is_each_distinct_prompts_cache_repeated(tiny):
+    policy, tokenizer = tiny
+    prompts = group_prompts(tokenizer)
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with torch.no_grad():
+        cache = shared_prefill(policy, ids, mask)
+        assert cache.get_seq_length() == width - 1 and cache.layers[0].keys.shape[0] == len(prompts)
+        assert torch.equal(cache.layers[0].keys[0], cache.layers[0].keys[2])  # one computation, repeated
+        for row, prompt in enumerate(prompts):  # each row's keys and values: its prompt's own, alone and unpadded
+            alone = policy(input_ids=torch.tensor([prompt[:-1]]), use_cache=True).past_key_values
+            for shared, own in zip(cache.layers, alone.layers, strict=True):
+                real = slice(width - len(prompt), width - 1)
+                torch.testing.assert_close(shared.keys[row, :, real], own.keys[0], atol=1e-5, rtol=0)
+                torch.testing.assert_close(shared.values[row, :, real], own.values[0], atol=1e-5, rtol=0)
+        assert shared_prefill(policy, ids[[0, 3, 6]], mask[[0, 3, 6]]) is None  # nothing repeats: nothing shared
+
+
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_the_fast_copy_samples_what_the_policy_samples(tiny, do_sample):
+    """The same seed gives the same tokens: the copy's distribution is the policy's (greedy, and sampled at
+    temperature 1 over the whole vocabulary), the shared prefill included."""
+    policy, tokenizer = tiny
+    prompts, config = group_prompts(tokenizer), sampling_config(tokenizer, do_sample)
+    fast = SamplingCopy(policy, torch.float32, prepack=True)
+    torch.manual_seed(7)
+    completions, log_probs = fast.generate(prompts, config, with_log_probs=False)
+    torch.manual_seed(7)
+    assert completions == policy_generate(policy, prompts, config)
+    assert log_probs is None and sum(map(len, completions)) > len(prompts)
+
+
+def test_in_the_trainer_the_fast_copy_samples_as_trl_does(tmp_path):
+    plain = make_trainer(tmp_path, by_index, prompts=2)
+    fast = make_trainer(tmp_path, by_index, prompts=2, fast_generation=True)
+    torch.manual_seed(3)
+    expected = generation_batch(plain, prompts=2)
+    torch.manual_seed(3)
+    batch = generation_batch(fast, prompts=2)
+    assert fast._sampling_copy is not None and fast._sampling_copy.prepack
+    assert torch.equal(batch["completion_ids"], expected["completion_ids"])
+    # float32 samples the policy's own distribution: no behaviour-policy correction, as in TRL
+    assert "sampling_per_token_logps" not in batch and "old_per_token_logps" not in batch
+    with torch.no_grad():
+        for parameter in fast.model.parameters():
+            parameter.zero_()
+    torch.manual_seed(3)
+    again = generation_batch(fast, prompts=2)  # the same step: the copy, not the zeroed policy, samples
+    assert torch.equal(again["completion_ids"], expected["completion_ids"])
+
+
+def test_with_bfloat16_generation_the_prepacked_copy_is_bfloat16_and_corrected(tmp_path):
+    trainer = make_trainer(tmp_path, by_index, prompts=2, fast_generation=True, bfloat16_generation=True)
+    batch = generation_batch(trainer, prompts=2)
+    packed = next(iter(trainer._sampling_copy.prepacked.values()))
+    assert isinstance(packed, PrepackedLinear) and packed.dtype == torch.bfloat16
+    assert batch["old_per_token_logps"] is batch["sampling_per_token_logps"]
+
+
+def test_without_onednn_it_is_refused_naming_the_key(tmp_path, monkeypatch):
+    monkeypatch.setattr(seam, "can_prepack", lambda: False)
+    with pytest.raises(UserError, match=r"trainer.fast_generation .* no oneDNN .* generation=transformers"):
+        make_trainer(tmp_path, by_index, prompts=2, fast_generation=True)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["generation=vllm_colocate", "trainer.fast_generation=true"],
+         "trainer.fast_generation=true .*trainer.extra.use_vllm=true: vLLM samples instead"),
+        (["generation=transformers_fast", "+trainer.extra.use_transformers_paged=true"],
+         "use_transformers_paged=true: continuous batching samples instead"),
+    ],
+)  # fmt: skip
+def test_other_generation_paths_are_refused_with_it(overrides, message):
+    with pytest.raises(UserError, match=message):
+        check_trainer(compose_config(overrides).trainer)
+
+
+def test_multi_turn_rollouts_are_refused_with_it():
+    with pytest.raises(UserError, match="trainer.fast_generation is not used there"):
+        build_rollout(compose_config(["generation=transformers_fast", "rollout=multiturn"]))
+
+
+@pytest.mark.e2e
+def test_the_command_line_trains_with_generation_transformers_fast(tmp_path):
+    result = run_cli(*TINY_RUN, "logger=none", f"hydra.run.dir={tmp_path}", "generation=transformers_fast",
+                     "trainer.zero_variance_groups=keep", "eval.before=false", "eval.after=false")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    trained = [s for s in logged_steps(tmp_path) if "loss" in s]
+    assert trained and all(math.isfinite(s["loss"]) for s in trained)
