@@ -3,11 +3,14 @@
 Milliseconds per token-step (one new token for every sequence of the batch) with the embedded SmolLM2-135M, at
 batch 8 (the default step: 2 prompts x G=4, sampled at temperature 1) and at batch 1. Each path generates
 exactly 8 and then 72 new tokens for the same prompts (EOS ignored); the difference over 64 steps is the decode
-cost, prefill excluded. Paths, all in one process, one after another:
+cost, prefill excluded. Then a whole step's generation at batch 8 (prefill included, 64 new tokens), TRL's against
+the sampling copy's, whose prefill is computed once per prompt. Paths, all in one process, one after another:
 
 - transformers, float32: what TRL's own generation does in the default run (on-policy);
 - transformers, bfloat16: the same weights rounded to bfloat16 (half the bytes read per step);
 - transformers, static KV cache with torch.compile: generate()'s compiled decoding;
+- grpo_exp's sampling copy (trainer.fast_generation): float32 with oneDNN-prepacked Linear weights (on-policy),
+  and the same in bfloat16 (with trainer.bfloat16_generation);
 - transformers continuous batching (`generate_batch`, paged attention: TRL's use_transformers_paged), float32;
 - llama.cpp (llama-cpp-python), the packaged Q4_1 GGUF: batch 1 through its high-level API (the engine the
   issue compared against), and batch 8 as 8 sequences of one llama.cpp batch (its low-level API, a unified KV
@@ -21,8 +24,10 @@ import statistics
 import time
 
 import torch
+from transformers import GenerationConfig
 
 from grpo_exp.models import gguf_location, load_tokenizer, materialise_embedded
+from grpo_exp.trainer.sampling_copy import SamplingCopy
 from tests.conftest import compose_config
 
 QUESTIONS = [(12, 34), (56, 7)]
@@ -60,9 +65,31 @@ def transformers_ms(model, tokenizer, batch: int, repeats: int, **options) -> fl
     return decode_ms(seconds, repeats)
 
 
-def continuous_batching_ms(model, tokenizer, batch: int, repeats: int) -> float:
-    from transformers import GenerationConfig
+def step_generation_seconds(policy, tokenizer, repeats: int) -> tuple[float, float]:
+    """A default step's generation (2 prompts x G=4, 64 new tokens, prefill included): the policy's generate(), as
+    TRL calls it, against generation=transformers_fast's copy (prepacked, prefill once per prompt)."""
+    inputs = prompts(tokenizer, 8)
+    config = GenerationConfig(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=64,
+                              min_new_tokens=64, pad_token_id=tokenizer.pad_token_id,
+                              eos_token_id=[tokenizer.eos_token_id])  # fmt: skip
+    rows = [row[mask.bool()].tolist() for row, mask in zip(inputs["input_ids"], inputs["attention_mask"], strict=True)]
+    fast = SamplingCopy(policy, torch.float32, prepack=True)
 
+    def seconds(generate) -> float:
+        generate()
+        times = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            with torch.no_grad():
+                generate()
+            times.append(time.perf_counter() - started)
+        return statistics.median(times)
+
+    plain = seconds(lambda: policy.generate(**inputs, generation_config=config))
+    return plain, seconds(lambda: fast.generate(rows, config, with_log_probs=False))
+
+
+def continuous_batching_ms(model, tokenizer, batch: int, repeats: int) -> float:
     ids = prompts(tokenizer, batch)
     rows = [row[mask.bool()].tolist() for row, mask in zip(ids["input_ids"], ids["attention_mask"], strict=True)]
 
@@ -158,7 +185,18 @@ def main(argv: list[str] | None = None) -> None:
             ms = transformers_ms(model, tokenizer, batch, args.repeats, **options)
             rows.append((label, batch, ms))
             print(f"  {label:55s} batch {batch}: {ms:6.1f} ms", flush=True)
-    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    policy = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    for label, dtype in [("sampling copy, float32 prepacked (transformers_fast, on-policy)", torch.float32),
+                         ("sampling copy, bfloat16 prepacked (fast + bf16)", torch.bfloat16)]:  # fmt: skip
+        copy = SamplingCopy(policy, dtype, prepack=True).copy
+        for batch in (8, 1):
+            ms = transformers_ms(copy, tokenizer, batch, args.repeats)
+            rows.append((label, batch, ms))
+            print(f"  {label:55s} batch {batch}: {ms:6.1f} ms", flush=True)
+    plain, fast = step_generation_seconds(policy, tokenizer, args.repeats)
+    print(f"  a step's generation, 8 x 64 new tokens, prefill included: TRL's {plain:.2f} s, transformers_fast "
+          f"{fast:.2f} s ({fast / plain:.2f}x)")  # fmt: skip
+    model = policy
     label = "transformers continuous batching (generate_batch), float32"
     try:
         ms = continuous_batching_ms(model, tokenizer, 8, args.repeats)

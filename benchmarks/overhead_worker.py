@@ -19,7 +19,8 @@ from pathlib import Path
 
 SECONDS: dict[str, float] = defaultdict(float)
 # The wrapper's own cost: grpo_exp doing TRL's work (every group trained, TRL's forward), not its faster settings.
-KEEP_TRLS_WORK = ["trainer.zero_variance_groups=keep", "trainer.shared_prompt_forward=false"]
+KEEP_TRLS_WORK = ["trainer.zero_variance_groups=keep", "trainer.shared_prompt_forward=false",
+                  "trainer.fast_generation=false"]
 
 
 def timed(owner, name: str, bucket: str) -> None:

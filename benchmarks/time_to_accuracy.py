@@ -26,25 +26,29 @@ import tempfile
 import time
 from pathlib import Path
 
-# Each arm: bare TRL (None) or grpo_exp with these settings, each lever named whatever the defaults are.
+# Each arm: bare TRL (None) or grpo_exp with these settings, each lever named whatever the defaults are (arms measured
+# before trainer.fast_generation existed say fast_generation=false: it is on by default on x86-64 CPUs now).
 # `skip_shared`: skip + the shared-prompt loss forward. `best`: the fastest on-policy settings measured here (with
 # generation=transformers_fast). `skip_shared_bf16`: bfloat16 sampling instead, which ended lower on held-out
 # accuracy (BENCHMARKS.md).
 ARMS = {
     "trl": None,
-    "keep": ["trainer.zero_variance_groups=keep", "trainer.shared_prompt_forward=false", "generation=transformers"],
-    "skip": ["trainer.zero_variance_groups=skip", "trainer.shared_prompt_forward=false", "generation=transformers"],
-    "shared": ["trainer.zero_variance_groups=keep", "trainer.shared_prompt_forward=true", "generation=transformers"],
+    "keep": ["trainer.zero_variance_groups=keep", "trainer.shared_prompt_forward=false", "generation=transformers",
+             "trainer.fast_generation=false"],
+    "skip": ["trainer.zero_variance_groups=skip", "trainer.shared_prompt_forward=false", "generation=transformers",
+             "trainer.fast_generation=false"],
+    "shared": ["trainer.zero_variance_groups=keep", "trainer.shared_prompt_forward=true", "generation=transformers",
+               "trainer.fast_generation=false"],
     "bf16": ["trainer.zero_variance_groups=keep", "trainer.shared_prompt_forward=false",
-             "generation=transformers_bf16"],
+             "generation=transformers_bf16", "trainer.fast_generation=false"],
     "resample": ["trainer.zero_variance_groups=resample", "trainer.shared_prompt_forward=false",
-                 "generation=transformers"],
+                 "generation=transformers", "trainer.fast_generation=false"],
     "skip_shared": ["trainer.zero_variance_groups=skip", "trainer.shared_prompt_forward=true",
-                    "generation=transformers"],
+                    "generation=transformers", "trainer.fast_generation=false"],
     "fast": ["trainer.zero_variance_groups=keep", "trainer.shared_prompt_forward=false",
              "generation=transformers_fast"],
     "skip_shared_bf16": ["trainer.zero_variance_groups=skip", "trainer.shared_prompt_forward=true",
-                         "generation=transformers_bf16"],
+                         "generation=transformers_bf16", "trainer.fast_generation=false"],
     "best": ["trainer.zero_variance_groups=skip", "trainer.shared_prompt_forward=true",
              "generation=transformers_fast"],
 }  # fmt: skip

@@ -147,6 +147,17 @@ def test_with_bfloat16_generation_the_prepacked_copy_is_bfloat16_and_corrected(t
     assert batch["old_per_token_logps"] is batch["sampling_per_token_logps"]
 
 
+def test_by_default_it_is_on_where_it_was_measured_to_pay(tmp_path, monkeypatch):
+    assert compose_config([]).trainer.fast_generation is None  # auto
+    assert make_trainer(tmp_path, by_index, prompts=2, fast_generation=None).fast_generation == seam.x86_64()
+    paged = make_trainer(tmp_path, by_index, prompts=2, fast_generation=None,
+                         overrides=["+trainer.extra.use_transformers_paged=true"])  # fmt: skip
+    assert not paged.fast_generation  # TRL samples elsewhere: left to it
+    monkeypatch.setattr(seam, "x86_64", lambda: False)
+    assert not make_trainer(tmp_path, by_index, prompts=2, fast_generation=None).fast_generation
+    assert make_trainer(tmp_path, by_index, prompts=2, fast_generation=True).fast_generation  # asked for: on
+
+
 def test_without_onednn_it_is_refused_naming_the_key(tmp_path, monkeypatch):
     monkeypatch.setattr(seam, "can_prepack", lambda: False)
     with pytest.raises(UserError, match=r"trainer.fast_generation .* no oneDNN .* generation=transformers"):

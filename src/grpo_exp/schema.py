@@ -377,12 +377,13 @@ class TrainerSchema:
     # corrects for it. Set by generation=transformers_bf16; not with vLLM, multi-turn rollouts, or DeepSpeed/FSDP
     # with a float32 policy (a bfloat16 policy samples itself). An option: BENCHMARKS.md, time to accuracy.
     bfloat16_generation: bool = False
-    # CPU: TRL's transformers generation samples from a copy of the policy in its own dtype, its Linear weights
-    # prepacked for oneDNN and each prompt's prefill computed once for its G completions (refreshed every step):
-    # the policy's distribution, decoded faster (BENCHMARKS.md). Set by generation=transformers_fast; with
-    # bfloat16_generation, the copy is bfloat16 and corrected as above. Not on a GPU (use vLLM there), with vLLM,
-    # multi-turn rollouts, or DeepSpeed/FSDP.
-    fast_generation: bool = False
+    # CPU: TRL's transformers generation samples from a copy of the policy in its own dtype (one more copy of the
+    # weights in memory), its Linear weights prepacked for oneDNN and each prompt's prefill computed once for its G
+    # completions (refreshed every step): the policy's distribution, in ~0.6x the time (BENCHMARKS.md). null
+    # (auto): on for single-process training on an x86-64 CPU with TRL's transformers generation, else off. true
+    # (generation=transformers_fast): on, refused where it cannot be (a GPU: use vLLM; vLLM; multi-turn rollouts;
+    # DeepSpeed/FSDP). With bfloat16_generation the copy is bfloat16, corrected as above. false: TRL's generate().
+    fast_generation: bool | None = None
     # Resumable checkpoints (weights, optimiser, RNG) every N steps under <run dir>/trainer (0: only when a run is
     # interrupted); deleted when the run finishes unless keep_checkpoints.
     save_steps: int = knob(10, ge=0, why="must be 0 (off) or a number of steps")

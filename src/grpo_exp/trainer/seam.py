@@ -22,6 +22,7 @@ its G completions: in the policy's own dtype, the policy's distribution.
 
 import logging
 import math
+import platform
 import random
 from dataclasses import dataclass
 
@@ -100,13 +101,12 @@ class HookedGRPOTrainer(GRPOTrainer):
 
     def __init__(self, *args, zero_variance_groups: str = "keep", max_resample_batches: int = 4,
                  shared_prompt_forward: bool = False, bfloat16_generation: bool = False,
-                 fast_generation: bool = False, **kwargs):  # fmt: skip
+                 fast_generation: bool | None = False, **kwargs):  # fmt: skip
         super().__init__(*args, **kwargs)
         self.zero_variance_groups = zero_variance_groups
         self.max_resample_batches = max_resample_batches
         self.shared_prompt_forward = shared_prompt_forward
         self.bfloat16_generation = bfloat16_generation
-        self.fast_generation = fast_generation
         self._sampling_copy = None  # made at the first generation, from the policy as it is then
         sharded = self.is_deepspeed_enabled or self.is_fsdp_enabled
         if bfloat16_generation and sharded and self.accelerator.unwrap_model(self.model).dtype != torch.bfloat16:
@@ -115,7 +115,17 @@ class HookedGRPOTrainer(GRPOTrainer):
                 "trainer.bfloat16_generation copies a float32 policy whole: not under DeepSpeed or FSDP; use "
                 "model.dtype=bfloat16, generation=transformers or generation=vllm_colocate there"
             )
-        if fast_generation and (sharded or self.accelerator.device.type != "cpu" or not can_prepack()):
+        cpu = self.accelerator.device.type == "cpu" and not sharded
+        trl_samples_elsewhere = self.use_vllm or self.args.use_transformers_paged
+        if fast_generation is None:  # auto: where it was measured to pay
+            fast_generation = cpu and can_prepack() and x86_64() and not trl_samples_elsewhere
+            if fast_generation:
+                log.info(
+                    "generation: a copy of the policy with prepacked weights samples on this CPU, the policy's own "
+                    "distribution (trainer.fast_generation=false: TRL's generate() on the policy)"
+                )
+        self.fast_generation = fast_generation
+        if fast_generation and (not cpu or not can_prepack()):
             raise UserError(
                 f"trainer.fast_generation (generation=transformers_fast) decodes from a prepacked copy of the whole "
                 f"policy on CPU, with torch's oneDNN kernels; this run is on {self.accelerator.device.type}"
@@ -338,6 +348,11 @@ class HookedGRPOTrainer(GRPOTrainer):
             advantages=torch.tensor(list(self._logs["advantages"]), dtype=torch.float32),
             lengths=self.accelerator.gather(policy_tokens.sum(dim=1)).float().cpu(),
         )
+
+
+def x86_64() -> bool:
+    """The CPUs fast_generation was measured on (BENCHMARKS.md); elsewhere it is on only when asked for."""
+    return platform.machine().lower() in ("x86_64", "amd64")
 
 
 def as_rollout_func(rollout):
