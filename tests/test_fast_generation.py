@@ -158,6 +158,30 @@ def test_by_default_it_is_on_where_it_was_measured_to_pay(tmp_path, monkeypatch)
     assert make_trainer(tmp_path, by_index, prompts=2, fast_generation=True).fast_generation  # asked for: on
 
 
+def test_a_model_the_prepacked_copy_cannot_run_turns_auto_off_and_refuses_an_explicit_request(tmp_path, caplog):
+    """peft's LoRA layers read their Linear's `.weight` in forward: the probe at the copy's creation catches it."""
+    from peft import LoraConfig
+
+    lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    auto = make_trainer(tmp_path, by_index, prompts=2, fast_generation=None, peft_config=lora)
+    batch = generation_batch(auto, prompts=2)
+    assert not auto.fast_generation and auto._sampling_copy is None and batch["completion_ids"].numel() > 0
+    assert "trainer.fast_generation (auto) is off" in caplog.text
+    asked = make_trainer(tmp_path, by_index, prompts=2, fast_generation=True, peft_config=lora)
+    with pytest.raises(UserError, match="trainer.fast_generation=true: the prepacked copy does not run this model"):
+        generation_batch(asked, prompts=2)
+
+
+def test_the_probe_catches_a_copy_whose_logits_differ(tiny, monkeypatch):
+    policy, tokenizer = tiny
+    probe = chat(tokenizer, "What is 2 + 3?")
+    SamplingCopy(policy, torch.float32, prepack=True, probe=probe)  # agrees: no error
+    original = PrepackedLinear.load
+    monkeypatch.setattr(PrepackedLinear, "load", lambda self, weight: original(self, weight * 1.01))  # a wrong layout
+    with pytest.raises(ValueError, match="logits differ"):
+        SamplingCopy(policy, torch.float32, prepack=True, probe=probe)
+
+
 def test_without_onednn_it_is_refused_naming_the_key(tmp_path, monkeypatch):
     monkeypatch.setattr(seam, "can_prepack", lambda: False)
     with pytest.raises(UserError, match=r"trainer.fast_generation .* no oneDNN .* generation=transformers"):

@@ -47,12 +47,35 @@ def can_prepack() -> bool:
     return torch.backends.mkldnn.is_available()
 
 
+@torch.no_grad()
+def prepack_linears(model: torch.nn.Module, probe: list[int] | None) -> dict[str, PrepackedLinear]:
+    """Every torch.nn.Linear of `model` replaced by a PrepackedLinear, by module name. With `probe` (token ids), the
+    model must give the same logits before and after, to a few roundings of its dtype (ValueError if not; a model
+    whose forward reads a Linear's `.weight`, such as peft's LoRA layers, raises on the way)."""
+    ids = None if probe is None else torch.tensor([probe], device=model.device)
+    expected = None if ids is None else model(input_ids=ids).logits
+    prepacked = {}
+    for name, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            if type(child) is torch.nn.Linear:  # exactly: quantised subclasses keep their own kernels
+                packed = prepacked[f"{name}.{child_name}" if name else child_name] = PrepackedLinear(child)
+                setattr(module, child_name, packed)
+    if expected is not None:
+        gap = float((model(input_ids=ids).logits - expected).abs().max())
+        tolerance = max(1e-3, 4 * torch.finfo(expected.dtype).eps) * max(1.0, float(expected.abs().max()))
+        if not gap <= tolerance:
+            raise ValueError(f"the prepacked copy's logits differ from the model's by {gap:.3g}")
+    return prepacked
+
+
 class SamplingCopy:
     """A copy of `policy` with its parameters in `dtype` (its buffers, such as rotary frequencies, stay as they are),
     refreshed from the policy whenever the training step has changed since the last refresh. With `prepack` (CPU),
-    its Linear layers are PrepackedLinear and each prompt's prefill is shared by its repeats."""
+    its Linear layers are PrepackedLinear (checked on `probe`: prepack_linears) and each prompt's prefill is shared
+    by its repeats."""
 
-    def __init__(self, policy: torch.nn.Module, dtype: torch.dtype = torch.bfloat16, prepack: bool = False):
+    def __init__(self, policy: torch.nn.Module, dtype: torch.dtype = torch.bfloat16, prepack: bool = False,
+                 probe: list[int] | None = None):  # fmt: skip
         self.copy = copy.deepcopy(policy).eval().requires_grad_(False)
         for module in self.copy.modules():
             # A forward patched onto the instance (TRL's fused LM head) still calls the policy's own forward: the
@@ -60,14 +83,7 @@ class SamplingCopy:
             module.__dict__.pop("forward", None)
         for parameter in self.copy.parameters():
             parameter.data = parameter.data.to(dtype)
-        self.prepacked: dict[str, PrepackedLinear] = {}
-        if prepack:
-            for name, module in list(self.copy.named_modules()):
-                for child_name, child in list(module.named_children()):
-                    if type(child) is torch.nn.Linear:  # exactly: quantised subclasses keep their own kernels
-                        packed = PrepackedLinear(child)
-                        setattr(module, child_name, packed)
-                        self.prepacked[f"{name}.{child_name}" if name else child_name] = packed
+        self.prepacked = prepack_linears(self.copy, probe) if prepack else {}
         self.prepack = prepack
         self.synced_step: int | None = None
 

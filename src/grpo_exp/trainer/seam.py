@@ -117,6 +117,7 @@ class HookedGRPOTrainer(GRPOTrainer):
             )
         cpu = self.accelerator.device.type == "cpu" and not sharded
         trl_samples_elsewhere = self.use_vllm or self.args.use_transformers_paged
+        self._fast_generation_asked = bool(fast_generation)
         if fast_generation is None:  # auto: where it was measured to pay
             fast_generation = cpu and can_prepack() and x86_64() and not trl_samples_elsewhere
             if fast_generation:
@@ -242,12 +243,31 @@ class HookedGRPOTrainer(GRPOTrainer):
             return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
                                                  has_tool_images)  # fmt: skip
         if self._sampling_copy is None:
-            self._sampling_copy = SamplingCopy(policy, dtype, prepack=self.fast_generation)
+            self._sampling_copy = self._new_sampling_copy(policy, dtype, prompt_ids[0])
+        if self._sampling_copy is None:  # auto fast_generation turned itself off, and no bfloat16 copy is needed
+            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
+                                                 has_tool_images)  # fmt: skip
         with profiling_context(self, "transformers.generate"):
             self._sampling_copy.sync(policy, self.state.global_step)
             return self._sampling_copy.generate(
                 prompt_ids, self.generation_config, with_log_probs=dtype != policy.dtype
             )
+
+    def _new_sampling_copy(self, policy, dtype: torch.dtype, probe: list[int]) -> SamplingCopy | None:
+        """The sampling copy; a prepacked one must reproduce the policy's logits on `probe` (a prompt). Where it does
+        not (an architecture whose forward reads a Linear's weight, LoRA layers among them), auto fast_generation
+        turns itself off with a warning, and an explicit one is refused."""
+        if not self.fast_generation:
+            return SamplingCopy(policy, dtype)
+        try:
+            return SamplingCopy(policy, dtype, prepack=True, probe=probe)
+        except Exception as err:  # whatever a forward through the replaced layers raised
+            why = f"the prepacked copy does not run this model ({type(err).__name__}: {err})"
+            if self._fast_generation_asked:
+                raise UserError(f"trainer.fast_generation=true: {why}; use trainer.fast_generation=false") from err
+            log.warning("trainer.fast_generation (auto) is off: %s; TRL's generate() samples", why)
+            self.fast_generation = False
+            return SamplingCopy(policy, dtype) if dtype != policy.dtype else None
 
     def _resample(self, output: dict, no_spread: torch.Tensor, groups: int) -> tuple[dict, torch.Tensor]:
         """DAPO's dynamic sampling: more batches of fresh prompts (at most max_resample_batches) until `groups`
