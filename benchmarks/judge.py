@@ -72,16 +72,8 @@ def main() -> None:
         print(f"local judge, {mode} mode: {failures[mode]}/{n} failures; {cost:.2f} s per step = {cost / gen:.2f}x "
               "the step's generation time")  # fmt: skip
     port = free_port()
-    endpoint = compose_config(
-        [
-            "reward=judge",
-            "judge=openai",
-            f"judge.model={LLAMA_ALIAS}",
-            "judge.timeout=120",
-            "judge.tokenizer=smollm2_135m",
-            f"judge.base_url=http://127.0.0.1:{port}/v1",
-        ]
-    )
+    endpoint = compose_config(["reward=judge", "judge=openai", f"judge.model={LLAMA_ALIAS}", "judge.timeout=120",
+                               "judge.tokenizer=smollm2_135m", f"judge.base_url=http://127.0.0.1:{port}/v1"])
     with llama_cpp_server(port):
         served, spent = judge_seconds(build_judge(endpoint.judge, endpoint.cache_dir), all_pairs)
     print(f"llama.cpp server, scores mode: {sum(s is None for s in served)}/{n} failures ({spent:.1f} s for {n} pairs)")

@@ -46,3 +46,17 @@ def tmp_run_dir(tmp_path: Path) -> Path:
 
 # A test-sized training run: the tiny random model, two short steps, a small held-out split.
 TINY_RUN = ["model=tiny", "trainer=debug", "dataset.eval_size=4", "dataset.train_size=64"]
+
+
+@pytest.fixture(scope="module")
+def tiny_policy(tmp_path_factory):
+    """The tiny random model, saved and loaded as a trainer would load it (eval mode), with its tokenizer."""
+    from transformers import AutoModelForCausalLM
+
+    from grpo_exp.models import build_tiny_model, load_tokenizer
+
+    cfg = compose_config([*TINY_RUN])
+    tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
+    model_dir = tmp_path_factory.mktemp("tiny")
+    build_tiny_model(cfg.model, tokenizer, cfg.trainer.seed).save_pretrained(model_dir)
+    return AutoModelForCausalLM.from_pretrained(model_dir).eval(), tokenizer

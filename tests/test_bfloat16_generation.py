@@ -9,7 +9,6 @@ import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 from grpo_exp.errors import UserError
-from grpo_exp.models import build_tiny_model, load_tokenizer
 from grpo_exp.run.build import build_rollout
 from grpo_exp.trainer.config import check_trainer
 from grpo_exp.trainer.sampling_copy import SamplingCopy, sampled_log_probs, through_first_eos
@@ -20,15 +19,6 @@ from tests.tiny_trainer import G, generation_batch, make_trainer
 
 def by_index(completions, **kwargs):
     return [float(i % G) for i in range(len(completions))]
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    cfg = compose_config([*TINY_RUN])
-    tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
-    model_dir = tmp_path_factory.mktemp("tiny")
-    build_tiny_model(cfg.model, tokenizer, cfg.trainer.seed).save_pretrained(model_dir)
-    return AutoModelForCausalLM.from_pretrained(model_dir), tokenizer
 
 
 def teacher_forced_log_probs(model, prompt: list[int], completion: list[int], temperature: float) -> torch.Tensor:
@@ -47,8 +37,8 @@ def test_sampled_log_probs_read_each_step_and_rows_end_at_their_first_eos():
     assert through_first_eos(rows, [2, 7]) == [2, 4, 4]
 
 
-def test_the_sampler_gives_the_log_probabilities_of_the_copy_that_sampled(tiny):
-    policy, tokenizer = tiny
+def test_the_sampler_gives_the_log_probabilities_of_the_copy_that_sampled(tiny_policy):
+    policy, tokenizer = tiny_policy
     sampler = SamplingCopy(policy)
     sampler.sync(policy, step=0)
     assert {p.dtype for p in sampler.copy.parameters()} == {torch.bfloat16}
@@ -70,8 +60,8 @@ def test_the_sampler_gives_the_log_probabilities_of_the_copy_that_sampled(tiny):
     assert torch.cat(mismatch).max() > 1e-4
 
 
-def test_the_copy_follows_the_policy_once_per_training_step(tiny):
-    policy, _ = tiny
+def test_the_copy_follows_the_policy_once_per_training_step(tiny_policy):
+    policy, _ = tiny_policy
     sampler = SamplingCopy(policy)
     sampler.sync(policy, step=3)
     moved = [p.detach().clone() + 0.5 for p in policy.parameters()]

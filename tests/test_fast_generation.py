@@ -10,7 +10,6 @@ import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 from grpo_exp.errors import UserError
-from grpo_exp.models import build_tiny_model, load_tokenizer
 from grpo_exp.run.build import build_rollout
 from grpo_exp.trainer import seam
 from grpo_exp.trainer.config import check_trainer
@@ -21,15 +20,6 @@ from tests.tiny_trainer import generation_batch, make_trainer
 
 def by_index(completions, **kwargs):
     return [float(i % 4) for i in range(len(completions))]
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    cfg = compose_config([*TINY_RUN])
-    tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
-    model_dir = tmp_path_factory.mktemp("tiny")
-    build_tiny_model(cfg.model, tokenizer, cfg.trainer.seed).save_pretrained(model_dir)
-    return AutoModelForCausalLM.from_pretrained(model_dir).eval(), tokenizer
 
 
 def chat(tokenizer, question: str) -> list[int]:
@@ -59,8 +49,8 @@ def sampling_config(tokenizer, do_sample: bool) -> GenerationConfig:
                             pad_token_id=tokenizer.pad_token_id, eos_token_id=[tokenizer.eos_token_id])  # fmt: skip
 
 
-def test_the_prepacked_copy_computes_the_policys_logits(tiny):
-    policy, tokenizer = tiny
+def test_the_prepacked_copy_computes_the_policys_logits(tiny_policy):
+    policy, tokenizer = tiny_policy
     fast = SamplingCopy(policy, torch.float32, prepack=True)
     linears = [m for m in policy.modules() if type(m) is torch.nn.Linear]
     assert len(fast.prepacked) == len(linears) > 0
@@ -70,8 +60,8 @@ def test_the_prepacked_copy_computes_the_policys_logits(tiny):
         torch.testing.assert_close(fast.copy(input_ids=ids).logits, policy(input_ids=ids).logits, atol=1e-4, rtol=0)
 
 
-def test_the_prepacked_copy_follows_the_policy_once_per_training_step(tiny):
-    policy, tokenizer = tiny
+def test_the_prepacked_copy_follows_the_policy_once_per_training_step(tiny_policy):
+    policy, tokenizer = tiny_policy
     fast = SamplingCopy(policy, torch.float32, prepack=True)
     fast.sync(policy, step=1)
     changed = AutoModelForCausalLM.from_config(policy.config).eval()
@@ -87,8 +77,8 @@ def test_the_prepacked_copy_follows_the_policy_once_per_training_step(tiny):
         torch.testing.assert_close(fast.copy(input_ids=ids).logits, changed(input_ids=ids).logits, atol=1e-4, rtol=0)
 
 
-def test_the_shared_prefill_is_each_distinct_prompts_cache_repeated(tiny):
-    policy, tokenizer = tiny
+def test_the_shared_prefill_is_each_distinct_prompts_cache_repeated(tiny_policy):
+    policy, tokenizer = tiny_policy
     prompts = group_prompts(tokenizer)
     width = max(map(len, prompts))
     ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
@@ -107,10 +97,10 @@ def test_the_shared_prefill_is_each_distinct_prompts_cache_repeated(tiny):
 
 
 @pytest.mark.parametrize("do_sample", [False, True])
-def test_the_fast_copy_samples_what_the_policy_samples(tiny, do_sample):
+def test_the_fast_copy_samples_what_the_policy_samples(tiny_policy, do_sample):
     """The same seed gives the same tokens: the copy's distribution is the policy's (greedy, and sampled at
     temperature 1 over the whole vocabulary), the shared prefill included."""
-    policy, tokenizer = tiny
+    policy, tokenizer = tiny_policy
     prompts, config = group_prompts(tokenizer), sampling_config(tokenizer, do_sample)
     fast = SamplingCopy(policy, torch.float32, prepack=True)
     torch.manual_seed(7)
@@ -172,8 +162,8 @@ def test_a_model_the_prepacked_copy_cannot_run_turns_auto_off_and_refuses_an_exp
         generation_batch(asked, prompts=2)
 
 
-def test_the_probe_catches_a_copy_whose_logits_differ(tiny, monkeypatch):
-    policy, tokenizer = tiny
+def test_the_probe_catches_a_copy_whose_logits_differ(tiny_policy, monkeypatch):
+    policy, tokenizer = tiny_policy
     probe = chat(tokenizer, "What is 2 + 3?")
     SamplingCopy(policy, torch.float32, prepack=True, probe=probe)  # agrees: no error
     original = PrepackedLinear.load

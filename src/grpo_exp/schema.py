@@ -380,7 +380,7 @@ class TrainerSchema:
     # CPU: TRL's transformers generation samples from a copy of the policy in its own dtype (one more copy of the
     # weights in memory), its Linear weights prepacked for oneDNN and each prompt's prefill computed once for its G
     # completions (refreshed every step): the policy's distribution, in ~0.6x the time (BENCHMARKS.md). null
-    # (auto): on for single-process training on an x86-64 CPU with TRL's transformers generation, else off. true
+    # (auto): on for training on an x86-64 CPU (not DeepSpeed/FSDP) with TRL's transformers generation. true
     # (generation=transformers_fast): on, refused where it cannot be (a GPU: use vLLM; vLLM; multi-turn rollouts;
     # DeepSpeed/FSDP). With bfloat16_generation the copy is bfloat16, corrected as above. false: TRL's generate().
     fast_generation: bool | None = None
