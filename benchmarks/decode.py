@@ -196,10 +196,9 @@ def main(argv: list[str] | None = None) -> None:
     plain, fast = step_generation_seconds(policy, tokenizer, args.repeats)
     print(f"  a step's generation, 8 x 64 new tokens, prefill included: TRL's {plain:.2f} s, transformers_fast "
           f"{fast:.2f} s ({fast / plain:.2f}x)")  # fmt: skip
-    model = policy
     label = "transformers continuous batching (generate_batch), float32"
     try:
-        ms = continuous_batching_ms(model, tokenizer, 8, args.repeats)
+        ms = continuous_batching_ms(policy, tokenizer, 8, args.repeats)
         rows.append((label, 8, ms))
         print(f"  {label:55s} batch 8: {ms:6.1f} ms", flush=True)
     except Exception as err:  # an engine that does not run here is a result too

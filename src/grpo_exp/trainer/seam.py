@@ -239,12 +239,10 @@ class HookedGRPOTrainer(GRPOTrainer):
         dtype = torch.bfloat16 if self.bfloat16_generation else policy.dtype
         # A policy already in the copy's dtype samples exactly as it is: no copy unless it decodes faster.
         copy_samples = self.model.training and (self.fast_generation or dtype != policy.dtype)
-        if not copy_samples or images is not None or multimodal_fields:
-            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
-                                                 has_tool_images)  # fmt: skip
-        if self._sampling_copy is None:
+        copy_samples = copy_samples and images is None and not multimodal_fields
+        if copy_samples and self._sampling_copy is None:
             self._sampling_copy = self._new_sampling_copy(policy, dtype, prompt_ids[0])
-        if self._sampling_copy is None:  # auto fast_generation turned itself off, and no bfloat16 copy is needed
+        if not copy_samples or self._sampling_copy is None:  # None: auto fast_generation turned itself off
             return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
                                                  has_tool_images)  # fmt: skip
         with profiling_context(self, "transformers.generate"):
