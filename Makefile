@@ -22,6 +22,7 @@ train: install  ## the default experiment: GRPO on the embedded SmolLM2-135M, of
 
 test: install  ## the whole suite, slow tests included (the CI command)
 	$(PY) -m ruff check src tests benchmarks
+	$(PY) -m ruff format --check src tests benchmarks
 	$(PY) -m pytest $(ARGS)
 
 test-fast: install  ## without the embedded model (slow) and the end-to-end runs through the CLI (e2e)
@@ -45,7 +46,7 @@ learning-curve: install  ## ~35 min on 2 cores; results in BENCHMARKS.md, figure
 
 lint: install
 	$(PY) -m ruff check src tests benchmarks
-	$(PY) -m ruff format --check src tests
+	$(PY) -m ruff format --check src tests benchmarks
 
 clean:
 	rm -rf outputs multirun .pytest_cache

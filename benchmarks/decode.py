@@ -69,9 +69,16 @@ def step_generation_seconds(policy, tokenizer, repeats: int) -> tuple[float, flo
     """A default step's generation (2 prompts x G=4, 64 new tokens, prefill included): the policy's generate(), as
     TRL calls it, against generation=transformers_fast's copy (prepacked, prefill once per prompt)."""
     inputs = prompts(tokenizer, 8)
-    config = GenerationConfig(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=64,
-                              min_new_tokens=64, pad_token_id=tokenizer.pad_token_id,
-                              eos_token_id=[tokenizer.eos_token_id])  # fmt: skip
+    config = GenerationConfig(
+        do_sample=True,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        max_new_tokens=64,
+        min_new_tokens=64,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=[tokenizer.eos_token_id],
+    )
     rows = [row[mask.bool()].tolist() for row, mask in zip(inputs["input_ids"], inputs["attention_mask"], strict=True)]
     fast = SamplingCopy(policy, torch.float32, prepack=True)
 
@@ -94,8 +101,15 @@ def continuous_batching_ms(model, tokenizer, batch: int, repeats: int) -> float:
     rows = [row[mask.bool()].tolist() for row, mask in zip(ids["input_ids"], ids["attention_mask"], strict=True)]
 
     def seconds(tokens: int) -> float:
-        config = GenerationConfig(max_new_tokens=tokens, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
-                                  eos_token_id=None, pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+        config = GenerationConfig(
+            max_new_tokens=tokens,
+            do_sample=True,
+            temperature=1.0,
+            top_p=1.0,
+            top_k=0,
+            eos_token_id=None,
+            pad_token_id=tokenizer.pad_token_id,
+        )
         started = time.perf_counter()
         with torch.no_grad():
             model.generate_batch(rows, generation_config=config, progress_bar=False)
@@ -146,8 +160,9 @@ def llama_cpp_batched_ms(gguf: str, batch: int, repeats: int) -> float:
         for step in range(tokens):
             if llama_cpp.llama_decode(context.ctx, work.batch) != 0:
                 raise RuntimeError("llama_decode failed")
-            logits = np.stack([np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(context.ctx, i), shape=(vocab,))
-                               for i in last])  # fmt: skip
+            logits = np.stack(
+                [np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(context.ctx, i), shape=(vocab,)) for i in last]
+            )
             probabilities = np.exp(logits - logits.max(axis=1, keepdims=True))
             probabilities /= probabilities.sum(axis=1, keepdims=True)
             chosen = [int(rng.choice(vocab, p=row)) for row in probabilities]
@@ -172,8 +187,10 @@ def main(argv: list[str] | None = None) -> None:
     cfg = compose_config()
     tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
     checkpoint = materialise_embedded(cfg.model, cfg.cache_dir)
-    print(f"decode, embedded SmolLM2-135M, {torch.get_num_threads()} threads, ms per token-step (median of "
-          f"{args.repeats}):")  # fmt: skip
+    print(
+        f"decode, embedded SmolLM2-135M, {torch.get_num_threads()} threads, ms per token-step (median of "
+        f"{args.repeats}):"
+    )
     rows = []
     for label, dtype, options in [
         ("transformers float32 (TRL's generation, on-policy)", torch.float32, {}),
@@ -186,16 +203,20 @@ def main(argv: list[str] | None = None) -> None:
             rows.append((label, batch, ms))
             print(f"  {label:55s} batch {batch}: {ms:6.1f} ms", flush=True)
     policy = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
-    for label, dtype in [("sampling copy, float32 prepacked (transformers_fast, on-policy)", torch.float32),
-                         ("sampling copy, bfloat16 prepacked (fast + bf16)", torch.bfloat16)]:  # fmt: skip
+    for label, dtype in [
+        ("sampling copy, float32 prepacked (transformers_fast, on-policy)", torch.float32),
+        ("sampling copy, bfloat16 prepacked (fast + bf16)", torch.bfloat16),
+    ]:
         copy = SamplingCopy(policy, dtype, prepack=True).copy
         for batch in (8, 1):
             ms = transformers_ms(copy, tokenizer, batch, args.repeats)
             rows.append((label, batch, ms))
             print(f"  {label:55s} batch {batch}: {ms:6.1f} ms", flush=True)
     plain, fast = step_generation_seconds(policy, tokenizer, args.repeats)
-    print(f"  a step's generation, 8 x 64 new tokens, prefill included: TRL's {plain:.2f} s, transformers_fast "
-          f"{fast:.2f} s ({fast / plain:.2f}x)")  # fmt: skip
+    print(
+        f"  a step's generation, 8 x 64 new tokens, prefill included: TRL's {plain:.2f} s, transformers_fast "
+        f"{fast:.2f} s ({fast / plain:.2f}x)"
+    )
     label = "transformers continuous batching (generate_batch), float32"
     try:
         ms = continuous_batching_ms(policy, tokenizer, 8, args.repeats)

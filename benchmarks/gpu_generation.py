@@ -21,10 +21,19 @@ from grpo_exp.trainer.sampling_copy import SamplingCopy
 from grpo_exp.trainer.shared_prompt import pack_groups, unpack
 
 SMOLLM2_135M = dict(
-    vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-    num_key_value_heads=3, max_position_embeddings=8192, rope_theta=100000.0, tie_word_embeddings=True,
-    bos_token_id=1, eos_token_id=2, pad_token_id=2,
-)  # fmt: skip
+    vocab_size=49152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    max_position_embeddings=8192,
+    rope_theta=100000.0,
+    tie_word_embeddings=True,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=2,
+)
 PROMPT_TOKENS, GROUP = 62, 4
 
 
@@ -46,13 +55,22 @@ def seconds(run) -> float:
 def per_token_step_ms(generate, repeats: int = 7) -> float:
     """(72 - 8 new tokens) / 64 steps: prefill cancels out; median of `repeats` after a warm-up."""
     generate(8)
-    return statistics.median((seconds(lambda: generate(72)) - seconds(lambda: generate(8))) / 64 * 1000
-                             for _ in range(repeats))  # fmt: skip
+    return statistics.median(
+        (seconds(lambda: generate(72)) - seconds(lambda: generate(8))) / 64 * 1000 for _ in range(repeats)
+    )
 
 
 def config(tokens: int) -> GenerationConfig:
-    return GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=tokens,
-                            min_new_tokens=tokens, pad_token_id=2, eos_token_id=[2])  # fmt: skip
+    return GenerationConfig(
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=tokens,
+        min_new_tokens=tokens,
+        pad_token_id=2,
+        eos_token_id=[2],
+    )
 
 
 def float32_generate(policy, ids: list[list[int]]):
@@ -60,8 +78,9 @@ def float32_generate(policy, ids: list[list[int]]):
 
     def generate(tokens: int):
         with torch.no_grad():
-            policy.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
-                            generation_config=config(tokens))  # fmt: skip
+            policy.generate(
+                input_ids=input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config(tokens)
+            )
 
     return generate
 
@@ -89,8 +108,10 @@ def packed_forward_gap(policy, batch: int, prompt: int, group: int, longest: int
     `batch` rows in groups of `group` sharing a prompt of `prompt` tokens, completions of longest/3 to `longest`."""
     ids = prompts(batch, seed=2, length=prompt, group=group)
     generator = torch.Generator().manual_seed(3)
-    completions = [torch.randint(3, 49152, (int(n),), generator=generator).tolist()
-                   for n in torch.randint(longest // 3, longest + 1, (batch,), generator=generator)]  # fmt: skip
+    completions = [
+        torch.randint(3, 49152, (int(n),), generator=generator).tolist()
+        for n in torch.randint(longest // 3, longest + 1, (batch,), generator=generator)
+    ]
     width = max(len(c) for c in completions)
     rows = torch.tensor([p + c + [2] * (width - len(c)) for p, c in zip(ids, completions, strict=True)])
     mask = torch.tensor([[1] * prompt + [1] * len(c) + [0] * (width - len(c)) for c in completions])
@@ -103,8 +124,11 @@ def packed_forward_gap(policy, batch: int, prompt: int, group: int, longest: int
     packed = pack_groups(rows, mask, width, pad_id=2, max_tokens=1 << 16)
 
     def packed_layout():
-        logits = policy(input_ids=packed.input_ids.cuda(), attention_mask=packed.allowed.cuda(),
-                        position_ids=packed.position_ids.cuda()).logits  # fmt: skip
+        logits = policy(
+            input_ids=packed.input_ids.cuda(),
+            attention_mask=packed.allowed.cuda(),
+            position_ids=packed.position_ids.cuda(),
+        ).logits
         targets = packed.shift_labels.cuda().clamp(min=0)
         values = torch.log_softmax(logits.float(), -1).gather(2, targets[..., None]).squeeze(2)
         return unpack(values, packed, width)
@@ -114,9 +138,11 @@ def packed_forward_gap(policy, batch: int, prompt: int, group: int, longest: int
     timings = []
     for layout in (rows_layout, packed_layout):
         layout()[completion_mask].sum().backward()  # warm-up
-        timings.append(statistics.median(
-            seconds(lambda layout=layout: layout()[completion_mask].sum().backward()) * 1000 for _ in range(21)
-        ))  # fmt: skip
+        timings.append(
+            statistics.median(
+                seconds(lambda layout=layout: layout()[completion_mask].sum().backward()) * 1000 for _ in range(21)
+            )
+        )
     return gap, *timings
 
 
@@ -130,16 +156,23 @@ def main() -> None:
         ids = prompts(batch)
         fp32 = per_token_step_ms(float32_generate(policy, ids))
         bf16 = per_token_step_ms(lambda tokens, ids=ids: sampler.generate(ids, config(tokens)))
-        print(f"  decode batch {batch:2d}: float32 policy {fp32:6.2f} ms/token-step, bfloat16 copy {bf16:6.2f} "
-              f"({bf16 / fp32:.2f}x)", flush=True)  # fmt: skip
+        print(
+            f"  decode batch {batch:2d}: float32 policy {fp32:6.2f} ms/token-step, bfloat16 copy {bf16:6.2f} "
+            f"({bf16 / fp32:.2f}x)",
+            flush=True,
+        )
     own, to_policy = log_prob_gaps(policy, sampler)
-    print(f"  copy's log-probs: max |returned - its teacher-forced| {own:.4f}; mean |returned - float32 policy's| "
-          f"{to_policy:.4f}")  # fmt: skip
+    print(
+        f"  copy's log-probs: max |returned - its teacher-forced| {own:.4f}; mean |returned - float32 policy's| "
+        f"{to_policy:.4f}"
+    )
     for batch, prompt, group, longest in ((8, PROMPT_TOKENS, GROUP, 64), (16, 512, 8, 256)):
         gap, rows_ms, packed_ms = packed_forward_gap(policy, batch, prompt, group, longest)
-        print(f"  shared-prompt forward, {batch} rows, G={group}, prompt {prompt}, completions <= {longest}: "
-              f"max |packed - rows| {gap:.2e}; forward+backward rows {rows_ms:.1f} ms, packed {packed_ms:.1f} ms "
-              f"({packed_ms / rows_ms:.2f}x)")  # fmt: skip
+        print(
+            f"  shared-prompt forward, {batch} rows, G={group}, prompt {prompt}, completions <= {longest}: "
+            f"max |packed - rows| {gap:.2e}; forward+backward rows {rows_ms:.1f} ms, packed {packed_ms:.1f} ms "
+            f"({packed_ms / rows_ms:.2f}x)"
+        )
 
 
 if __name__ == "__main__":

@@ -19,9 +19,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
         command = [
-            sys.executable, "-m", "grpo_exp.train", f"trainer.max_steps={STEPS}", "eval.before=false",
-            "eval.after=false", "save_model=false", "stats.table_every=1", f"hydra.run.dir={run_dir}",
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "grpo_exp.train",
+            f"trainer.max_steps={STEPS}",
+            "eval.before=false",
+            "eval.after=false",
+            "save_model=false",
+            "stats.table_every=1",
+            f"hydra.run.dir={run_dir}",
+        ]
         subprocess.run(command, check=True, capture_output=True)
         steps = [m for m in read_metrics(run_dir / "metrics.jsonl") if "timing/group_stats_s" in m]
     stats = sum(m["timing/group_stats_s"] for m in steps) / len(steps)

@@ -47,10 +47,15 @@ def main() -> None:
     tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
     policy = load_model(cfg.model, tokenizer, cfg.cache_dir, seed=0)
     train, _ = load_splits(cfg.dataset)
-    variants = {"scores": ["judge.mode=scores"], "scores, bfloat16": ["judge.mode=scores", "judge.dtype=bfloat16"],
-                "text": ["judge.mode=text"]}  # fmt: skip
-    judges = {name: build_judge(compose_config(["reward=judge", *overrides]).judge, cfg.cache_dir)
-              for name, overrides in variants.items()}  # fmt: skip
+    variants = {
+        "scores": ["judge.mode=scores"],
+        "scores, bfloat16": ["judge.mode=scores", "judge.dtype=bfloat16"],
+        "text": ["judge.mode=text"],
+    }
+    judges = {
+        name: build_judge(compose_config(["reward=judge", *overrides]).judge, cfg.cache_dir)
+        for name, overrides in variants.items()
+    }
     for judge in judges.values():
         judge_seconds(judge, [("warm-up", "load the judge model once")])
     print(f"machine: {os.cpu_count()} CPUs; {STEPS} steps of {PROMPTS} prompts x {GROUP} completions, {TOKENS} tokens")
@@ -69,18 +74,30 @@ def main() -> None:
     print(f"generation of a step: {gen:.2f} s (mean of {STEPS})")
     for mode in judges:
         cost = statistics.mean(seconds[mode])
-        print(f"local judge, {mode} mode: {failures[mode]}/{n} failures; {cost:.2f} s per step = {cost / gen:.2f}x "
-              "the step's generation time")  # fmt: skip
+        print(
+            f"local judge, {mode} mode: {failures[mode]}/{n} failures; {cost:.2f} s per step = {cost / gen:.2f}x "
+            "the step's generation time"
+        )
     port = free_port()
-    endpoint = compose_config(["reward=judge", "judge=openai", f"judge.model={LLAMA_ALIAS}", "judge.timeout=120",
-                               "judge.tokenizer=smollm2_135m", f"judge.base_url=http://127.0.0.1:{port}/v1"])
+    endpoint = compose_config(
+        [
+            "reward=judge",
+            "judge=openai",
+            f"judge.model={LLAMA_ALIAS}",
+            "judge.timeout=120",
+            "judge.tokenizer=smollm2_135m",
+            f"judge.base_url=http://127.0.0.1:{port}/v1",
+        ]
+    )
     with llama_cpp_server(port):
         served, spent = judge_seconds(build_judge(endpoint.judge, endpoint.cache_dir), all_pairs)
     print(f"llama.cpp server, scores mode: {sum(s is None for s in served)}/{n} failures ({spent:.1f} s for {n} pairs)")
     for mode in ("scores", "scores, bfloat16"):
         gaps = [abs(a - b) for a, b in zip(local[mode], served, strict=True) if a is not None and b is not None]
-        print(f"  local ({mode}) vs served reward: largest difference {max(gaps):.4f}, mean "
-              f"{statistics.mean(gaps):.4f} over {len(gaps)} pairs")  # fmt: skip
+        print(
+            f"  local ({mode}) vs served reward: largest difference {max(gaps):.4f}, mean "
+            f"{statistics.mean(gaps):.4f} over {len(gaps)} pairs"
+        )
 
 
 if __name__ == "__main__":

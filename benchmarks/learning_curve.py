@@ -66,10 +66,15 @@ def plot(runs, before: list[float], after: list[float], path: Path) -> None:
     for b, a in zip(before, after, strict=True):
         bars.plot([0, 1], [b, a], color="grey", alpha=0.5, marker="o")
     bars.errorbar(
-        [0, 1], [statistics.mean(before), statistics.mean(after)],
+        [0, 1],
+        [statistics.mean(before), statistics.mean(after)],
         yerr=[statistics.stdev(v) if len(v) > 1 else 0 for v in (before, after)],
-        color="black", linewidth=2, capsize=6, marker="s", label="mean +- sd",
-    )  # fmt: skip
+        color="black",
+        linewidth=2,
+        capsize=6,
+        marker="s",
+        label="mean +- sd",
+    )
     bars.set_xticks([0, 1], ["before", "after"])
     bars.set_xlim(-0.4, 1.4)
     bars.set_ylabel("held-out accuracy (greedy)")

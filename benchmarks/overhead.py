@@ -45,8 +45,11 @@ def main(argv: list[str] | None = None) -> None:
         for variant in VARIANTS if pair % 2 == 0 else VARIANTS[::-1]:
             result = run(variant, args.steps, args.overrides)
             results[variant].append(result)
-            print(f"  pair {pair + 1} {variant:8s}: {per_step(result, args.steps):6.2f} s/step, "
-                  f"peak RSS {result['peak_rss_mb']:.0f} MB", flush=True)  # fmt: skip
+            print(
+                f"  pair {pair + 1} {variant:8s}: {per_step(result, args.steps):6.2f} s/step, "
+                f"peak RSS {result['peak_rss_mb']:.0f} MB",
+                flush=True,
+            )
     wall = {v: statistics.median(per_step(r, args.steps) for r in results[v]) for v in VARIANTS}
     # TRL's own step_time (generation, rewards, loss, backward), steps after the first, pooled over the runs
     inner = {v: statistics.median(t for r in results[v] for t in r["step_times"][1:]) for v in VARIANTS}

@@ -19,8 +19,11 @@ from pathlib import Path
 
 SECONDS: dict[str, float] = defaultdict(float)
 # The wrapper's own cost: grpo_exp doing TRL's work (every group trained, TRL's forward), not its faster settings.
-KEEP_TRLS_WORK = ["trainer.zero_variance_groups=keep", "trainer.shared_prompt_forward=false",
-                  "trainer.fast_generation=false"]
+KEEP_TRLS_WORK = [
+    "trainer.zero_variance_groups=keep",
+    "trainer.shared_prompt_forward=false",
+    "trainer.fast_generation=false",
+]
 
 
 def timed(owner, name: str, bucket: str) -> None:
@@ -54,9 +57,16 @@ def run_grpo_exp(steps: int, out_dir: Path, overrides: list[str]) -> dict:
     timed(WandbCallback, "on_log", "logging: W&B per step")
     timed(MetricsFileCallback, "on_log", "logging: metrics.jsonl")
     sys.argv = [
-        "grpo_exp.train", *KEEP_TRLS_WORK, *overrides, f"trainer.max_steps={steps}", "eval.before=false",
-        "eval.after=false", "save_model=false", "trainer.save_steps=0", f"hydra.run.dir={out_dir}",
-    ]  # fmt: skip
+        "grpo_exp.train",
+        *KEEP_TRLS_WORK,
+        *overrides,
+        f"trainer.max_steps={steps}",
+        "eval.before=false",
+        "eval.after=false",
+        "save_model=false",
+        "trainer.save_steps=0",
+        f"hydra.run.dir={out_dir}",
+    ]
     train.main()
     metrics = read_metrics(out_dir / "metrics.jsonl")
     return {

@@ -71,11 +71,21 @@ def bench_math() -> None:
 
 
 def judge_throughput(port: int, model: str, concurrency: int, max_new_tokens: int) -> tuple[float, int]:
-    cfg = compose_config([
-        "reward=judge", "judge=openai", f"judge.model={model}", f"judge.base_url=http://127.0.0.1:{port}/v1",
-        f"judge.concurrency={concurrency}", f"judge.max_new_tokens={max_new_tokens}", "judge.retries=0",
-        "judge.timeout=120", "judge.mode=text", "judge.response_format=none", "judge.cache_size=0",
-    ])  # fmt: skip
+    cfg = compose_config(
+        [
+            "reward=judge",
+            "judge=openai",
+            f"judge.model={model}",
+            f"judge.base_url=http://127.0.0.1:{port}/v1",
+            f"judge.concurrency={concurrency}",
+            f"judge.max_new_tokens={max_new_tokens}",
+            "judge.retries=0",
+            "judge.timeout=120",
+            "judge.mode=text",
+            "judge.response_format=none",
+            "judge.cache_size=0",
+        ]
+    )
     reward = make_judge_reward(build_judge(cfg.judge, cfg.cache_dir))
     prompts = [[{"role": "user", "content": f"What is {i} + {i + 1}?"}] for i in range(PAIRS)]
     completions = [chat(f"{i} + {i + 1} = {2 * i + 1}") for i in range(PAIRS)]

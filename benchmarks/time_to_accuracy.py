@@ -33,25 +33,55 @@ from pathlib import Path
 # accuracy (BENCHMARKS.md).
 ARMS = {
     "trl": None,
-    "keep": ["trainer.zero_variance_groups=keep", "trainer.shared_prompt_forward=false", "generation=transformers",
-             "trainer.fast_generation=false"],
-    "skip": ["trainer.zero_variance_groups=skip", "trainer.shared_prompt_forward=false", "generation=transformers",
-             "trainer.fast_generation=false"],
-    "shared": ["trainer.zero_variance_groups=keep", "trainer.shared_prompt_forward=true", "generation=transformers",
-               "trainer.fast_generation=false"],
-    "bf16": ["trainer.zero_variance_groups=keep", "trainer.shared_prompt_forward=false",
-             "generation=transformers_bf16", "trainer.fast_generation=false"],
-    "resample": ["trainer.zero_variance_groups=resample", "trainer.shared_prompt_forward=false",
-                 "generation=transformers", "trainer.fast_generation=false"],
-    "skip_shared": ["trainer.zero_variance_groups=skip", "trainer.shared_prompt_forward=true",
-                    "generation=transformers", "trainer.fast_generation=false"],
-    "fast": ["trainer.zero_variance_groups=keep", "trainer.shared_prompt_forward=false",
-             "generation=transformers_fast"],
-    "skip_shared_bf16": ["trainer.zero_variance_groups=skip", "trainer.shared_prompt_forward=true",
-                         "generation=transformers_bf16", "trainer.fast_generation=false"],
-    "best": ["trainer.zero_variance_groups=skip", "trainer.shared_prompt_forward=true",
-             "generation=transformers_fast"],
-}  # fmt: skip
+    "keep": [
+        "trainer.zero_variance_groups=keep",
+        "trainer.shared_prompt_forward=false",
+        "generation=transformers",
+        "trainer.fast_generation=false",
+    ],
+    "skip": [
+        "trainer.zero_variance_groups=skip",
+        "trainer.shared_prompt_forward=false",
+        "generation=transformers",
+        "trainer.fast_generation=false",
+    ],
+    "shared": [
+        "trainer.zero_variance_groups=keep",
+        "trainer.shared_prompt_forward=true",
+        "generation=transformers",
+        "trainer.fast_generation=false",
+    ],
+    "bf16": [
+        "trainer.zero_variance_groups=keep",
+        "trainer.shared_prompt_forward=false",
+        "generation=transformers_bf16",
+        "trainer.fast_generation=false",
+    ],
+    "resample": [
+        "trainer.zero_variance_groups=resample",
+        "trainer.shared_prompt_forward=false",
+        "generation=transformers",
+        "trainer.fast_generation=false",
+    ],
+    "skip_shared": [
+        "trainer.zero_variance_groups=skip",
+        "trainer.shared_prompt_forward=true",
+        "generation=transformers",
+        "trainer.fast_generation=false",
+    ],
+    "fast": [
+        "trainer.zero_variance_groups=keep",
+        "trainer.shared_prompt_forward=false",
+        "generation=transformers_fast",
+    ],
+    "skip_shared_bf16": [
+        "trainer.zero_variance_groups=skip",
+        "trainer.shared_prompt_forward=true",
+        "generation=transformers_bf16",
+        "trainer.fast_generation=false",
+    ],
+    "best": ["trainer.zero_variance_groups=skip", "trainer.shared_prompt_forward=true", "generation=transformers_fast"],
+}
 COMMON = ["trainer.save_steps=0", "save_model=false"]
 
 
@@ -73,16 +103,29 @@ def run_trl(seed: int, overrides: list[str]) -> dict:
     _, heldout = load_splits(cfg.dataset)
     max_new_tokens = cfg.eval.max_new_tokens or cfg.trainer.max_completion_length
     result = heldout_accuracy(
-        trainer.model, trainer.processing_class, heldout, math_verify_verifier(), max_new_tokens,
-        cfg.eval.batch_size, None,
-    )  # fmt: skip
+        trainer.model,
+        trainer.processing_class,
+        heldout,
+        math_verify_verifier(),
+        max_new_tokens,
+        cfg.eval.batch_size,
+        None,
+    )
     return {"train_seconds": seconds, "accuracy_after": result.accuracy}
 
 
 def run_grpo_exp(seed: int, settings: list[str], overrides: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        command = [sys.executable, "-m", "grpo_exp.train", f"trainer.seed={seed}", f"hydra.run.dir={tmp}/run",
-                   *COMMON, *overrides, *settings]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "grpo_exp.train",
+            f"trainer.seed={seed}",
+            f"hydra.run.dir={tmp}/run",
+            *COMMON,
+            *overrides,
+            *settings,
+        ]
         completed = subprocess.run(command, capture_output=True, text=True)
         if completed.returncode != 0:
             raise SystemExit(f"grpo_exp run (seed {seed}) failed:\n{completed.stderr[-3000:]}")
@@ -99,8 +142,7 @@ def run_arm(arm: str, seed: int, overrides: list[str]) -> dict:
         return run_grpo_exp(seed, ARMS[arm], overrides)
     with tempfile.TemporaryDirectory() as tmp:  # bare TRL in its own process, as the grpo_exp job is
         out = Path(tmp) / "result.json"
-        command = [sys.executable, "-m", "benchmarks.time_to_accuracy", "--trl-worker", str(seed), str(out),
-                   *overrides]  # fmt: skip
+        command = [sys.executable, "-m", "benchmarks.time_to_accuracy", "--trl-worker", str(seed), str(out), *overrides]
         completed = subprocess.run(command, capture_output=True, text=True)
         if completed.returncode != 0:
             raise SystemExit(f"bare TRL run (seed {seed}) failed:\n{completed.stderr[-3000:]}")
@@ -122,13 +164,17 @@ def report(results: list[dict], arms: list[str]) -> None:
         ratios = [o["train_seconds"] / t["train_seconds"] for o, t in zip(ours, trl, strict=True)]
         print(f"{arm} ({' '.join(ARMS[arm]) or 'the defaults'}) against bare TRL, seeds {seeds}:")
         for label, runs in (("bare TRL", trl), (arm, ours)):
-            print(f"  {label:9s} held-out after {mean_sd([r['accuracy_after'] for r in runs])}, "
-                  f"training {mean_sd([r['train_seconds'] / 60 for r in runs])} min")  # fmt: skip
+            print(
+                f"  {label:9s} held-out after {mean_sd([r['accuracy_after'] for r in runs])}, "
+                f"training {mean_sd([r['train_seconds'] / 60 for r in runs])} min"
+            )
         mean_ours = statistics.mean(r["accuracy_after"] for r in ours)
         reached = mean_ours >= statistics.mean(r["accuracy_after"] for r in trl)
         print(f"  wall time {arm} / bare TRL: {mean_sd(ratios)} (per seed: {', '.join(f'{r:.3f}' for r in ratios)})")
-        print(f"  reached bare TRL's final accuracy (mean over seeds): {'yes' if reached else 'no'}, in "
-              f"{statistics.mean(ratios):.2f}x its wall time (target <= 0.5x)")  # fmt: skip
+        print(
+            f"  reached bare TRL's final accuracy (mean over seeds): {'yes' if reached else 'no'}, in "
+            f"{statistics.mean(ratios):.2f}x its wall time (target <= 0.5x)"
+        )
 
 
 def plot(results: list[dict], path: Path) -> None:
@@ -143,8 +189,14 @@ def plot(results: list[dict], path: Path) -> None:
         runs = [r for r in results if r["arm"] == arm]
         label = "bare TRL" if arm == "trl" else f"grpo_exp {arm}"
         for i, r in enumerate(runs):
-            ax.plot([0, r["train_seconds"] / 60], [before, r["accuracy_after"]], color=f"C{number}", alpha=0.6,
-                    marker="o", label=label if i == 0 else None)  # fmt: skip
+            ax.plot(
+                [0, r["train_seconds"] / 60],
+                [before, r["accuracy_after"]],
+                color=f"C{number}",
+                alpha=0.6,
+                marker="o",
+                label=label if i == 0 else None,
+            )
     ax.set_xlabel("training wall time (min), 2 CPU cores")
     ax.set_ylabel("held-out accuracy (greedy, 100 problems)")
     ax.set_title("time to accuracy: each seed, start and end of 40 steps")
@@ -189,16 +241,22 @@ def main(argv: list[str] | None = None) -> None:
             kept.append(result)
             args.results.parent.mkdir(parents=True, exist_ok=True)
             args.results.write_text(json.dumps(results, indent=1))
-            print(f"  seed {seed} {arm:8s}: {result['train_seconds'] / 60:5.2f} min training, "
-                  f"held-out after {result['accuracy_after']:.3f}", flush=True)  # fmt: skip
+            print(
+                f"  seed {seed} {arm:8s}: {result['train_seconds'] / 60:5.2f} min training, "
+                f"held-out after {result['accuracy_after']:.3f}",
+                flush=True,
+            )
     report(kept, args.arms)
     plot(kept, args.out)
 
 
 def current(results: list[dict], overrides: list[str]) -> list[dict]:
     """The runs made with their arm's present settings and these overrides (a run without that record: not)."""
-    return [r for r in results if "settings" in r and r["settings"] == ARMS.get(r["arm"], "gone")
-            and r.get("overrides") == overrides]  # fmt: skip
+    return [
+        r
+        for r in results
+        if "settings" in r and r["settings"] == ARMS.get(r["arm"], "gone") and r.get("overrides") == overrides
+    ]
 
 
 if __name__ == "__main__":

@@ -21,8 +21,10 @@ from tests.conftest import compose_config
 
 PROBLEMS, SAMPLES = 8, 4
 DEMO_QUESTION = "Calculate 12 * 34.\nPut your final answer within \\boxed{}."
-CALC_SYSTEM = ("You can use a calculator: write <calc>expression</calc> and its result is shown as "
-               "<result>value</result>. Finish with the final answer in \\boxed{}.")  # fmt: skip
+CALC_SYSTEM = (
+    "You can use a calculator: write <calc>expression</calc> and its result is shown as "
+    "<result>value</result>. Finish with the final answer in \\boxed{}."
+)
 JSON_SYSTEM = (
     'You can call the function calculator(expression). To call it, write <tool_call>{"name": "calculator", '
     '"arguments": {"expression": "..."}}</tool_call>. Finish with the final answer in \\boxed{}.'

@@ -65,8 +65,10 @@ def main(argv: list[str]) -> None:
         after = p_yes(model_option_config(str(run_dir), "run"), bench_cfg, cfg.cache_dir, examples)
         low, high = paired_change(before, after, labels)
         first, last = auroc(before, labels), auroc(after, labels)
-        print(f"{run_dir}: {len(examples)} examples, AUROC {first:.3f} -> {last:.3f}, change {last - first:+.3f}, "
-              f"paired 95% [{low:+.3f}, {high:+.3f}]")  # fmt: skip
+        print(
+            f"{run_dir}: {len(examples)} examples, AUROC {first:.3f} -> {last:.3f}, change {last - first:+.3f}, "
+            f"paired 95% [{low:+.3f}, {high:+.3f}]"
+        )
         # The checkpoint's other measures on this set, as summary.json would hold them.
         measures = benchmark_metrics(after, labels, bench_cfg.resamples, bench_cfg.seed)
         print("  after: " + ", ".join(f"{k.split('/')[-1]} {v:.3f}" for k, v in measures.items()))

@@ -40,12 +40,25 @@ def completion(request: dict, text: str) -> dict:
     top = {token: math.log(w / total) for token, w in weights.items()}
     best = max(top, key=top.get)
     return {
-        "id": "stub", "object": "text_completion", "created": 0, "model": request["model"],
-        "choices": [{"index": 0, "text": best, "finish_reason": "length",
-                     "logprobs": {"tokens": [best], "token_logprobs": [top[best]], "top_logprobs": [top],
-                                  "text_offset": [0]}}],
+        "id": "stub",
+        "object": "text_completion",
+        "created": 0,
+        "model": request["model"],
+        "choices": [
+            {
+                "index": 0,
+                "text": best,
+                "finish_reason": "length",
+                "logprobs": {
+                    "tokens": [best],
+                    "token_logprobs": [top[best]],
+                    "top_logprobs": [top],
+                    "text_offset": [0],
+                },
+            }
+        ],
         "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-    }  # fmt: skip
+    }
 
 
 class Handler(BaseHTTPRequestHandler):

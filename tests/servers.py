@@ -53,7 +53,22 @@ def llama_cpp_server(port: int):
     """llama.cpp's OpenAI-compatible server (llama-cpp-python[server]) on the embedded SmolLM2 GGUF."""
     directory, file = gguf_location(compose_config().model)
     args = [
-        sys.executable, "-m", "llama_cpp.server", "--model", str(directory / file), "--model_alias", LLAMA_ALIAS,
-        "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "4096", "--n_threads", "2", "--verbose", "False",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "llama_cpp.server",
+        "--model",
+        str(directory / file),
+        "--model_alias",
+        LLAMA_ALIAS,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--n_ctx",
+        "4096",
+        "--n_threads",
+        "2",
+        "--verbose",
+        "False",
+    ]
     return serving(args, port)

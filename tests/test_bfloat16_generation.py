@@ -44,8 +44,14 @@ def test_the_sampler_gives_the_log_probabilities_of_the_copy_that_sampled(tiny_p
     assert {p.dtype for p in sampler.copy.parameters()} == {torch.bfloat16}
     assert {p.dtype for p in policy.parameters()} == {torch.float32}  # the policy itself is untouched
     prompts = [tokenizer("What is 2 + 3?")["input_ids"], tokenizer("Add 10 and 4, then say why.")["input_ids"]]
-    config = GenerationConfig(do_sample=True, temperature=0.7, top_k=0, max_new_tokens=12,
-                              pad_token_id=tokenizer.pad_token_id, eos_token_id=[tokenizer.eos_token_id])  # fmt: skip
+    config = GenerationConfig(
+        do_sample=True,
+        temperature=0.7,
+        top_k=0,
+        max_new_tokens=12,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=[tokenizer.eos_token_id],
+    )
     torch.manual_seed(0)
     completions, log_probs = sampler.generate(prompts, config)
     mismatch = []
@@ -136,10 +142,12 @@ def test_a_policy_already_in_bfloat16_samples_itself(tmp_path):
     ("overrides", "message"),
     [
         (["generation=vllm_colocate", "trainer.bfloat16_generation=true"], "use_vllm=true: vLLM samples instead"),
-        (["generation=transformers_bf16", "+trainer.extra.use_transformers_paged=true"],
-         "use_transformers_paged=true: continuous batching samples instead"),
+        (
+            ["generation=transformers_bf16", "+trainer.extra.use_transformers_paged=true"],
+            "use_transformers_paged=true: continuous batching samples instead",
+        ),
     ],
-)  # fmt: skip
+)
 def test_other_generation_paths_are_refused_with_it(overrides, message):
     cfg = compose_config(overrides)
     with pytest.raises(UserError, match=message):
@@ -154,8 +162,15 @@ def test_multi_turn_rollouts_are_refused_with_it():
 
 @pytest.mark.e2e
 def test_the_command_line_trains_with_generation_transformers_bf16(tmp_path):
-    result = run_cli(*TINY_RUN, "logger=none", f"hydra.run.dir={tmp_path}", "generation=transformers_bf16",
-                     "trainer.zero_variance_groups=keep", "eval.before=false", "eval.after=false")  # fmt: skip
+    result = run_cli(
+        *TINY_RUN,
+        "logger=none",
+        f"hydra.run.dir={tmp_path}",
+        "generation=transformers_bf16",
+        "trainer.zero_variance_groups=keep",
+        "eval.before=false",
+        "eval.after=false",
+    )
     assert result.returncode == 0, result.stderr
     steps = logged_steps(tmp_path)
     trained = [s for s in steps if "loss" in s]

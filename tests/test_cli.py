@@ -46,12 +46,12 @@ USER_ERRORS = [
     (
         ["reward=math+selfverify", "reward.components.selfverify.balance=share", "trainer.prompts_per_step=1"],
         "schedule=joint mixes verification groups",
-    ),  # fmt: skip
+    ),
     (["reward=math+selfverify", "trainer.prompts_per_step=2"], "leaves no generation group"),
     (
         ["reward=math+selfverify", "reward.components.selfverify.schedule=interleave", "trainer.prompts_per_step=1"],
         "balance=pairs puts a pair's two answers in two groups",
-    ),  # fmt: skip
+    ),
     (
         [
             "reward=math+selfverify",
@@ -59,7 +59,7 @@ USER_ERRORS = [
             "reward.components.selfverify.scale_by_pass_rate=true",
         ],
         "trainer.scale_rewards=group divides out",
-    ),  # fmt: skip
+    ),
     (["model=pretrained"], "model.name_or_path is required with model=pretrained"),
     (["+trainer.extra.per_device_train_batch_size=3"], "derived from trainer.prompts_per_step"),
     (["+trainer.extra.num_generatoins=3"], "did you mean ['num_generations'"),
@@ -68,7 +68,7 @@ USER_ERRORS = [
     (
         ["reward=math+selfverify", "trainer.prompts_per_step=3", "trainer.zero_variance_groups=resample"],
         "use zero_variance_groups=skip or keep with reward=...selfverify",
-    ),  # fmt: skip
+    ),
 ]
 
 

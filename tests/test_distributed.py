@@ -24,12 +24,23 @@ def test_two_processes_train_data_parallel_and_only_the_main_one_writes(tmp_path
     outputs = tmp_path / "outputs"
     result = subprocess.run(
         [
-            sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ACCELERATE_DIR / "ddp.yaml"),
-            "-m", "grpo_exp.train", *TINY_RUN, "reward=math+format+length", "trainer.max_steps=3", "logger=wandb",
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            str(ACCELERATE_DIR / "ddp.yaml"),
+            "-m",
+            "grpo_exp.train",
+            *TINY_RUN,
+            "reward=math+format+length",
+            "trainer.max_steps=3",
+            "logger=wandb",
             f"outputs_dir={outputs}",
         ],
-        capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     [run_dir] = [p.parent for p in (outputs / "runs").rglob("summary.json")]
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -47,12 +58,25 @@ def test_two_processes_leave_out_groups_without_spread_and_read_prompts_once(tmp
     through DDP's forward and backward (one row, times 0) so that the gradients are reduced together."""
     result = subprocess.run(
         [
-            sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ACCELERATE_DIR / "ddp.yaml"),
-            "-m", "grpo_exp.train", *TINY_RUN, "trainer.max_steps=2", "logger=none", f"hydra.run.dir={tmp_path}",
-            "trainer.zero_variance_groups=skip", "trainer.shared_prompt_forward=true", "eval.before=false",
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            str(ACCELERATE_DIR / "ddp.yaml"),
+            "-m",
+            "grpo_exp.train",
+            *TINY_RUN,
+            "trainer.max_steps=2",
+            "logger=none",
+            f"hydra.run.dir={tmp_path}",
+            "trainer.zero_variance_groups=skip",
+            "trainer.shared_prompt_forward=true",
+            "eval.before=false",
         ],
-        capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     steps = [m for m in read_metrics(tmp_path / "metrics.jsonl") if "reward" in m]
     assert [m["zero_variance/groups_left_out"] for m in steps] == [2.0, 2.0]

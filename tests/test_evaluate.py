@@ -33,8 +33,13 @@ def test_evaluate_reports_the_verification_benchmark_of_a_run_directory(tiny_run
 
     examples = [Candidate(i, f"Calculate {i} + 1.", "", str(i + 1 + (i % 2)), i % 2 == 0, 0.5) for i in range(6)]
     save_benchmark(examples, tiny_run / "verification_benchmark.json")  # the run's own set is measured, not rebuilt
-    result = run_cli(str(tiny_run), "eval.samples=0", "eval.verification_benchmark.enabled=true",
-                     "eval.verification_benchmark.resamples=50", module="grpo_exp.evaluate")  # fmt: skip
+    result = run_cli(
+        str(tiny_run),
+        "eval.samples=0",
+        "eval.verification_benchmark.enabled=true",
+        "eval.verification_benchmark.resamples=50",
+        module="grpo_exp.evaluate",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads((tiny_run / "evaluation.json").read_text())
     assert results["verify_bench/examples"] == 6.0

@@ -45,8 +45,15 @@ def policy_generate(policy, prompts: list[list[int]], config: GenerationConfig) 
 
 
 def sampling_config(tokenizer, do_sample: bool) -> GenerationConfig:
-    return GenerationConfig(do_sample=do_sample, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=16,
-                            pad_token_id=tokenizer.pad_token_id, eos_token_id=[tokenizer.eos_token_id])  # fmt: skip
+    return GenerationConfig(
+        do_sample=do_sample,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=16,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=[tokenizer.eos_token_id],
+    )
 
 
 def test_the_prepacked_copy_computes_the_policys_logits(tiny_policy):
@@ -140,8 +147,9 @@ def test_with_bfloat16_generation_the_prepacked_copy_is_bfloat16_and_corrected(t
 def test_by_default_it_is_on_where_it_was_measured_to_pay(tmp_path, monkeypatch):
     assert compose_config([]).trainer.fast_generation is None  # auto
     assert make_trainer(tmp_path, by_index, prompts=2, fast_generation=None).fast_generation == seam.x86_64()
-    paged = make_trainer(tmp_path, by_index, prompts=2, fast_generation=None,
-                         overrides=["+trainer.extra.use_transformers_paged=true"])  # fmt: skip
+    paged = make_trainer(
+        tmp_path, by_index, prompts=2, fast_generation=None, overrides=["+trainer.extra.use_transformers_paged=true"]
+    )
     assert not paged.fast_generation  # TRL samples elsewhere: left to it
     monkeypatch.setattr(seam, "x86_64", lambda: False)
     assert not make_trainer(tmp_path, by_index, prompts=2, fast_generation=None).fast_generation
@@ -181,12 +189,16 @@ def test_without_onednn_it_is_refused_naming_the_key(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["generation=vllm_colocate", "trainer.fast_generation=true"],
-         "trainer.fast_generation=true .*trainer.extra.use_vllm=true: vLLM samples instead"),
-        (["generation=transformers_fast", "+trainer.extra.use_transformers_paged=true"],
-         "use_transformers_paged=true: continuous batching samples instead"),
+        (
+            ["generation=vllm_colocate", "trainer.fast_generation=true"],
+            "trainer.fast_generation=true .*trainer.extra.use_vllm=true: vLLM samples instead",
+        ),
+        (
+            ["generation=transformers_fast", "+trainer.extra.use_transformers_paged=true"],
+            "use_transformers_paged=true: continuous batching samples instead",
+        ),
     ],
-)  # fmt: skip
+)
 def test_other_generation_paths_are_refused_with_it(overrides, message):
     with pytest.raises(UserError, match=message):
         check_trainer(compose_config(overrides).trainer)
@@ -199,8 +211,15 @@ def test_multi_turn_rollouts_are_refused_with_it():
 
 @pytest.mark.e2e
 def test_the_command_line_trains_with_generation_transformers_fast(tmp_path):
-    result = run_cli(*TINY_RUN, "logger=none", f"hydra.run.dir={tmp_path}", "generation=transformers_fast",
-                     "trainer.zero_variance_groups=keep", "eval.before=false", "eval.after=false")  # fmt: skip
+    result = run_cli(
+        *TINY_RUN,
+        "logger=none",
+        f"hydra.run.dir={tmp_path}",
+        "generation=transformers_fast",
+        "trainer.zero_variance_groups=keep",
+        "eval.before=false",
+        "eval.after=false",
+    )
     assert result.returncode == 0, result.stderr
     trained = [s for s in logged_steps(tmp_path) if "loss" in s]
     assert trained and all(math.isfinite(s["loss"]) for s in trained)

@@ -116,8 +116,15 @@ def test_the_api_key_is_sent_but_never_stored(monkeypatch):
 @pytest.mark.slow
 def test_openai_backend_against_llama_cpp_serving_the_embedded_model_survives_a_killed_server():
     port = free_port()
-    overrides = (f"judge.model={LLAMA_ALIAS}", "judge.max_new_tokens=64", "judge.retries=0", "judge.timeout=60", TEXT,
-                 "judge.response_format=json_object", "judge.cache_size=0")  # fmt: skip
+    overrides = (
+        f"judge.model={LLAMA_ALIAS}",
+        "judge.max_new_tokens=64",
+        "judge.retries=0",
+        "judge.timeout=60",
+        TEXT,
+        "judge.response_format=json_object",
+        "judge.cache_size=0",
+    )
     reward = openai_reward(port, *overrides)
     prompts, responses = ["What is 2 + 3?", "What is 7 * 6?"], ["2 + 3 = 5", "7 * 6 = 41"]
     with llama_cpp_server(port) as server:
@@ -148,11 +155,18 @@ def test_tiny_training_with_math_format_judge_learns_from_the_judge_and_never_st
     run_dir = tmp_path / "run"
     with stub_server("good", port, env={**os.environ, "expected_key": secret}):
         result = run_cli(
-            *TINY_RUN, "reward=math+format+judge", "judge=openai", "judge.model=stub", "judge.tokenizer=tiny",
-            f"judge.base_url=http://127.0.0.1:{port}/v1", "judge.api_key_env=GRPO_EXP_TEST_KEY", "logger=wandb",
-            "eval.before=false", f"hydra.run.dir={run_dir}",
+            *TINY_RUN,
+            "reward=math+format+judge",
+            "judge=openai",
+            "judge.model=stub",
+            "judge.tokenizer=tiny",
+            f"judge.base_url=http://127.0.0.1:{port}/v1",
+            "judge.api_key_env=GRPO_EXP_TEST_KEY",
+            "logger=wandb",
+            "eval.before=false",
+            f"hydra.run.dir={run_dir}",
             env={"GRPO_EXP_TEST_KEY": secret},
-        )  # fmt: skip
+        )
     assert result.returncode == 0, result.stderr[-3000:]
     steps = [m for m in read_metrics(run_dir / "metrics.jsonl") if "rewards/judge/mean" in m]
     assert len(steps) == 2
@@ -171,9 +185,15 @@ def test_tiny_training_with_the_local_judge_runs_end_to_end(tmp_path):
 
     run_dir = tmp_path / "run"
     result = run_cli(
-        *TINY_RUN, "reward=math+format+judge", "judge=local", "judge.model=tiny", "judge.max_new_tokens=8",
-        "logger=none", "eval.before=false", f"hydra.run.dir={run_dir}",
-    )  # fmt: skip
+        *TINY_RUN,
+        "reward=math+format+judge",
+        "judge=local",
+        "judge.model=tiny",
+        "judge.max_new_tokens=8",
+        "logger=none",
+        "eval.before=false",
+        f"hydra.run.dir={run_dir}",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     steps = [m for m in read_metrics(run_dir / "metrics.jsonl") if "judge/failures" in m]
     # Even a random model scores every pair (score tokens), and the per-step judge statistics are logged.

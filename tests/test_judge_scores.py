@@ -25,8 +25,11 @@ from tests.test_trl_contract import Recording
 
 def test_the_reply_is_opened_at_each_criterions_score():
     assert [score_position(c) for c in CRITERIA] == [
-        '{"accuracy": ', '{"grammar": ', '{"informativeness": ', '{"coherence": '
-    ]  # fmt: skip
+        '{"accuracy": ',
+        '{"grammar": ',
+        '{"informativeness": ',
+        '{"coherence": ',
+    ]
 
 
 def test_expected_score_renormalises_over_the_five_tokens():
@@ -71,8 +74,12 @@ def plain_scores(model, tokenizer, prompt: str) -> list[float]:
 
 
 # Groups as in a training step: several responses to one question (of different lengths), and a question alone.
-GROUPED = [*PAIRS, ("What is 2 + 3?", "2 + 3 = 5, so the answer is 5."), ("What is 2 + 3?", "6"),
-           ("Calculate 17 - 9.", "8")]  # fmt: skip
+GROUPED = [
+    *PAIRS,
+    ("What is 2 + 3?", "2 + 3 = 5, so the answer is 5."),
+    ("What is 2 + 3?", "6"),
+    ("Calculate 17 - 9.", "8"),
+]
 
 
 @pytest.mark.parametrize("batch_size", [8, 2])
@@ -94,15 +101,27 @@ def test_the_local_judge_always_scores_and_caches_across_steps():
     judge = build_judge(cfg.judge, cfg.cache_dir)
     rewards, counters = run_judge(judge, [PAIRS[0], PAIRS[1], PAIRS[0]])
     assert rewards[0] == rewards[2] and all(0.2 <= r <= 1.0 for r in rewards)
-    assert counters == {"judge/failures": 0.0, "judge/requests": 2.0, "judge/unique_pairs": 2.0,
-                        "judge/cache_hits": 0.0}  # fmt: skip
+    assert counters == {
+        "judge/failures": 0.0,
+        "judge/requests": 2.0,
+        "judge/unique_pairs": 2.0,
+        "judge/cache_hits": 0.0,
+    }
     again, counters = run_judge(judge, [PAIRS[1], PAIRS[2]])  # the next step: one pair seen before
     assert again[0] == rewards[1] and counters["judge/cache_hits"] == 1.0 and counters["judge/requests"] == 1.0
 
 
 def openai_judge(port: int, *overrides: str) -> RubricJudge:
-    cfg = compose_config(["reward=judge", "judge=openai", "judge.model=stub", "judge.tokenizer=tiny",
-                          f"judge.base_url=http://127.0.0.1:{port}/v1", *overrides])  # fmt: skip
+    cfg = compose_config(
+        [
+            "reward=judge",
+            "judge=openai",
+            "judge.model=stub",
+            "judge.tokenizer=tiny",
+            f"judge.base_url=http://127.0.0.1:{port}/v1",
+            *overrides,
+        ]
+    )
     return build_judge(cfg.judge, cfg.cache_dir)
 
 
@@ -117,10 +136,18 @@ def test_an_endpoint_scores_from_logprobs_and_one_failed_pair_fails_alone():
 
 def test_impute_group_means_fills_a_failure_with_its_group_mean_only():
     nan = math.nan
-    rewards = torch.tensor([
-        [1.0, nan, nan], [1.0, 0.6, nan], [0.0, 0.8, nan], [0.0, 0.7, nan],  # judge failed for member 0
-        [nan, nan, nan], [1.0, 0.5, nan], [1.0, 0.5, nan], [0.0, 0.5, nan],  # member 0: nothing scored it
-    ])  # fmt: skip
+    rewards = torch.tensor(
+        [
+            [1.0, nan, nan],
+            [1.0, 0.6, nan],
+            [0.0, 0.8, nan],
+            [0.0, 0.7, nan],  # judge failed for member 0
+            [nan, nan, nan],
+            [1.0, 0.5, nan],
+            [1.0, 0.5, nan],
+            [0.0, 0.5, nan],  # member 0: nothing scored it
+        ]
+    )
     filled, imputed = impute_group_means(rewards, group_size=4)
     assert filled[0, 1].item() == pytest.approx(0.7)  # the mean of 0.6, 0.8, 0.7
     assert imputed.sum().item() == 1 and imputed[0, 1]
@@ -184,9 +211,14 @@ def test_in_a_real_step_the_failed_member_gets_the_advantage_of_its_other_reward
 
 @pytest.mark.slow
 def test_local_and_llama_cpp_endpoint_give_the_same_scores_and_never_fail():
-    pairs = [*PAIRS, ("What is 12 + 30?", "42"), ("What is 9 - 4?", "The answer is 13."),
-             ("Calculate 3 * 3.", "3 * 3 = 9, so \\boxed{9}."), ("What is 50 + 50?", "100"),
-             ("What is 8 - 15?", "I do not know.")]  # fmt: skip
+    pairs = [
+        *PAIRS,
+        ("What is 12 + 30?", "42"),
+        ("What is 9 - 4?", "The answer is 13."),
+        ("Calculate 3 * 3.", "3 * 3 = 9, so \\boxed{9}."),
+        ("What is 50 + 50?", "100"),
+        ("What is 8 - 15?", "I do not know."),
+    ]
     cfg = compose_config(["reward=judge"])  # the embedded SmolLM2 as judge, locally
     local, _ = run_judge(build_judge(cfg.judge, cfg.cache_dir), pairs)
     port = free_port()

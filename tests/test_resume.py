@@ -34,9 +34,12 @@ def run_dirs(outputs: Path) -> list[Path]:
 def interrupt_after_first_checkpoint(args: list[str], outputs: Path) -> subprocess.CompletedProcess:
     """Start a run and send it SIGTERM (what Slurm sends at its time limit) once a checkpoint is complete."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "grpo_exp.train", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [sys.executable, "-m", "grpo_exp.train", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         env=os.environ.copy(),
-    )  # fmt: skip
+    )
     deadline = time.monotonic() + 300
     while not list(outputs.rglob("checkpoint-*/trainer_state.json")):
         assert process.poll() is None, process.communicate()[1][-3000:]

@@ -19,8 +19,13 @@ from grpo_exp.trainer.trainer import GRPOExpTrainer
 from grpo_exp.verification.rule import math_verify_verifier
 from tests.conftest import TINY_RUN, compose_config, run_cli
 
-MULTITURN = [*TINY_RUN, "rollout=multiturn", "rollout.tools=[calculator]", "rollout.max_turns=3",
-             "rollout.max_tokens_per_turn=24"]  # fmt: skip
+MULTITURN = [
+    *TINY_RUN,
+    "rollout=multiturn",
+    "rollout.tools=[calculator]",
+    "rollout.max_turns=3",
+    "rollout.max_tokens_per_turn=24",
+]
 SAMPLING = {"do_sample": True, "temperature": 1.0, "top_p": None, "top_k": None}
 
 
@@ -42,8 +47,9 @@ def protocol_model(tmp_path_factory):
     rows = list(load_splits(cfg.dataset)[0])[:48]
     examples = []
     for row in rows:
-        prompt = tokenizer.apply_chat_template(rollout.messages(row["prompt"]), add_generation_prompt=True,
-                                               return_dict=True)["input_ids"]  # fmt: skip
+        prompt = tokenizer.apply_chat_template(
+            rollout.messages(row["prompt"]), add_generation_prompt=True, return_dict=True
+        )["input_ids"]
         answer = tokenizer(demonstration(row) + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
         examples.append((prompt, answer))
     optimiser = torch.optim.AdamW(model.parameters(), lr=3e-3)
@@ -93,8 +99,9 @@ def test_trajectories_interleave_turns_and_masked_observations(protocol_model):
 
 @pytest.mark.e2e  # the protocol_model fixture fine-tunes for a minute on 2 cores
 def test_trl_receives_the_mask_and_normalises_rewards_per_trajectory(protocol_model, tmp_path):
-    cfg = compose_config([*MULTITURN, "model=pretrained", f"model.name_or_path={protocol_model}",
-                          "trainer.num_generations=4"])  # fmt: skip
+    cfg = compose_config(
+        [*MULTITURN, "model=pretrained", f"model.name_or_path={protocol_model}", "trainer.num_generations=4"]
+    )
     tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
     train_set, _ = load_splits(cfg.dataset)
     math_reward = scored_on_final_turn(make_math_reward())
@@ -115,8 +122,9 @@ def test_trl_receives_the_mask_and_normalises_rewards_per_trajectory(protocol_mo
 
     loss_mask = output["completion_mask"] * output["tool_mask"]
     assert (output["tool_mask"] == 0).any(), "some trajectory should hold an observation"
-    for row, ids, mask, full in zip(inputs, output["completion_ids"], loss_mask, output["completion_mask"],
-                                    strict=True):  # fmt: skip
+    for row, ids, mask, full in zip(
+        inputs, output["completion_ids"], loss_mask, output["completion_mask"], strict=True
+    ):
         kept = ids[mask.bool()].tolist()
         dropped = ids[(full - mask).bool()].tolist()
         # The loss sees the policy's turns only (the final turn among them), never a calculator's answer.
@@ -131,17 +139,26 @@ def test_trl_receives_the_mask_and_normalises_rewards_per_trajectory(protocol_mo
 def test_multiturn_training_end_to_end(protocol_model, tmp_path):
     run_dir = tmp_path / "run"
     result = run_cli(
-        *MULTITURN, "model=pretrained", f"model.name_or_path={protocol_model}", "model.dtype=float32",
-        "reward=math+format", "trainer.num_generations=4", "trainer.beta=0.04", "trainer.learning_rate=1e-3",
-        "stats.table_every=1", "logger=none", f"hydra.run.dir={run_dir}",
-    )  # fmt: skip
+        *MULTITURN,
+        "model=pretrained",
+        f"model.name_or_path={protocol_model}",
+        "model.dtype=float32",
+        "reward=math+format",
+        "trainer.num_generations=4",
+        "trainer.beta=0.04",
+        "trainer.learning_rate=1e-3",
+        "stats.table_every=1",
+        "logger=none",
+        f"hydra.run.dir={run_dir}",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
 
     steps = [m for m in read_metrics(run_dir / "metrics.jsonl") if "reward" in m]
     assert len(steps) == 2
     assert any(m["rollout/tool_calls_mean"] > 0 for m in steps)
-    assert all(k in steps[0] for k in ("rollout/turns_mean", "rollout/tool_errors_mean", "rollout/final_answer_frac",
-                                       "kl"))  # fmt: skip
+    assert all(
+        k in steps[0] for k in ("rollout/turns_mean", "rollout/tool_errors_mean", "rollout/final_answer_frac", "kl")
+    )
     assert any(k.startswith("rollout/reward_by_turns/") for k in steps[0])
     assert any(m["grad_norm"] > 0 for m in steps)
     trained = AutoModelForCausalLM.from_pretrained(run_dir / "checkpoint-final").state_dict()
@@ -159,8 +176,15 @@ def test_multiturn_training_end_to_end(protocol_model, tmp_path):
 
 @pytest.mark.e2e
 def test_evaluate_plays_trajectories_with_the_tools(protocol_model):
-    result = run_cli(str(protocol_model), "rollout=multiturn", "rollout.tools=[calculator]", "dataset.eval_size=4",
-                     "rollout.max_tokens_per_turn=24", "eval.samples=2", module="grpo_exp.evaluate")  # fmt: skip
+    result = run_cli(
+        str(protocol_model),
+        "rollout=multiturn",
+        "rollout.tools=[calculator]",
+        "dataset.eval_size=4",
+        "rollout.max_tokens_per_turn=24",
+        "eval.samples=2",
+        module="grpo_exp.evaluate",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads((protocol_model / "evaluation.json").read_text())
     assert results["problems"] == 4 and "pass@2" in results
@@ -191,8 +215,14 @@ def test_bad_multiturn_settings_are_refused_before_any_model_loads(overrides, me
 def test_the_embedded_model_calls_the_calculator_in_the_preset(tmp_path):
     """The protocol is one the real SmolLM2-135M-Instruct follows, untrained: the preset's first step."""
     run_dir = tmp_path / "run"
-    result = run_cli("+experiment=calculator", "trainer.max_steps=1", "dataset.eval_size=8", "eval.after=false",
-                     "logger=none", f"hydra.run.dir={run_dir}")  # fmt: skip
+    result = run_cli(
+        "+experiment=calculator",
+        "trainer.max_steps=1",
+        "dataset.eval_size=8",
+        "eval.after=false",
+        "logger=none",
+        f"hydra.run.dir={run_dir}",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["heldout_rollout_used_tool_frac_before"] >= 0.5

@@ -103,32 +103,49 @@ def test_an_unknown_component_setting_is_refused_at_composition():
         (["model.lora.dropout=1.0"], "model.lora.dropout=1.0 must be less than 1.0"),
         (["eval.samples=-1"], "eval.samples=-1 must be at least 0"),
         (["stats.table_every=0"], "stats.table_every=0 must be at least 1"),
-        (["reward=math+format", "reward.components.format.style=xml"],
-         "reward.components.format.style='xml' is not one of ['boxed', 'think_answer', 'hash']"),
-        (["reward=math+length", "reward.components.length.target_chars=0"],
-         "reward.components.length.target_chars=0 must be at least 1"),
-        (["reward=math+repetition", "reward.components.repetition.max_penalty=0.5"],
-         "reward.components.repetition.max_penalty=0.5 must be at most 0.0"),
-        (["reward=math+selfverify", "reward.components.selfverify.schedule=weekly"],
-         "reward.components.selfverify.schedule='weekly' is not one of ['joint', 'interleave', 'verify_only']"),
-        (["reward=math+selfverify", "reward.components.selfverify.fraction=0"],
-         "reward.components.selfverify.fraction=0.0 must be greater than 0.0"),
-        (["reward=math+selfverify", "reward.components.selfverify.yes_share=1.5"],
-         "reward.components.selfverify.yes_share=1.5 must be at most 1.0"),
-        (["reward=math+selfverify", "reward.components.selfverify.template=Is it right?"],
-         "reward.components.selfverify.template must contain {question} and {answer}"),
+        (
+            ["reward=math+format", "reward.components.format.style=xml"],
+            "reward.components.format.style='xml' is not one of ['boxed', 'think_answer', 'hash']",
+        ),
+        (
+            ["reward=math+length", "reward.components.length.target_chars=0"],
+            "reward.components.length.target_chars=0 must be at least 1",
+        ),
+        (
+            ["reward=math+repetition", "reward.components.repetition.max_penalty=0.5"],
+            "reward.components.repetition.max_penalty=0.5 must be at most 0.0",
+        ),
+        (
+            ["reward=math+selfverify", "reward.components.selfverify.schedule=weekly"],
+            "reward.components.selfverify.schedule='weekly' is not one of ['joint', 'interleave', 'verify_only']",
+        ),
+        (
+            ["reward=math+selfverify", "reward.components.selfverify.fraction=0"],
+            "reward.components.selfverify.fraction=0.0 must be greater than 0.0",
+        ),
+        (
+            ["reward=math+selfverify", "reward.components.selfverify.yes_share=1.5"],
+            "reward.components.selfverify.yes_share=1.5 must be at most 1.0",
+        ),
+        (
+            ["reward=math+selfverify", "reward.components.selfverify.template=Is it right?"],
+            "reward.components.selfverify.template must contain {question} and {answer}",
+        ),
         (["reward=math+judge", "judge.timeout=0"], "judge.timeout=0.0 must be greater than 0.0"),
         (["reward=math+judge", "judge.retries=-1"], "judge.retries=-1 must be at least 0"),
         (["reward=math+judge", "judge.rubric.template=Rate it"], "judge.rubric.template must contain {prompt}"),
         (["verifier=genrm", "verifier.template='Is {question} right?'"], "verifier.template must contain {answer}"),
         (["rollout=multiturn", "rollout.python.timeout_s=0"], "rollout.python.timeout_s=0.0 must be greater than 0.0"),
-        (["+trainer.extra.multi_objective_aggregation=sum"],
-         "trainer.extra.multi_objective_aggregation='sum' is not one of ['sum_then_normalize', 'normalize_then_sum']"),
+        (
+            ["+trainer.extra.multi_objective_aggregation=sum"],
+            "trainer.extra.multi_objective_aggregation='sum' is not one of "
+            "['sum_then_normalize', 'normalize_then_sum']",
+        ),
         (["+trainer.extra.top_k=lots"], "trainer.extra.top_k='lots': GRPOConfig expects int"),
         (["+trainer.extra.mask_truncated_completions=3"], "trainer.extra.mask_truncated_completions=3: GRPOConfig"),
         (["+trainer.extra.optim=sgdx"], "trainer: "),
     ],
-)  # fmt: skip
+)
 def test_bad_values_fail_with_one_message_naming_the_key(overrides, message):
     cfg = compose_config([*TINY_RUN, "logger=none", *overrides])
     with pytest.raises(UserError) as err:
@@ -149,13 +166,17 @@ def test_a_valid_config_builds():
     [
         ("t.jsonl", '{"question": "1+1?", "answer": "2"\n', [], "could not be read as jsonl"),
         ("t.jsonl", "\n\n", [], "holds no records"),
-        ("t.jsonl", '{"problem": "1+1?", "answer": "2"}\n', [],
-         "dataset.question_field='question' is not a column of dataset.path="),
+        (
+            "t.jsonl",
+            '{"problem": "1+1?", "answer": "2"}\n',
+            [],
+            "dataset.question_field='question' is not a column of dataset.path=",
+        ),
         ("t.jsonl", '{"question": "1+1?", "sol": "2"}\n', [], "dataset.answer_field='answer' is not a column"),
         ("t.jsonl", '{"question": "1+1?", "answer": "2"}\n', ["dataset.answer_format=gsm8k"], "no '#### <answer>'"),
         ("t.csv", "question,answer\n1+1?,2\n", [], "unsupported file type"),
     ],
-)  # fmt: skip
+)
 def test_data_files_are_read_and_checked_before_training(tmp_path, name, text, overrides, message):
     path = tmp_path / name
     path.write_text(text)
@@ -169,8 +190,9 @@ def test_a_parquet_file_is_checked_by_its_columns(tmp_path):
     pq.write_table(pa.table({"problem": ["1+1?"], "answer": ["2"]}), path)
     with pytest.raises(UserError, match="dataset.question_field='question' is not a column.*'problem'"):
         check_and_build(compose_config([*TINY_RUN, "logger=none", "dataset=files", f"dataset.path={path}"]))
-    ok = compose_config([*TINY_RUN, "logger=none", "dataset=files", f"dataset.path={path}",
-                         "dataset.question_field=problem"])  # fmt: skip
+    ok = compose_config(
+        [*TINY_RUN, "logger=none", "dataset=files", f"dataset.path={path}", "dataset.question_field=problem"]
+    )
     check_and_build(ok)
 
 
@@ -178,8 +200,9 @@ def test_a_good_eval_file_does_not_excuse_a_bad_training_file(tmp_path):
     train, held_out = tmp_path / "train.jsonl", tmp_path / "eval.jsonl"
     train.write_text(json.dumps({"q": "1+1?", "answer": "2"}) + "\n")
     held_out.write_text(json.dumps({"question": "2+2?", "answer": "4"}) + "\n")
-    cfg = compose_config([*TINY_RUN, "logger=none", "dataset=files", f"dataset.path={train}",
-                          f"dataset.eval_path={held_out}"])  # fmt: skip
+    cfg = compose_config(
+        [*TINY_RUN, "logger=none", "dataset=files", f"dataset.path={train}", f"dataset.eval_path={held_out}"]
+    )
     with pytest.raises(UserError, match="dataset.question_field='question' is not a column of dataset.path="):
         check_and_build(cfg)
 

@@ -212,8 +212,9 @@ def by_member(completions, **kwargs):
 
 @pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
 def test_the_seam_applies_the_loss_token_mask_and_recounts_trls_tokens(tmp_path, loss_type):
-    trainer = make_trainer(tmp_path, by_member, prompts=2, trainer_class=FirstThreeTokens,
-                           overrides=[f"trainer.loss_type={loss_type}"])  # fmt: skip
+    trainer = make_trainer(
+        tmp_path, by_member, prompts=2, trainer_class=FirstThreeTokens, overrides=[f"trainer.loss_type={loss_type}"]
+    )
     batch = generation_batch(trainer, prompts=2)
     lengths = batch["completion_mask"].sum(dim=1)
     assert (lengths <= 3).all() and (lengths > 0).all()
@@ -313,10 +314,15 @@ def test_confidence_needs_a_generative_verifier():
 def test_confidence_reward_from_a_frozen_genrm_trains_end_to_end(tmp_path):
     run_dir = tmp_path / "run"
     result = run_cli(
-        *TINY_RUN, "reward=confidence", "verifier=genrm", "verifier.model=tiny", "logger=none",
+        *TINY_RUN,
+        "reward=confidence",
+        "verifier=genrm",
+        "verifier.model=tiny",
+        "logger=none",
         "reward.components.confidence.show=solution",  # the random tiny model never writes a final answer
-        "eval.before=false", f"hydra.run.dir={run_dir}",
-    )  # fmt: skip
+        "eval.before=false",
+        f"hydra.run.dir={run_dir}",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     steps = [m for m in read_metrics(run_dir / "metrics.jsonl") if "rewards/confidence/mean" in m]
     assert len(steps) == 2 and all(0 < m["rewards/confidence/mean"] < 1 for m in steps)
@@ -355,9 +361,12 @@ def test_candidates_from_groups():
 def test_the_supervised_verdict_objective_adds_its_loss_and_keeps_the_batch_for_answers(tmp_path):
     run_dir = tmp_path / "run"
     result = run_cli(
-        *TINY_RUN, *SELFVERIFY_TINY, "reward.components.selfverify.objective=supervised",
-        "reward.components.selfverify.schedule=joint", f"hydra.run.dir={run_dir}",
-    )  # fmt: skip
+        *TINY_RUN,
+        *SELFVERIFY_TINY,
+        "reward.components.selfverify.objective=supervised",
+        "reward.components.selfverify.schedule=joint",
+        f"hydra.run.dir={run_dir}",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     steps = [m for m in read_metrics(run_dir / "metrics.jsonl") if "grad_norm" in m]
     losses = [m.get("selfverify/verdict_loss") for m in steps]

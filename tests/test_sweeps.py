@@ -115,9 +115,14 @@ def test_the_submitit_local_launcher_runs_the_jobs_as_submitit_jobs(tmp_path):
 @pytest.mark.e2e
 def test_the_optuna_preset_searches_learning_rate_and_beta_against_heldout_accuracy(tmp_path):
     result = run_cli(
-        "-m", "+experiment=optuna_lr_beta", *TINY_RUN, "logger=none", "hydra.sweeper.n_trials=2",
-        "trainer.max_steps=2", f"hydra.sweep.dir={tmp_path}",
-    )  # fmt: skip
+        "-m",
+        "+experiment=optuna_lr_beta",
+        *TINY_RUN,
+        "logger=none",
+        "hydra.sweeper.n_trials=2",
+        "trainer.max_steps=2",
+        f"hydra.sweep.dir={tmp_path}",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     best = yaml.safe_load((tmp_path / "optimization_results.yaml").read_text())
     assert set(best["best_params"]) == {"trainer.learning_rate", "trainer.beta"}

@@ -10,9 +10,19 @@ from grpo_exp.rollout.tools.python_sandbox import SandboxLimits, run_python
 
 @pytest.mark.parametrize(
     ("expression", "value"),
-    [("12 * 34", 408), ("(56 + -33) * -50", -1150), ("7 / 2", 3.5), ("2 ** 10", 1024), ("17 // 5 % 2", 1),
-     ("3 × 4 ÷ 2", 6.0), ("2^3", 8), ("1,234 + 1", 1235), ("-(-5)", 5), ("0.1 + 0.2", 0.1 + 0.2)],
-)  # fmt: skip
+    [
+        ("12 * 34", 408),
+        ("(56 + -33) * -50", -1150),
+        ("7 / 2", 3.5),
+        ("2 ** 10", 1024),
+        ("17 // 5 % 2", 1),
+        ("3 × 4 ÷ 2", 6.0),
+        ("2^3", 8),
+        ("1,234 + 1", 1235),
+        ("-(-5)", 5),
+        ("0.1 + 0.2", 0.1 + 0.2),
+    ],
+)
 def test_calculator_evaluates_arithmetic(expression, value):
     assert calculate(expression) == value
 
@@ -75,8 +85,11 @@ def test_python_tool_runs_a_snippet_with_the_standard_math_modules():
         ("import random\nrandom._os.system('echo pwned')", "os.system is not allowed"),
         ("import random\nrandom._os.fork()", "os.fork is not allowed"),
         ("import random\nrandom._os.remove('/tmp/x')", "os.remove is not allowed"),
-        ("[c for c in object.__subclasses__() if c.__name__ == '_wrap_close'][0].__init__.__globals__['system']('id')",
-         "os.system is not allowed"),
+        (
+            "[c for c in object.__subclasses__() if c.__name__ == '_wrap_close'][0]"
+            ".__init__.__globals__['system']('id')",
+            "os.system is not allowed",
+        ),
         ("import sys\nsys._getframe().f_back.f_globals", "sys._getframe is not allowed"),
         ("open('/tmp/grpo_exp_pwned', 'w').write('x')", "writing files is not allowed"),
         ("print(open('/proc/self/environ').read())", "reading files is not allowed"),  # API keys live there
@@ -84,7 +97,7 @@ def test_python_tool_runs_a_snippet_with_the_standard_math_modules():
         ("print(", "SyntaxError"),
         ("raise ValueError('bad')", "ValueError: bad"),
     ],
-)  # fmt: skip
+)
 def test_python_tool_refuses_or_limits_hostile_snippets(snippet, message):
     result = run_python(snippet, FAST)
     assert result.error

@@ -67,8 +67,11 @@ def test_an_offline_wandb_run_is_created_and_finished_even_on_failure(tmp_path, 
 
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc credentials either: auto means offline
-    logger = type("Logger", (), {"backend": LoggerBackend.wandb, "mode": WandbMode.auto, "project": "p",
-                                 "entity": None, "tags": ["t"]})()  # fmt: skip
+    logger = type(
+        "Logger",
+        (),
+        {"backend": LoggerBackend.wandb, "mode": WandbMode.auto, "project": "p", "entity": None, "tags": ["t"]},
+    )()
     config = {"judge": {"api_key": "sk-do-not-log"}, "trainer": {"beta": 0.04}}
     tracker = Tracker(logger, tmp_path, "trainer.beta=0.04", "sweep-1", ["model:tiny"], config)
     assert tracker.mode == "offline" and wandb.run is not None

@@ -103,9 +103,16 @@ def test_a_local_pretrained_directory_trains_with_lora(tmp_path):
     tokenizer.save_pretrained(model_dir)
     run_dir = tmp_path / "run"
     result = run_cli(
-        *TINY_RUN, "model=pretrained", f"model.name_or_path={model_dir}", "model.lora.enabled=true",
-        "model.lora.r=4", "reward=math+length", "logger=none", "eval.before=false", f"hydra.run.dir={run_dir}",
-    )  # fmt: skip
+        *TINY_RUN,
+        "model=pretrained",
+        f"model.name_or_path={model_dir}",
+        "model.lora.enabled=true",
+        "model.lora.r=4",
+        "reward=math+length",
+        "logger=none",
+        "eval.before=false",
+        f"hydra.run.dir={run_dir}",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert (run_dir / "checkpoint-final" / "adapter_config.json").is_file()
     assert "LoRA" in json.loads((run_dir / "summary.json").read_text())["model"]
@@ -115,10 +122,15 @@ def test_a_local_pretrained_directory_trains_with_lora(tmp_path):
 def test_embedded_model_with_the_self_verification_task(tmp_path):
     run_dir = tmp_path / "run"
     result = run_cli(
-        "reward=math+format+selfverify", "trainer.max_steps=2", "trainer.max_completion_length=48",
+        "reward=math+format+selfverify",
+        "trainer.max_steps=2",
+        "trainer.max_completion_length=48",
         "trainer.prompts_per_step=3",
-        "dataset.eval_size=6", "logger=none", "save_model=false", f"hydra.run.dir={run_dir}",
-    )  # fmt: skip
+        "dataset.eval_size=6",
+        "logger=none",
+        "save_model=false",
+        f"hydra.run.dir={run_dir}",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     # held-out self-verification measured before and after (SmolLM2 writes extractable answers)

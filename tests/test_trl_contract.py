@@ -52,9 +52,16 @@ def first_of_each_group_skipped(completions, **kwargs):
 
 
 def one_step(tmp_path, aggregation: str, scale_rewards: str = "group") -> tuple[Recording, ScoredBatch]:
-    cfg = compose_config([*TINY_RUN, "trainer.num_generations=4", "trainer.max_steps=1", "logger=none",
-                          f"trainer.scale_rewards={scale_rewards}",
-                          f"+trainer.extra.multi_objective_aggregation={aggregation}"])  # fmt: skip
+    cfg = compose_config(
+        [
+            *TINY_RUN,
+            "trainer.num_generations=4",
+            "trainer.max_steps=1",
+            "logger=none",
+            f"trainer.scale_rewards={scale_rewards}",
+            f"+trainer.extra.multi_objective_aggregation={aggregation}",
+        ]
+    )
     tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
     model_dir = tmp_path / "model"
     build_tiny_model(cfg.model, tokenizer, cfg.trainer.seed).save_pretrained(model_dir)
@@ -71,9 +78,10 @@ def one_step(tmp_path, aggregation: str, scale_rewards: str = "group") -> tuple[
     return trainer, batch
 
 
-@pytest.mark.parametrize(("aggregation", "scale_rewards"), [("sum_then_normalize", "group"),
-                                                            ("sum_then_normalize", "none"),
-                                                            ("normalize_then_sum", "group")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("aggregation", "scale_rewards"),
+    [("sum_then_normalize", "group"), ("sum_then_normalize", "none"), ("normalize_then_sum", "group")],
+)
 def test_the_scored_batch_is_what_trl_scored_and_its_reward_is_trls_aggregate(tmp_path, aggregation, scale_rewards):
     trainer, batch = one_step(tmp_path, aggregation, scale_rewards)
     n = 2 * 4

@@ -10,8 +10,11 @@ from tests.conftest import TINY_RUN, logged_steps, run_cli
 from tests.tiny_trainer import G, Recording, generation_batch, logged, make_trainer
 
 RESAMPLE_METRICS = (
-    "resample/batches", "resample/bound_hit", "resample/groups_dropped", "zero_variance/groups_left_out",
-)  # fmt: skip
+    "resample/batches",
+    "resample/bound_hit",
+    "resample/groups_dropped",
+    "zero_variance/groups_left_out",
+)
 
 
 def first_group_flat(completions, **kwargs):
@@ -31,8 +34,9 @@ def spread_for_odd_questions(completions, question, **kwargs):
 def gradient(trainer: Recording, batch: dict) -> tuple[torch.Tensor, list[int]]:
     """The gradient of the trainer's loss on `batch` (flattened) and the batch sizes the model's forward saw."""
     seen = []
-    handle = trainer.model.register_forward_pre_hook(lambda m, args, kw: seen.append(kw["input_ids"].shape[0]),
-                                                     with_kwargs=True)  # fmt: skip
+    handle = trainer.model.register_forward_pre_hook(
+        lambda m, args, kw: seen.append(kw["input_ids"].shape[0]), with_kwargs=True
+    )
     trainer.model.zero_grad(set_to_none=True)
     trainer.compute_loss(trainer.model, batch).backward()
     handle.remove()
@@ -64,8 +68,9 @@ def test_a_batch_with_no_spread_at_all_takes_no_forward_and_gives_zero_gradients
 
 def test_under_normalize_then_sum_skip_also_gives_trls_update(tmp_path):
     # advantages normalised over the batch: a group is left out only where they are zero too
-    trainer = make_trainer(tmp_path, first_group_flat, "skip",
-                           overrides=["+trainer.extra.multi_objective_aggregation=normalize_then_sum"])  # fmt: skip
+    trainer = make_trainer(
+        tmp_path, first_group_flat, "skip", overrides=["+trainer.extra.multi_objective_aggregation=normalize_then_sum"]
+    )
     batch = generation_batch(trainer, prompts=3)
     assert batch[INFORMATIVE].tolist() == [False] * G + [True] * 2 * G
     skipped, _ = gradient(trainer, batch)
@@ -156,8 +161,9 @@ def test_concatenate_repads_prompts_left_and_completions_right_and_recounts_toke
     assert merged["advantages"].tolist() == [0.0, 0.0, 1.0] and merged["num_items_in_batch"] == 7
 
 
-@pytest.mark.parametrize(("loss_type", "expected"), [("grpo", 2 / 3), ("dr_grpo", 2 / 3), ("bnpo", 5 / 10),
-                                                      ("dapo", 1.0), ("cispo", 1.0)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("loss_type", "expected"), [("grpo", 2 / 3), ("dr_grpo", 2 / 3), ("bnpo", 5 / 10), ("dapo", 1.0), ("cispo", 1.0)]
+)
 def test_loss_scale_restores_each_loss_types_normaliser(loss_type, expected):
     batch = hand_batch([1, 1, 1], [5, 2, 3])
     assert loss_scale(loss_type, batch, torch.tensor([False, True, True])) == pytest.approx(expected)
@@ -170,8 +176,15 @@ def test_zero_spread_groups_counts_float_noise_and_unscorable_groups_as_no_sprea
 
 @pytest.mark.e2e
 def test_the_command_line_resamples_and_logs_it(tmp_path):
-    result = run_cli(*TINY_RUN, "logger=none", f"hydra.run.dir={tmp_path}", "trainer.zero_variance_groups=resample",
-                     "trainer.max_resample_batches=1", "eval.before=false", "eval.after=false")  # fmt: skip
+    result = run_cli(
+        *TINY_RUN,
+        "logger=none",
+        f"hydra.run.dir={tmp_path}",
+        "trainer.zero_variance_groups=resample",
+        "trainer.max_resample_batches=1",
+        "eval.before=false",
+        "eval.after=false",
+    )
     assert result.returncode == 0, result.stderr
     steps = logged_steps(tmp_path)
     logged = [s for s in steps if "resample/batches" in s]

@@ -30,10 +30,19 @@ def logged(trainer: Recording, key: str) -> list[float]:
     return [step[key] for step in trainer.state.log_history if key in step]
 
 
-def make_trainer(tmp_path, reward, mode: str = "keep", prompts: int = 3, overrides=(), attention: str = "sdpa",
-                 trainer_class: type[Recording] = Recording, **kwargs) -> Recording:  # fmt: skip
-    cfg = compose_config([*TINY_RUN, f"trainer.num_generations={G}", f"trainer.prompts_per_step={prompts}",
-                          "logger=none", *overrides])  # fmt: skip
+def make_trainer(
+    tmp_path,
+    reward,
+    mode: str = "keep",
+    prompts: int = 3,
+    overrides=(),
+    attention: str = "sdpa",
+    trainer_class: type[Recording] = Recording,
+    **kwargs,
+) -> Recording:
+    cfg = compose_config(
+        [*TINY_RUN, f"trainer.num_generations={G}", f"trainer.prompts_per_step={prompts}", "logger=none", *overrides]
+    )
     tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
     model_dir = tmp_path / "model"
     if not model_dir.exists():

@@ -91,14 +91,25 @@ def main(argv: list[str] | None = None) -> dict:
     greedy = heldout_accuracy(
         model, tokenizer, heldout, verifier, max_new_tokens, cfg.eval.batch_size, "greedy", rollout
     )
-    results = {"model": cfg.model.name_or_path or cfg.model.name, "dataset": cfg.dataset.name,
-               "problems": greedy.scored, "greedy accuracy": greedy.accuracy}  # fmt: skip
+    results = {
+        "model": cfg.model.name_or_path or cfg.model.name,
+        "dataset": cfg.dataset.name,
+        "problems": greedy.scored,
+        "greedy accuracy": greedy.accuracy,
+    }
     if cfg.eval.samples > 0:
         torch.manual_seed(cfg.trainer.seed)
         results |= sampled_metrics(
-            model, tokenizer, heldout, verifier, cfg.eval.samples, cfg.eval.temperature, max_new_tokens,
-            cfg.eval.batch_size, rollout,
-        )  # fmt: skip
+            model,
+            tokenizer,
+            heldout,
+            verifier,
+            cfg.eval.samples,
+            cfg.eval.temperature,
+            max_new_tokens,
+            cfg.eval.batch_size,
+            rollout,
+        )
     results |= {f"greedy {key}": value for key, value in greedy.rollout.items()}
     out_dir.mkdir(parents=True, exist_ok=True)
     if cfg.eval.verification_benchmark.enabled:

@@ -534,8 +534,12 @@ def _check_value(path: str, value: Any, limits: dict) -> None:
         return
     if isinstance(value, float) and not math.isfinite(value):
         raise UserError(f"{path}={value}: must be a finite number")
-    for bound, test, words in (("ge", float.__ge__, "at least"), ("gt", float.__gt__, "greater than"),
-                               ("le", float.__le__, "at most"), ("lt", float.__lt__, "less than")):  # fmt: skip
+    for bound, test, words in (
+        ("ge", float.__ge__, "at least"),
+        ("gt", float.__gt__, "greater than"),
+        ("le", float.__le__, "at most"),
+        ("lt", float.__lt__, "less than"),
+    ):
         if bound in limits and not test(float(value), float(limits[bound])):
             raise UserError(f"{path}={value}: {why}" if why else f"{path}={value} must be {words} {limits[bound]}")
     if "choices" in limits and value not in limits["choices"]:

@@ -73,9 +73,15 @@ class LocalJudge:
         self._load()
         # The rubric JSON is flat: generation can stop at its closing brace instead of running to the limit.
         return generate_completions(
-            self._model, self.tokenizer, conversations, self.cfg.max_new_tokens, self.cfg.batch_size, None,
-            temperature, stop_strings=["}"],
-        )  # fmt: skip
+            self._model,
+            self.tokenizer,
+            conversations,
+            self.cfg.max_new_tokens,
+            self.cfg.batch_size,
+            None,
+            temperature,
+            stop_strings=["}"],
+        )
 
 
 def chat_prompt(tokenizer, conversation: list[dict]) -> str:
@@ -113,9 +119,12 @@ class OpenAIJudge:
                 async with limit:
                     try:
                         reply = await client.completions.create(
-                            model=self.cfg.model, prompt=prompt + score_position(criterion), max_tokens=1,
-                            temperature=0.0, logprobs=TOP_LOGPROBS,
-                        )  # fmt: skip
+                            model=self.cfg.model,
+                            prompt=prompt + score_position(criterion),
+                            max_tokens=1,
+                            temperature=0.0,
+                            logprobs=TOP_LOGPROBS,
+                        )
                         top = reply.choices[0].logprobs.top_logprobs[0]
                     except (TimeoutError, OpenAIError, ValueError, AttributeError, IndexError, TypeError) as err:
                         log.debug("judge request failed: %s", type(err).__name__)
@@ -140,9 +149,12 @@ class OpenAIJudge:
                 async with limit:
                     try:
                         reply = await client.chat.completions.create(
-                            model=self.cfg.model, messages=messages, max_tokens=self.cfg.max_new_tokens,
-                            temperature=temperature, **extra,
-                        )  # fmt: skip
+                            model=self.cfg.model,
+                            messages=messages,
+                            max_tokens=self.cfg.max_new_tokens,
+                            temperature=temperature,
+                            **extra,
+                        )
                         return reply.choices[0].message.content if reply.choices else None
                     except (TimeoutError, OpenAIError, ValueError) as err:
                         log.debug("judge request failed: %s", type(err).__name__)
@@ -163,8 +175,7 @@ def _score_probabilities(top_logprobs: dict[str, float]) -> list[float]:
 def _response_format(kind: str) -> dict:
     """Structured output for free-text mode: OpenAI's / vLLM's json_schema, or llama.cpp's json_object + schema."""
     if kind == "json_schema":
-        return {"response_format": {"type": "json_schema",
-                                    "json_schema": {"name": "rubric", "schema": REPLY_SCHEMA}}}  # fmt: skip
+        return {"response_format": {"type": "json_schema", "json_schema": {"name": "rubric", "schema": REPLY_SCHEMA}}}
     if kind == "json_object":
         return {"response_format": {"type": "json_object", "schema": REPLY_SCHEMA}}
     return {}
@@ -192,7 +203,7 @@ class RubricJudge:
             "judge/unique_pairs": float(len(unique)),
             "judge/cache_hits": float(len(unique) - len(todo)),
         }
-        return rewards, counters  # fmt: skip
+        return rewards, counters
 
     async def _score_new(self, pairs: list[tuple[str, str]]) -> tuple[list[float | None], int]:
         conversations = [rubric_messages(self.cfg.rubric.system_prompt, self.cfg.rubric.template, *p) for p in pairs]

@@ -46,8 +46,9 @@ def score_tokens_locally(
 
 def _score_batch(model, tokenizer, prompts: list[str], groups: list, digits: list[int]) -> list[list[float]]:
     prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
-    branches = [tokenizer([p + score_position(c) for c in CRITERIA], add_special_tokens=False)["input_ids"]
-                for p in prompts]  # fmt: skip
+    branches = [
+        tokenizer([p + score_position(c) for c in CRITERIA], add_special_tokens=False)["input_ids"] for p in prompts
+    ]
     if not all(b[: len(p)] == p for p, row in zip(prompt_ids, branches, strict=True) for b in row) or (
         model.config._attn_implementation not in MASKABLE_ATTENTION
     ):  # a tokenizer that merges across the prompt's end, or no custom masks: read every branch whole
@@ -56,8 +57,10 @@ def _score_batch(model, tokenizer, prompts: list[str], groups: list, digits: lis
     else:
         keys = list(dict.fromkeys(groups))
         group_of = [keys.index(g) for g in groups]
-        openings = [_common_prefix([p for p, k in zip(prompt_ids, group_of, strict=True) if k == key])
-                    for key in range(len(keys))]  # fmt: skip
+        openings = [
+            _common_prefix([p for p, k in zip(prompt_ids, group_of, strict=True) if k == key])
+            for key in range(len(keys))
+        ]
         cache, mask = _forward(model, tokenizer.pad({"input_ids": openings}, return_tensors="pt").to(model.device))[1:]
         rows = torch.tensor(group_of, device=model.device)
         cache.batch_select_indices(rows)
@@ -80,8 +83,9 @@ def _forward(model, batch):
     """Left-padded sequences read from scratch: the last position's logits, the cache and its attention mask."""
     mask = batch["attention_mask"]
     positions = (mask.cumsum(dim=1) - 1).clamp(min=0)  # left padding: real tokens count from 0
-    out = model(input_ids=batch["input_ids"], attention_mask=mask, position_ids=positions, use_cache=True,
-                logits_to_keep=1)  # fmt: skip
+    out = model(
+        input_ids=batch["input_ids"], attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1
+    )
     return out.logits[:, -1, :], out.past_key_values, mask
 
 
@@ -112,7 +116,11 @@ def _read_branches(model, cache, cached_mask, rests, tails, pad: int) -> torch.T
     allowed = torch.cat([sees_cache, branch_attention(segment)], dim=2)[:, None]  # (rows, 1, new, cached + new)
     additive = additive_mask(allowed, model.dtype)
     keep = sorted({column for _, column in ends})  # the vocabulary projection only where a branch ends
-    out = model(input_ids=ids.to(model.device), attention_mask=additive.to(model.device),
-                position_ids=positions.to(model.device), past_key_values=cache,
-                logits_to_keep=torch.tensor(keep, device=model.device))  # fmt: skip
+    out = model(
+        input_ids=ids.to(model.device),
+        attention_mask=additive.to(model.device),
+        position_ids=positions.to(model.device),
+        past_key_values=cache,
+        logits_to_keep=torch.tensor(keep, device=model.device),
+    )
     return torch.stack([out.logits[i, keep.index(column)] for i, column in ends])

@@ -13,8 +13,13 @@ def make_selfverify_reward(scale_by_pass_rate: bool, strict_verdict: bool):
     """The task's other settings (reward.components.selfverify) drive grpo_exp.verification.task."""
 
     def selfverify(completions, task=None, verify_label=None, pass_rate=None, **kwargs) -> list[float | None]:
-        rows = zip(completions, task or [None] * len(completions), verify_label or [None] * len(completions),
-                   pass_rate or [None] * len(completions), strict=True)  # fmt: skip
+        rows = zip(
+            completions,
+            task or [None] * len(completions),
+            verify_label or [None] * len(completions),
+            pass_rate or [None] * len(completions),
+            strict=True,
+        )
         return [
             verification_reward(parse_judgement(completion_text(c), strict_verdict), label, rate, scale_by_pass_rate)
             if kind == "verify"

@@ -46,8 +46,13 @@ class Trajectory:
         return self.turns[-1] if self.ended else ""
 
     def fields(self) -> dict:
-        return {"final_turn": self.final_turn, "num_turns": len(self.turns), "tool_calls": self.tool_calls,
-                "tool_errors": self.tool_errors, "ended": self.ended}  # fmt: skip
+        return {
+            "final_turn": self.final_turn,
+            "num_turns": len(self.turns),
+            "tool_calls": self.tool_calls,
+            "tool_errors": self.tool_errors,
+            "ended": self.ended,
+        }
 
 
 class StopAtToolCall(StoppingCriteria):
@@ -79,14 +84,18 @@ class MultiTurnRollout:
         demo = OmegaConf.to_container(self.cfg.demo) if self.cfg.demo else []
         return system + demo + list(prompt)
 
-    def run(self, model, tokenizer, prompts: list, generation: dict, batch_size: int,
-            desc: str | None = None) -> list[Trajectory]:  # fmt: skip
+    def run(
+        self, model, tokenizer, prompts: list, generation: dict, batch_size: int, desc: str | None = None
+    ) -> list[Trajectory]:
         """Play every prompt out, batching the trajectories still going at each turn."""
         trajectories = [
-            Trajectory(tokenizer.apply_chat_template(self.messages(p), add_generation_prompt=True, tokenize=True,
-                                                     return_dict=True)["input_ids"])
+            Trajectory(
+                tokenizer.apply_chat_template(
+                    self.messages(p), add_generation_prompt=True, tokenize=True, return_dict=True
+                )["input_ids"]
+            )
             for p in prompts
-        ]  # fmt: skip
+        ]
         eos = _eos_ids(tokenizer)
         with left_padded_eval(model, tokenizer), torch.no_grad():
             for turn in tqdm(range(self.cfg.max_turns), desc=desc, unit="turn", disable=desc is None):
@@ -96,8 +105,9 @@ class MultiTurnRollout:
                 for start in range(0, len(active), batch_size):
                     batch = active[start : start + batch_size]
                     contexts = [t.prompt_ids + t.completion_ids for t in batch]
-                    for trajectory, ids in zip(batch, self._generate(model, tokenizer, contexts, generation, eos),
-                                               strict=True):  # fmt: skip
+                    for trajectory, ids in zip(
+                        batch, self._generate(model, tokenizer, contexts, generation, eos), strict=True
+                    ):
                         self._advance(trajectory, ids, tokenizer, last_turn=turn == self.cfg.max_turns - 1)
         return trajectories
 
@@ -124,8 +134,11 @@ class MultiTurnRollout:
         ids = ids[:end]
         if first_call(tokenizer.decode(ids, skip_special_tokens=True), self.tools) is None:
             return ids
-        return next(ids[:n] for n in range(1, len(ids) + 1)
-                    if first_call(tokenizer.decode(ids[:n], skip_special_tokens=True), self.tools))  # fmt: skip
+        return next(
+            ids[:n]
+            for n in range(1, len(ids) + 1)
+            if first_call(tokenizer.decode(ids[:n], skip_special_tokens=True), self.tools)
+        )
 
     def _advance(self, trajectory: Trajectory, ids: list[int], tokenizer, last_turn: bool) -> None:
         text = tokenizer.decode(ids, skip_special_tokens=True)
@@ -178,5 +191,10 @@ def scored_on_final_turn(reward_func):
 
 
 def greedy_generation(tokenizer) -> dict:
-    return {"do_sample": False, "pad_token_id": tokenizer.pad_token_id, "temperature": None, "top_p": None,
-            "top_k": None}  # fmt: skip
+    return {
+        "do_sample": False,
+        "pad_token_id": tokenizer.pad_token_id,
+        "temperature": None,
+        "top_p": None,
+        "top_k": None,
+    }

@@ -48,9 +48,15 @@ class EvalResult:
 
 
 def answer(
-    model, tokenizer, prompts: list, max_new_tokens: int, batch_size: int, desc: str | None,
-    temperature: float = 0.0, rollout: MultiTurnRollout | None = None,
-) -> tuple[list[str], list[dict]]:  # fmt: skip
+    model,
+    tokenizer,
+    prompts: list,
+    max_new_tokens: int,
+    batch_size: int,
+    desc: str | None,
+    temperature: float = 0.0,
+    rollout: MultiTurnRollout | None = None,
+) -> tuple[list[str], list[dict]]:
     """The texts that hold each prompt's answer, and per-prompt details: one completion each, or with a
     multi-turn rollout each trajectory's final turn (details: the trajectory, its turns and tool calls)."""
     if rollout is None:
@@ -60,15 +66,22 @@ def answer(
     if temperature > 0:
         generation |= {"do_sample": True, "temperature": temperature}
     trajectories = rollout.run(model, tokenizer, prompts, generation, batch_size, desc)
-    details = [{"trajectory": tokenizer.decode(t.completion_ids, skip_special_tokens=True), **t.fields()}
-               for t in trajectories]  # fmt: skip
+    details = [
+        {"trajectory": tokenizer.decode(t.completion_ids, skip_special_tokens=True), **t.fields()} for t in trajectories
+    ]
     return [t.final_turn for t in trajectories], details
 
 
 def heldout_accuracy(
-    model, tokenizer, dataset: Dataset, verifier: Verifier, max_new_tokens: int, batch_size: int, desc: str,
+    model,
+    tokenizer,
+    dataset: Dataset,
+    verifier: Verifier,
+    max_new_tokens: int,
+    batch_size: int,
+    desc: str,
     rollout: MultiTurnRollout | None = None,
-) -> EvalResult:  # fmt: skip
+) -> EvalResult:
     """Greedy accuracy; with a multi-turn rollout, of each trajectory's final answer (the tools in reach)."""
     completions, details = answer(model, tokenizer, dataset["prompt"], max_new_tokens, batch_size, desc, 0.0, rollout)
     labels = verifier(completions, dataset["solution"])
@@ -80,16 +93,23 @@ def heldout_accuracy(
         {"question": q, "prompt": p, "solution": s, "completion": c, "correct": label, **extra}
         for q, p, s, c, label, extra in zip(
             dataset["question"], dataset["prompt"], dataset["solution"], completions, labels, details, strict=True
-        )  # fmt: skip
+        )
     ]
     correct = sum(scored)
     return EvalResult(correct / len(scored) if scored else float("nan"), correct, len(scored), samples, rollout=stats)
 
 
 def sampled_metrics(
-    model, tokenizer, dataset: Dataset, verifier: Verifier, samples: int, temperature: float, max_new_tokens: int,
-    batch_size: int, rollout: MultiTurnRollout | None = None,
-) -> dict[str, float]:  # fmt: skip
+    model,
+    tokenizer,
+    dataset: Dataset,
+    verifier: Verifier,
+    samples: int,
+    temperature: float,
+    max_new_tokens: int,
+    batch_size: int,
+    rollout: MultiTurnRollout | None = None,
+) -> dict[str, float]:
     """pass@1..k (unbiased) and maj@k from k sampled completions per problem."""
     prompts = [p for p in dataset["prompt"] for _ in range(samples)]
     solutions = [s for s in dataset["solution"] for _ in range(samples)]

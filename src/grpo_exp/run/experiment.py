@@ -47,9 +47,15 @@ log = logging.getLogger("grpo_exp.train")
 
 
 def evaluate(
-    model, tokenizer, heldout: Dataset, parts: RunParts, cfg: DictConfig, run_dir: Path, when: str,
+    model,
+    tokenizer,
+    heldout: Dataset,
+    parts: RunParts,
+    cfg: DictConfig,
+    run_dir: Path,
+    when: str,
     benchmark: list[Candidate] | None = None,
-):  # fmt: skip
+):
     """Greedy held-out accuracy (with the tools, for rollout=multiturn); with self-verification or the judge on,
     their held-out measures too, and the verification benchmark when it is on. Every problem's completion and
     label go to eval_<when>.jsonl."""
@@ -213,8 +219,14 @@ def evaluate_before(model, tokenizer, heldout, parts, cfg, run_dir: Path, attemp
 
 def asdict_light(result: EvalResult) -> dict:
     """What a later attempt needs of an evaluation (the per-problem samples are in eval_<when>.jsonl)."""
-    return {"accuracy": result.accuracy, "correct": result.correct, "scored": result.scored,
-            "verification": result.verification, "rollout": result.rollout, "judge": result.judge}  # fmt: skip
+    return {
+        "accuracy": result.accuracy,
+        "correct": result.correct,
+        "scored": result.scored,
+        "verification": result.verification,
+        "rollout": result.rollout,
+        "judge": result.judge,
+    }
 
 
 def report_finished(attempt: Attempt, run_dir: Path) -> dict:

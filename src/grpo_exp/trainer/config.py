@@ -14,9 +14,16 @@ from grpo_exp.errors import UserError
 
 # TrainerSchema keys that are grpo_exp's own, not GRPOConfig fields.
 OWN_KEYS = {
-    "prompts_per_step", "extra", "keep_checkpoints", "resume", "zero_variance_groups", "max_resample_batches",
-    "shared_prompt_forward", "bfloat16_generation", "fast_generation",
-}  # fmt: skip
+    "prompts_per_step",
+    "extra",
+    "keep_checkpoints",
+    "resume",
+    "zero_variance_groups",
+    "max_resample_batches",
+    "shared_prompt_forward",
+    "bfloat16_generation",
+    "fast_generation",
+}
 
 
 def check_trainer(trainer_cfg: DictConfig, processes: int = 1) -> None:

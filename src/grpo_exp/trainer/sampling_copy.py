@@ -74,8 +74,13 @@ class SamplingCopy:
     its Linear layers are PrepackedLinear (checked on `probe`: prepack_linears) and each prompt's prefill is shared
     by its repeats."""
 
-    def __init__(self, policy: torch.nn.Module, dtype: torch.dtype = torch.bfloat16, prepack: bool = False,
-                 probe: list[int] | None = None):  # fmt: skip
+    def __init__(
+        self,
+        policy: torch.nn.Module,
+        dtype: torch.dtype = torch.bfloat16,
+        prepack: bool = False,
+        probe: list[int] | None = None,
+    ):
         self.copy = copy.deepcopy(policy).eval().requires_grad_(False)
         for module in self.copy.modules():
             # A forward patched onto the instance (TRL's fused LM head) still calls the policy's own forward: the
@@ -100,8 +105,9 @@ class SamplingCopy:
         self.synced_step = step
 
     @torch.no_grad()
-    def generate(self, prompt_ids: list[list[int]], generation_config,
-                 with_log_probs: bool = True) -> tuple[list[list[int]], list[list[float]] | None]:  # fmt: skip
+    def generate(
+        self, prompt_ids: list[list[int]], generation_config, with_log_probs: bool = True
+    ) -> tuple[list[list[int]], list[list[float]] | None]:
         """Each prompt's completion (through its first EOS, as TRL cuts it) and, `with_log_probs`, the sampler's
         log-probability of each of its tokens, under the distribution it was drawn from (temperature, top-k,
         top-p... applied). `generation_config` (TRL's) replaces the copy's own, so that none of the model's
@@ -116,9 +122,12 @@ class SamplingCopy:
         if self.prepack and generation_config.cache_implementation is None:
             cache = shared_prefill(self.copy, input_ids, attention_mask)
         output = self.copy.generate(
-            input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache,
-            output_scores=with_log_probs, return_dict_in_generate=True,
-        )  # fmt: skip
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            past_key_values=cache,
+            output_scores=with_log_probs,
+            return_dict_in_generate=True,
+        )
         completions = output.sequences[:, input_ids.shape[1] :].cpu()
         lengths = through_first_eos(completions, eos if isinstance(eos, list) else [eos])
         log_probs = sampled_log_probs(output.scores, completions) if with_log_probs else None
@@ -140,8 +149,14 @@ def shared_prefill(model, input_ids: torch.Tensor, attention_mask: torch.Tensor)
     # generate()'s own positions for a left-padded batch: counted from each row's first real token (pads: masked)
     positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)
     cache = DynamicCache(config=model.config)
-    model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True,
-          logits_to_keep=1)  # fmt: skip
+    model(
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=positions,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
     cache.batch_select_indices(row_of.to(input_ids.device))
     return cache
 

@@ -99,9 +99,16 @@ class HookedGRPOTrainer(GRPOTrainer):
       generated batch, resampled ones included).
     """
 
-    def __init__(self, *args, zero_variance_groups: str = "keep", max_resample_batches: int = 4,
-                 shared_prompt_forward: bool = False, bfloat16_generation: bool = False,
-                 fast_generation: bool | None = False, **kwargs):  # fmt: skip
+    def __init__(
+        self,
+        *args,
+        zero_variance_groups: str = "keep",
+        max_resample_batches: int = 4,
+        shared_prompt_forward: bool = False,
+        bfloat16_generation: bool = False,
+        fast_generation: bool | None = False,
+        **kwargs,
+    ):
         super().__init__(*args, **kwargs)
         self.zero_variance_groups = zero_variance_groups
         self.max_resample_batches = max_resample_batches
@@ -142,8 +149,9 @@ class HookedGRPOTrainer(GRPOTrainer):
     def after_scoring(self, batch: ScoredBatch) -> None:
         pass
 
-    def loss_token_mask(self, rows: list[dict], completion_ids: torch.Tensor,
-                        completion_mask: torch.Tensor) -> torch.Tensor | None:  # fmt: skip
+    def loss_token_mask(
+        self, rows: list[dict], completion_ids: torch.Tensor, completion_mask: torch.Tensor
+    ) -> torch.Tensor | None:
         """Which generated tokens of this process's rows the loss counts (1), on top of TRL's completion mask;
         None: all of them. None or not must be the same in every process (TRL's token count is gathered)."""
         return None
@@ -194,9 +202,11 @@ class HookedGRPOTrainer(GRPOTrainer):
         exact = self.beta == 0.0 and not self._entropy_bonus_enabled and self.top_entropy_quantile == 1.0
         exact = exact and not self.aux_loss_enabled
         if not exact and not self._said_not_exact:
-            log.warning("trainer.zero_variance_groups=%s leaves no group out: with beta > 0 (or an entropy term) "
-                        "a group without spread still moves the weights, so every group trains as in TRL",
-                        self.zero_variance_groups)  # fmt: skip
+            log.warning(
+                "trainer.zero_variance_groups=%s leaves no group out: with beta > 0 (or an entropy term) "
+                "a group without spread still moves the weights, so every group trains as in TRL",
+                self.zero_variance_groups,
+            )
             self._said_not_exact = True
         return exact
 
@@ -243,8 +253,9 @@ class HookedGRPOTrainer(GRPOTrainer):
         if copy_samples and self._sampling_copy is None:
             self._sampling_copy = self._new_sampling_copy(policy, dtype, prompt_ids[0])
         if not copy_samples or self._sampling_copy is None:  # None: auto fast_generation turned itself off
-            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
-                                                 has_tool_images)  # fmt: skip
+            return super()._generate_single_turn(
+                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+            )
         with profiling_context(self, "transformers.generate"):
             self._sampling_copy.sync(policy, self.state.global_step)
             return self._sampling_copy.generate(
@@ -299,29 +310,52 @@ class HookedGRPOTrainer(GRPOTrainer):
         drawn = rng.sample(indices, groups) if len(dataset) >= groups else rng.choices(indices, k=groups)
         return [dataset[i] for i in drawn for _ in range(self.num_generations)]
 
-    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
-                                           compute_entropy=False, compute_aux_loss=False, **multimodal):  # fmt: skip
+    def _get_per_token_logps_and_entropies(
+        self,
+        model,
+        input_ids,
+        attention_mask,
+        logits_to_keep,
+        batch_size=None,
+        compute_entropy=False,
+        compute_aux_loss=False,
+        **multimodal,
+    ):
         """TRL's per-token log-probabilities (and entropies) of the completions; with shared_prompt_forward, from
         one packed forward in which each group's prompt is read once (text models with a maskable attention)."""
         unwrapped = self.accelerator.unwrap_model(model)
         packed = None
-        if (self.shared_prompt_forward and not compute_aux_loss and packable(unwrapped.config)
-                and all(value is None for value in multimodal.values())):  # fmt: skip
+        if (
+            self.shared_prompt_forward
+            and not compute_aux_loss
+            and packable(unwrapped.config)
+            and all(value is None for value in multimodal.values())
+        ):
             pad = self.processing_class.pad_token_id
             packed = pack_groups(input_ids.cpu(), attention_mask.cpu(), logits_to_keep, pad)
         if packed is None:
             return super()._get_per_token_logps_and_entropies(
-                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
+                model,
+                input_ids,
+                attention_mask,
+                logits_to_keep,
+                batch_size,
+                compute_entropy,
+                compute_aux_loss,
                 **multimodal,
-            )  # fmt: skip
+            )
         device = input_ids.device
         # sdpa takes a boolean mask whatever the compute dtype (autocast); eager adds a float one
         sdpa = unwrapped.config._attn_implementation == "sdpa"
         mask = packed.allowed if sdpa else additive_mask(packed.allowed, unwrapped.dtype)
         with self.accelerator.autocast():
-            out = model(input_ids=packed.input_ids.to(device), attention_mask=mask.to(device),
-                        position_ids=packed.position_ids.to(device), shift_labels=packed.shift_labels.to(device),
-                        fused_lm_head=True)  # fmt: skip
+            out = model(
+                input_ids=packed.input_ids.to(device),
+                attention_mask=mask.to(device),
+                position_ids=packed.position_ids.to(device),
+                shift_labels=packed.shift_labels.to(device),
+                fused_lm_head=True,
+            )
         entropies = unpack(out.entropy, packed, logits_to_keep) if compute_entropy else None
         return unpack(out.log_probs, packed, logits_to_keep), entropies, None
 

@@ -41,8 +41,13 @@ def packable(config) -> bool:
     return config._attn_implementation in MASKABLE_ATTENTION and not windowed
 
 
-def pack_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_width: int, pad_id: int,
-                max_tokens: int = MAX_PACKED_TOKENS) -> PackedGroups | None:  # fmt: skip
+def pack_groups(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    completion_width: int,
+    pad_id: int,
+    max_tokens: int = MAX_PACKED_TOKENS,
+) -> PackedGroups | None:
     """TRL's rows (prompt left-padded, completion right-padded to `completion_width`) packed by identical prompt;
     None when a pack would be longer than max_tokens."""
     prompt_width = input_ids.shape[1] - completion_width

@@ -32,8 +32,15 @@ GRADED_COMPONENTS = {"judge", "confidence"}
 
 
 class GRPOExpTrainer(HookedGRPOTrainer):
-    def __init__(self, *args, verifier: Verifier, stats_cfg, samples_path: Path,
-                 selfverify: SelfVerificationTask | None = None, **kwargs):  # fmt: skip
+    def __init__(
+        self,
+        *args,
+        verifier: Verifier,
+        stats_cfg,
+        samples_path: Path,
+        selfverify: SelfVerificationTask | None = None,
+        **kwargs,
+    ):
         super().__init__(*args, **kwargs)
         self.verifier = verifier
         self.stats_cfg = stats_cfg
@@ -142,9 +149,14 @@ class GRPOExpTrainer(HookedGRPOTrainer):
     def _sample_answers(self, prompts: list) -> list[str]:
         """verify_only: the current policy's answers to judge (sampled as in training, not trained on)."""
         return generate_completions(
-            self.model, self.processing_class, prompts, self.max_completion_length, len(prompts), None,
+            self.model,
+            self.processing_class,
+            prompts,
+            self.max_completion_length,
+            len(prompts),
+            None,
             self.temperature,
-        )  # fmt: skip
+        )
 
     # ---- sampled groups: W&B histograms and tables, samples.jsonl ------------------------------------------
 
@@ -154,29 +166,33 @@ class GRPOExpTrainer(HookedGRPOTrainer):
         size, texts, total = batch.group_size, batch.texts, batch.total
         grouped_total = batch.grouped(total)
         if wandb.run is not None:
-            wandb.log({
-                "groups/reward_mean_hist": wandb.Histogram(_histogram_values(torch.nanmean(grouped_total, dim=1))),
-                "groups/reward_std_hist": wandb.Histogram(_histogram_values(group_std(grouped_total))),
-                "train/global_step": step,
-            })  # fmt: skip
+            wandb.log(
+                {
+                    "groups/reward_mean_hist": wandb.Histogram(_histogram_values(torch.nanmean(grouped_total, dim=1))),
+                    "groups/reward_std_hist": wandb.Histogram(_histogram_values(group_std(grouped_total))),
+                    "train/global_step": step,
+                }
+            )
         if (step - 1) % self.stats_cfg.table_every:
             return
         rows = []
         trajectory_columns = _trajectory_columns(batch)
         for group in range(min(self.stats_cfg.table_groups, len(texts) // size)):
             for i in range(group * size, (group + 1) * size):
-                rows.append({
-                    "step": step,
-                    "group": group,
-                    "task": batch.rows[i]["task"] or "generate",
-                    "prompt": completion_text(batch.prompts[i]),
-                    "completion": texts[i],
-                    **{f"reward/{n}": _float(batch.rewards[i, j]) for j, n in enumerate(batch.reward_names)},
-                    "reward": _float(total[i]),
-                    "advantage": _float(batch.advantages[i]),
-                    "correct": _float(correct[i]),
-                    **trajectory_columns[i],
-                })  # fmt: skip
+                rows.append(
+                    {
+                        "step": step,
+                        "group": group,
+                        "task": batch.rows[i]["task"] or "generate",
+                        "prompt": completion_text(batch.prompts[i]),
+                        "completion": texts[i],
+                        **{f"reward/{n}": _float(batch.rewards[i, j]) for j, n in enumerate(batch.reward_names)},
+                        "reward": _float(total[i]),
+                        "advantage": _float(batch.advantages[i]),
+                        "correct": _float(correct[i]),
+                        **trajectory_columns[i],
+                    }
+                )
         with self.samples_path.open("a", encoding="utf-8") as f:
             f.writelines(json.dumps(row) + "\n" for row in rows)
         if wandb.run is not None and rows:
@@ -192,10 +208,15 @@ def _trajectory_columns(batch: ScoredBatch) -> list[dict]:
     rows = batch.rows
     per_turn = broadcast_to_turns([_float(a) for a in batch.advantages], [r["num_turns"] for r in rows])
     return [
-        {"trajectory": trajectory, "turns": row["num_turns"], "tool_calls": row["tool_calls"],
-         "tool_errors": row["tool_errors"], "turn_advantages": advantages}
+        {
+            "trajectory": trajectory,
+            "turns": row["num_turns"],
+            "tool_calls": row["tool_calls"],
+            "tool_errors": row["tool_errors"],
+            "turn_advantages": advantages,
+        }
         for trajectory, row, advantages in zip(batch.trajectories, rows, per_turn, strict=True)
-    ]  # fmt: skip
+    ]
 
 
 def _histogram_values(values: torch.Tensor):

@@ -48,17 +48,27 @@ def benchmark_key(bench_cfg: DictConfig, model_cfg: DictConfig, data_cfg: DictCo
 
 
 def build_benchmark(
-    model, tokenizer, problems: Dataset, verifier: Verifier, bench_cfg: DictConfig, max_new_tokens: int,
+    model,
+    tokenizer,
+    problems: Dataset,
+    verifier: Verifier,
+    bench_cfg: DictConfig,
+    max_new_tokens: int,
     batch_size: int,
-) -> list[Candidate]:  # fmt: skip
+) -> list[Candidate]:
     """Sample the model's answers to the problems, label them, and draw the balanced set."""
     torch.manual_seed(bench_cfg.seed)
     samples = bench_cfg.samples
     prompts = [p for p in problems["prompt"] for _ in range(samples)]
     texts = generate_completions(
-        model, tokenizer, prompts, max_new_tokens, batch_size, "verification benchmark: answers",
+        model,
+        tokenizer,
+        prompts,
+        max_new_tokens,
+        batch_size,
+        "verification benchmark: answers",
         bench_cfg.temperature,
-    )  # fmt: skip
+    )
     labels = verifier(texts, [s for s in problems["solution"] for _ in range(samples)])
     candidates = candidates_from_groups(problems["question"], texts, labels, samples)
     kept, _ = filter_candidates(candidates, drop_no_answer=True, drop_all_wrong=False)
@@ -69,9 +79,13 @@ def build_benchmark(
             "verification benchmark: %d correct and %d incorrect answers (asked for %d each): of %d sampled "
             "answers %d were right, on %d problems; raise eval.verification_benchmark.problems or .samples, or "
             "lower .temperature",
-            len(chosen) // 2, len(chosen) // 2, bench_cfg.per_label, len(texts), len(right),
+            len(chosen) // 2,
+            len(chosen) // 2,
+            bench_cfg.per_label,
+            len(texts),
+            len(right),
             len({c.problem for c in right}),
-        )  # fmt: skip
+        )
     return chosen
 
 

@@ -102,9 +102,13 @@ class PYesScorer:
             async def one(messages) -> float:
                 try:
                     reply = await client.chat.completions.create(
-                        model=self.cfg.model, messages=messages, max_tokens=1, logprobs=True, top_logprobs=20,
+                        model=self.cfg.model,
+                        messages=messages,
+                        max_tokens=1,
+                        logprobs=True,
+                        top_logprobs=20,
                         temperature=0.0,
-                    )  # fmt: skip
+                    )
                     top = reply.choices[0].logprobs.content[0].top_logprobs
                 except (OpenAIError, AttributeError, IndexError, TypeError):
                     return math.nan

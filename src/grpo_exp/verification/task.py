@@ -130,8 +130,13 @@ class SelfVerificationTask:
         self._problems_seen += len(questions)
         self.candidates.extend(found)
 
-    def verdict_loss_mask(self, rows: list[dict], completion_ids: torch.Tensor, completion_mask: torch.Tensor,
-                          decode: Callable[[list[int]], str]) -> torch.Tensor | None:  # fmt: skip
+    def verdict_loss_mask(
+        self,
+        rows: list[dict],
+        completion_ids: torch.Tensor,
+        completion_mask: torch.Tensor,
+        decode: Callable[[list[int]], str],
+    ) -> torch.Tensor | None:
         """loss_on=verdict: which completion tokens the loss counts (1) for these rows: a verification
         completion's tokens up to the end of its verdict, every other row's all. None when the settings never cut
         (the same answer in every process, whatever rows it holds)."""
@@ -164,9 +169,15 @@ class SelfVerificationTask:
     # ---- held-out evaluation ---------------------------------------------------------------------------------
 
     def heldout_metrics(
-        self, model, tokenizer, dataset: Dataset, max_new_tokens: int, batch_size: int, samples: int = 2,
+        self,
+        model,
+        tokenizer,
+        dataset: Dataset,
+        max_new_tokens: int,
+        batch_size: int,
+        samples: int = 2,
         temperature: float = 1.0,
-    ) -> dict[str, float]:  # fmt: skip
+    ) -> dict[str, float]:
         """How well the policy judges its own answers on held-out problems.
 
         Answers are sampled (`samples` per problem) and labelled by the rule verifier; a balanced, diverse set of

@@ -45,11 +45,16 @@ def run_calculator(expression: str) -> ToolResult:
 
 def build_tools(names: list[str], python_limits: SandboxLimits) -> list[Tool]:
     available = {
-        "calculator": Tool("calculator", re.compile(r"<calc>(.*?)</calc>", re.S), "\n<result>{output}</result>\n",
-                           run_calculator),
-        "python": Tool("python", re.compile(r"```python\n(.*?)```", re.S), "\n```output\n{output}\n```\n",
-                       functools.partial(run_python, limits=python_limits)),
-    }  # fmt: skip
+        "calculator": Tool(
+            "calculator", re.compile(r"<calc>(.*?)</calc>", re.S), "\n<result>{output}</result>\n", run_calculator
+        ),
+        "python": Tool(
+            "python",
+            re.compile(r"```python\n(.*?)```", re.S),
+            "\n```output\n{output}\n```\n",
+            functools.partial(run_python, limits=python_limits),
+        ),
+    }
     unknown = [name for name in names if name not in available]
     if unknown:
         raise UserError(f"rollout.tools: unknown tool(s) {unknown}; the tools are {sorted(available)}")

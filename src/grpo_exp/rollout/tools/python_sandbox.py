@@ -118,9 +118,14 @@ def run_python(snippet: str, limits: SandboxLimits = SandboxLimits()) -> ToolRes
         with stdout_path.open("wb") as stdout, stderr_path.open("wb") as stderr:
             process = subprocess.Popen(
                 [sys.executable, "-I", "-S", "-B", "-c", BOOTSTRAP, snippet],
-                stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, cwd=workdir, env={},
-                preexec_fn=limit_child, start_new_session=True,
-            )  # fmt: skip
+                stdin=subprocess.DEVNULL,
+                stdout=stdout,
+                stderr=stderr,
+                cwd=workdir,
+                env={},
+                preexec_fn=limit_child,
+                start_new_session=True,
+            )
             try:
                 code = process.wait(timeout=limits.timeout_s)
             except subprocess.TimeoutExpired:
