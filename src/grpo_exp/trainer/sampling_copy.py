@@ -16,9 +16,15 @@ weights than the ones trained; the seam (grpo_exp.trainer.seam) hands TRL the co
 behaviour policy's, so the loss's ratio exp(log p_policy - log p_copy) is the importance weight of each token
 against the distribution that really sampled it, clipped by TRL's epsilon as PPO clips any behaviour policy.
 That correction needs no extra forward pass.
+
+oneDNN prepacks bfloat16 weights only on CPUs with AVX-512 BW/VL/DQ or AVX-NE-CONVERT (an AVX2-only CPU, such as
+many AMD EPYCs, has neither): `prepack_unsupported` says so before anything is laid out, and there the trainer's
+Sampler (grpo_exp.trainer.sampling) falls back to an unpacked copy (auto fast_generation) or refuses (an explicit one).
 """
 
 import copy
+import functools
+import os
 
 import torch
 from torch.nn.utils.rnn import pad_sequence
@@ -42,9 +48,52 @@ class PrepackedLinear(torch.nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
+ONEDNN_BF16_ENV = "GRPO_EXP_ONEDNN_BF16"
+ONEDNN_BF16_NEEDS = "AVX-512 BW/VL/DQ or AVX-NE-CONVERT"
+
+
+def prepack_unsupported(dtype: torch.dtype) -> str | None:
+    """Why oneDNN cannot prepack Linear weights of `dtype` on this CPU; None when it can.
+
+    oneDNN's prepacked matmul is a CPU kernel of torch builds with mkldnn; in bfloat16 it also needs AVX-512 BW/VL/DQ
+    or AVX-NE-CONVERT. Detected by prepacking and running a 2x2 Linear once per dtype (`_probe_failure`).
+    GRPO_EXP_ONEDNN_BF16=0 (or false/off/no) in the environment reports bfloat16 unsupported whatever the CPU: the
+    fallback of a CPU without those features, for tests and for CPUs whose bfloat16 kernels misbehave. Read on every
+    call, so that setting it takes effect at once. (ONEDNN_MAX_CPU_ISA=AVX2, oneDNN's own cap, read when a process
+    starts, reproduces an AVX2-only CPU: the probe then fails as it does there.)"""
+    if not torch.backends.mkldnn.is_available():
+        return "this torch build has no oneDNN (mkldnn)"
+    if dtype == torch.bfloat16 and os.environ.get(ONEDNN_BF16_ENV, "").strip().lower() in ("0", "false", "off", "no"):
+        return f"{_cannot(dtype)}: {ONEDNN_BF16_ENV}={os.environ[ONEDNN_BF16_ENV]} turns bfloat16 prepacking off"
+    return _probe_failure(dtype)
+
+
+@functools.cache
+def _probe_failure(dtype: torch.dtype) -> str | None:
+    """A 2x2 Linear prepacked and run once: the kernels' own check of the CPU, and its message. (For bfloat16,
+    torch.ops.mkldnn._is_mkldnn_bf16_supported() asks the same question, but says nothing of the kernels we call.)"""
+    try:
+        with torch.no_grad():
+            # skip_init: a random initialisation would draw from torch's global generator, and so change what a
+            # seeded run samples after the probe.
+            linear = torch.nn.utils.skip_init(torch.nn.Linear, 2, 2, dtype=dtype)
+            linear.weight.zero_()
+            linear.bias.zero_()
+            PrepackedLinear(linear)(torch.ones(1, 2, dtype=dtype))
+    except RuntimeError as err:  # TORCH_CHECK's error, e.g. "bf16 path needs the cpu support avx_ne_convert or ..."
+        return f"{_cannot(dtype)}: {err}"
+    return None
+
+
+def _cannot(dtype: torch.dtype) -> str:
+    name = str(dtype).removeprefix("torch.")
+    needs = f" (needs {ONEDNN_BF16_NEEDS})" if dtype == torch.bfloat16 else ""
+    return f"this CPU cannot prepack {name} weights for oneDNN{needs}"
+
+
 def can_prepack() -> bool:
-    """oneDNN's prepacked matmul is a CPU kernel of torch builds with mkldnn."""
-    return torch.backends.mkldnn.is_available()
+    """Whether oneDNN prepacks float32 weights here (the policy's own dtype in most runs)."""
+    return prepack_unsupported(torch.float32) is None
 
 
 @torch.no_grad()
@@ -72,7 +121,7 @@ class SamplingCopy:
     """A copy of `policy` with its parameters in `dtype` (its buffers, such as rotary frequencies, stay as they are),
     refreshed from the policy whenever the training step has changed since the last refresh. With `prepack` (CPU),
     its Linear layers are PrepackedLinear (checked on `probe`: prepack_linears) and each prompt's prefill is shared
-    by its repeats."""
+    by its repeats; RuntimeError, with the reason, where this CPU cannot prepack `dtype` (prepack_unsupported)."""
 
     def __init__(
         self,
@@ -81,6 +130,9 @@ class SamplingCopy:
         prepack: bool = False,
         probe: list[int] | None = None,
     ):
+        unsupported = prepack_unsupported(dtype) if prepack else None
+        if unsupported is not None:  # before the kernels raise it, on a copy of the whole model
+            raise RuntimeError(unsupported)
         self.copy = copy.deepcopy(policy).eval().requires_grad_(False)
         for module in self.copy.modules():
             # A forward patched onto the instance (TRL's fused LM head) still calls the policy's own forward: the
