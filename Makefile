@@ -21,8 +21,8 @@ train: install  ## the default experiment: GRPO on the embedded SmolLM2-135M, of
 	$(PY) -m grpo_exp.train $(ARGS)
 
 test: install  ## the whole suite, slow tests included (the CI command)
-	$(PY) -m ruff check src tests benchmarks
-	$(PY) -m ruff format --check src tests benchmarks
+	$(PY) -m ruff check src support tests benchmarks
+	$(PY) -m ruff format --check src support tests benchmarks
 	$(PY) -m pytest $(ARGS)
 
 test-fast: install  ## without the embedded model (slow) and the end-to-end runs through the CLI (e2e)
@@ -45,8 +45,8 @@ learning-curve: install  ## ~35 min on 2 cores; results in BENCHMARKS.md, figure
 	$(PY) -m benchmarks.learning_curve $(CURVE_DIR) --out experiments/learning_curve.png
 
 lint: install
-	$(PY) -m ruff check src tests benchmarks
-	$(PY) -m ruff format --check src tests benchmarks
+	$(PY) -m ruff check src support tests benchmarks
+	$(PY) -m ruff format --check src support tests benchmarks
 
 clean:
 	rm -rf outputs multirun .pytest_cache

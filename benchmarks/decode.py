@@ -10,7 +10,8 @@ the sampling copy's, whose prefill is computed once per prompt. Paths, all in on
 - transformers, bfloat16: the same weights rounded to bfloat16 (half the bytes read per step);
 - transformers, static KV cache with torch.compile: generate()'s compiled decoding;
 - grpo_exp's sampling copy (trainer.fast_generation): float32 with oneDNN-prepacked Linear weights (on-policy),
-  and the same in bfloat16 (with trainer.bfloat16_generation);
+  and the same in bfloat16 (with trainer.bfloat16_generation; skipped, with the reason, on a CPU without AVX-512
+  BW/VL/DQ or AVX-NE-CONVERT);
 - transformers continuous batching (`generate_batch`, paged attention: TRL's use_transformers_paged), float32;
 - llama.cpp (llama-cpp-python), the packaged Q4_1 GGUF: batch 1 through its high-level API (the engine the
   issue compared against), and batch 8 as 8 sequences of one llama.cpp batch (its low-level API, a unified KV
@@ -27,8 +28,8 @@ import torch
 from transformers import GenerationConfig
 
 from grpo_exp.models import gguf_location, load_tokenizer, materialise_embedded
-from grpo_exp.trainer.sampling_copy import SamplingCopy
-from tests.conftest import compose_config
+from grpo_exp.trainer.sampling_copy import SamplingCopy, prepack_unsupported
+from support.config import resolved_config
 
 QUESTIONS = [(12, 34), (56, 7)]
 LLAMA_CPP_PROMPT = f"What is {QUESTIONS[0][0]} + {QUESTIONS[0][1]}?"  # llama.cpp paths: a raw prompt, no template
@@ -184,7 +185,7 @@ def main(argv: list[str] | None = None) -> None:
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
-    cfg = compose_config()
+    cfg = resolved_config().cfg
     tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
     checkpoint = materialise_embedded(cfg.model, cfg.cache_dir)
     print(
@@ -207,6 +208,10 @@ def main(argv: list[str] | None = None) -> None:
         ("sampling copy, float32 prepacked (transformers_fast, on-policy)", torch.float32),
         ("sampling copy, bfloat16 prepacked (fast + bf16)", torch.bfloat16),
     ]:
+        unsupported = prepack_unsupported(dtype)  # bfloat16: AVX-512 BW/VL/DQ or AVX-NE-CONVERT
+        if unsupported is not None:
+            print(f"  {label:55s} skipped: {unsupported}", flush=True)
+            continue
         copy = SamplingCopy(policy, dtype, prepack=True).copy
         for batch in (8, 1):
             ms = transformers_ms(copy, tokenizer, batch, args.repeats)

@@ -19,8 +19,9 @@ from grpo_exp.generation import generate_completions
 from grpo_exp.models import load_model, load_tokenizer
 from grpo_exp.rewards.judge import build_judge
 from grpo_exp.text import prompt_text
-from tests.conftest import compose_config
-from tests.servers import LLAMA_ALIAS, free_port, llama_cpp_server
+from support.config import resolved_config
+from support.environment import hub_offline
+from support.servers import LLAMA_ALIAS, free_port, llama_cpp_server
 
 STEPS, PROMPTS, GROUP, TOKENS = 3, 2, 4, 64
 
@@ -41,9 +42,9 @@ def judge_seconds(judge, pairs) -> tuple[list[float | None], float]:
 
 
 def main() -> None:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    hub_offline()  # every model here is local: the llama.cpp server it starts must not look anything up
     torch.manual_seed(0)
-    cfg = compose_config([])
+    cfg = resolved_config([]).cfg
     tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
     policy = load_model(cfg.model, tokenizer, cfg.cache_dir, seed=0)
     train, _ = load_splits(cfg.dataset)
@@ -53,7 +54,7 @@ def main() -> None:
         "text": ["judge.mode=text"],
     }
     judges = {
-        name: build_judge(compose_config(["reward=judge", *overrides]).judge, cfg.cache_dir)
+        name: build_judge(resolved_config(["reward=judge", *overrides]).cfg.judge, cfg.cache_dir)
         for name, overrides in variants.items()
     }
     for judge in judges.values():
@@ -79,7 +80,7 @@ def main() -> None:
             "the step's generation time"
         )
     port = free_port()
-    endpoint = compose_config(
+    endpoint = resolved_config(
         [
             "reward=judge",
             "judge=openai",
@@ -90,7 +91,7 @@ def main() -> None:
         ]
     )
     with llama_cpp_server(port):
-        served, spent = judge_seconds(build_judge(endpoint.judge, endpoint.cache_dir), all_pairs)
+        served, spent = judge_seconds(build_judge(endpoint.cfg.judge, endpoint.cfg.cache_dir), all_pairs)
     print(f"llama.cpp server, scores mode: {sum(s is None for s in served)}/{n} failures ({spent:.1f} s for {n} pairs)")
     for mode in ("scores", "scores, bfloat16"):
         gaps = [abs(a - b) for a, b in zip(local[mode], served, strict=True) if a is not None and b is not None]

@@ -77,20 +77,20 @@ def run_grpo_exp(steps: int, out_dir: Path, overrides: list[str]) -> dict:
 
 
 def bare_trl_trainer(steps: int, out_dir: Path, overrides: list[str]):
-    """The experiment that `overrides` compose, as a bare TRL GRPOTrainer (not trained yet), with its config."""
+    """The experiment that `overrides` compose, as a bare TRL GRPOTrainer (not trained yet), with its run spec."""
     from trl import GRPOConfig, GRPOTrainer
 
     from grpo_exp.data import load_splits
     from grpo_exp.models import load_model, load_tokenizer
     from grpo_exp.rewards.registry import build_rewards
-    from tests.conftest import compose_config
+    from support.config import resolved_config
 
-    cfg = compose_config(overrides)  # only to read the same values the grpo_exp run uses
-    t = cfg.trainer
+    spec = resolved_config(overrides)  # only to read the same values the grpo_exp run uses
+    cfg, t = spec.cfg, spec.cfg.trainer
     train_set, _ = load_splits(cfg.dataset)
     tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
     model = load_model(cfg.model, tokenizer, cfg.cache_dir, t.seed)
-    reward_funcs, reward_weights = build_rewards(cfg.reward)
+    reward_funcs, reward_weights = build_rewards(spec.components), spec.reward_weights
     args = GRPOConfig(
         output_dir=str(out_dir),
         per_device_train_batch_size=t.prompts_per_step * t.num_generations,
@@ -113,7 +113,7 @@ def bare_trl_trainer(steps: int, out_dir: Path, overrides: list[str]):
     trainer = GRPOTrainer(
         model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_set, processing_class=tokenizer
     )
-    return trainer, cfg
+    return trainer, spec
 
 
 def run_bare_trl(steps: int, out_dir: Path, overrides: list[str]) -> dict:

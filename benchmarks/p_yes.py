@@ -15,13 +15,13 @@ from grpo_exp.generation import generate_completions
 from grpo_exp.models import load_model, load_tokenizer
 from grpo_exp.schema import VerifierSchema
 from grpo_exp.verification.p_yes import p_yes_from_logits, question_messages, yes_no_token_ids
-from tests.conftest import compose_config
+from support.config import resolved_config
 
 ROUNDS = 3
 
 
 def main() -> None:
-    cfg = compose_config([])
+    cfg = resolved_config([]).cfg
     torch.manual_seed(0)
     train, _ = load_splits(cfg.dataset)
     tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)

@@ -14,9 +14,10 @@ import time
 
 from grpo_exp.rewards.judge import build_judge, make_judge_reward
 from grpo_exp.rewards.math import make_math_reward
-from tests.conftest import compose_config
-from tests.servers import LLAMA_ALIAS, free_port, llama_cpp_server, stub_server
-from tests.test_rewards import ADVERSARIAL
+from support.config import resolved_config
+from support.environment import hub_offline
+from support.reward_cases import ADVERSARIAL
+from support.servers import LLAMA_ALIAS, free_port, llama_cpp_server, stub_server
 
 PAIRS = 32
 STUB_LATENCY = 0.2
@@ -71,7 +72,7 @@ def bench_math() -> None:
 
 
 def judge_throughput(port: int, model: str, concurrency: int, max_new_tokens: int) -> tuple[float, int]:
-    cfg = compose_config(
+    cfg = resolved_config(
         [
             "reward=judge",
             "judge=openai",
@@ -85,7 +86,7 @@ def judge_throughput(port: int, model: str, concurrency: int, max_new_tokens: in
             "judge.response_format=none",
             "judge.cache_size=0",
         ]
-    )
+    ).cfg
     reward = make_judge_reward(build_judge(cfg.judge, cfg.cache_dir))
     prompts = [[{"role": "user", "content": f"What is {i} + {i + 1}?"}] for i in range(PAIRS)]
     completions = [chat(f"{i} + {i + 1} = {2 * i + 1}") for i in range(PAIRS)]
@@ -109,7 +110,7 @@ def bench_judge(label: str, server, port: int, model: str, max_new_tokens: int) 
 
 
 def main() -> None:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    hub_offline()  # every model here is local: the servers it starts must not look anything up
     print(f"machine: {os.cpu_count()} CPUs")
     bench_math()
     port = free_port()

@@ -6,7 +6,7 @@ completion length and learning rate. For each seed, one bare TRL run (GRPOTraine
 run of each grpo_exp arm (the real `python -m grpo_exp.train` job, W&B offline logging and group statistics
 on), each a fresh process, their order rotating by seed. Checkpoints are off in all. Measured: the training wall time
 (trainer.train(); loading and evaluation excluded) and greedy held-out accuracy afterwards on the same 100
-problems, by the same function (grpo_exp.run.evaluation.heldout_accuracy).
+problems, by the same function (grpo_exp.run.heldout.heldout_accuracy).
 
 Each run's result is appended to --results as it finishes, with the arm's settings and the overrides it ran with;
 runs already there with the same arm, seed, settings and overrides are not run again, so an interrupted benchmark
@@ -89,26 +89,25 @@ def run_trl(seed: int, overrides: list[str]) -> dict:
     """Bare TRL: train, then the held-out accuracy of the trained policy (in this process)."""
     from benchmarks.overhead_worker import bare_trl_trainer
     from grpo_exp.data import load_splits
-    from grpo_exp.run.evaluation import heldout_accuracy
+    from grpo_exp.run.heldout import heldout_accuracy
     from grpo_exp.verification.rule import math_verify_verifier
-    from tests.conftest import compose_config
+    from support.config import resolved_config
 
     overrides = [f"trainer.seed={seed}", *overrides]
-    steps = compose_config(overrides).trainer.max_steps
+    steps = resolved_config(overrides).cfg.trainer.max_steps
     with tempfile.TemporaryDirectory() as tmp:
-        trainer, cfg = bare_trl_trainer(steps, Path(tmp), overrides)
+        trainer, spec = bare_trl_trainer(steps, Path(tmp), overrides)
         started = time.perf_counter()
         trainer.train()
         seconds = time.perf_counter() - started
-    _, heldout = load_splits(cfg.dataset)
-    max_new_tokens = cfg.eval.max_new_tokens or cfg.trainer.max_completion_length
+    _, heldout = load_splits(spec.cfg.dataset)
     result = heldout_accuracy(
         trainer.model,
         trainer.processing_class,
         heldout,
         math_verify_verifier(),
-        max_new_tokens,
-        cfg.eval.batch_size,
+        spec.eval_max_new_tokens,
+        spec.cfg.eval.batch_size,
         None,
     )
     return {"train_seconds": seconds, "accuracy_after": result.accuracy}

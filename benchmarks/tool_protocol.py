@@ -17,7 +17,7 @@ import torch
 from grpo_exp.data import load_splits
 from grpo_exp.generation import generate_completions
 from grpo_exp.models import load_model, load_tokenizer
-from tests.conftest import compose_config
+from support.config import resolved_config
 
 PROBLEMS, SAMPLES = 8, 4
 DEMO_QUESTION = "Calculate 12 * 34.\nPut your final answer within \\boxed{}."
@@ -65,7 +65,7 @@ PROTOCOLS = {
 
 
 def main() -> None:
-    cfg = compose_config(["+experiment=calculator"])
+    cfg = resolved_config(["+experiment=calculator"]).cfg
     _, heldout = load_splits(cfg.dataset)
     tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
     model = load_model(cfg.model, tokenizer, cfg.cache_dir, seed=0)

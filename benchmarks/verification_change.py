@@ -9,7 +9,6 @@ unpaired intervals in summary.json. Needs the checkpoint (save_model=true, the d
 """
 
 import argparse
-import os
 import random
 import sys
 from pathlib import Path
@@ -19,7 +18,8 @@ from grpo_exp.run.files import BENCHMARK_FILE, FINAL_CHECKPOINT_DIR
 from grpo_exp.stats import auroc
 from grpo_exp.verification.benchmark import benchmark_metrics, load_benchmark
 from grpo_exp.verification.p_yes import policy_p_yes
-from tests.conftest import compose_config
+from support.config import resolved_config
+from support.environment import hub_offline
 
 RESAMPLES = 2000
 
@@ -51,8 +51,8 @@ def main(argv: list[str]) -> None:
     missing += [str(d) for d in args.run_dirs if not (d / FINAL_CHECKPOINT_DIR).is_dir()]
     if missing:
         parser.error(f"not found: {', '.join(missing)} (a set's .json; run dirs with {FINAL_CHECKPOINT_DIR}/)")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    cfg = compose_config(["+experiment=selfverify"])
+    hub_offline()  # the models are local (the embedded one, run checkpoints): fail fast on any hub lookup
+    cfg = resolved_config(["+experiment=selfverify"]).cfg
     bench_cfg = cfg.eval.verification_benchmark
     initial = {}  # the initial policy's P(Yes), once per set (runs of one benchmark share it)
     for run_dir in args.run_dirs:

@@ -1,42 +1,18 @@
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 
-from grpo_exp.paths import CONF_DIR
 from grpo_exp.schema import register_schemas
-
-# No hub here: fail fast instead of retrying for half a minute. W&B never reaches its server in tests.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-os.environ.pop("WANDB_API_KEY", None)
-register_schemas()
+from support.config import TINY_RUN, compose_config
+from support.environment import hub_offline, without_wandb_key
 
 
-def compose_config(overrides: list[str] | None = None):
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        return compose("config", overrides=overrides or [])
-
-
-def logged_steps(run_dir: Path) -> list[dict]:
-    """Every line of a run's metrics.jsonl."""
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def run_cli(
-    *args: str, module: str = "grpo_exp.train", timeout: int = 900, env: dict | None = None
-) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", module, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
+def pytest_configure(config):
+    # No hub here: fail fast instead of retrying for half a minute. W&B never reaches its server in tests.
+    # Set before any test module is collected, so before transformers and datasets read these at import.
+    hub_offline()
+    without_wandb_key()
+    register_schemas()
 
 
 @pytest.fixture
@@ -44,19 +20,34 @@ def tmp_run_dir(tmp_path: Path) -> Path:
     return tmp_path / "run"
 
 
-# A test-sized training run: the tiny random model, two short steps, a small held-out split.
-TINY_RUN = ["model=tiny", "trainer=debug", "dataset.eval_size=4", "dataset.train_size=64"]
+@pytest.fixture(scope="session")
+def tiny_model_dirs(tmp_path_factory):
+    """The tiny random model with its tokenizer on disk, by the seed of its weights: `tiny_model_dirs(seed)`, each
+    built once per session. Shared: load from it, never write into it."""
+    from support.models import write_tiny_model  # imports transformers: only after pytest_configure has run
+
+    built: dict[int, Path] = {}
+
+    def directory(seed: int) -> Path:
+        if seed not in built:
+            built[seed] = write_tiny_model(tmp_path_factory.mktemp(f"tiny_seed{seed}"), seed)
+        return built[seed]
+
+    return directory
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tiny_model_dirs) -> Path:
+    """The tiny model a tiny training run starts from (its weights drawn with trainer.seed)."""
+    return tiny_model_dirs(compose_config(TINY_RUN).trainer.seed)
 
 
 @pytest.fixture(scope="module")
-def tiny_policy(tmp_path_factory):
-    """The tiny random model, saved and loaded as a trainer would load it (eval mode), with its tokenizer."""
+def tiny_policy(tiny_model_dir):
+    """The tiny random model, loaded as a trainer would load it (eval mode), with its tokenizer."""
     from transformers import AutoModelForCausalLM
 
-    from grpo_exp.models import build_tiny_model, load_tokenizer
+    from grpo_exp.models import load_tokenizer
 
-    cfg = compose_config([*TINY_RUN])
-    tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
-    model_dir = tmp_path_factory.mktemp("tiny")
-    build_tiny_model(cfg.model, tokenizer, cfg.trainer.seed).save_pretrained(model_dir)
-    return AutoModelForCausalLM.from_pretrained(model_dir).eval(), tokenizer
+    cfg = compose_config(TINY_RUN)
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval(), load_tokenizer(cfg.model, cfg.cache_dir)

@@ -9,12 +9,12 @@ import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 from grpo_exp.errors import UserError
-from grpo_exp.run.build import build_rollout
 from grpo_exp.trainer.config import check_trainer
 from grpo_exp.trainer.sampling_copy import SamplingCopy, sampled_log_probs, through_first_eos
-from tests.conftest import TINY_RUN, compose_config, logged_steps, run_cli
+from support.config import TINY_RUN, compose_config
+from tests.helpers.cli import logged_steps, run_cli
+from tests.helpers.tiny_trainer import G, generation_batch, make_trainer
 from tests.test_zero_variance import gradient
-from tests.tiny_trainer import G, generation_batch, make_trainer
 
 
 def by_index(completions, **kwargs):
@@ -92,7 +92,7 @@ def forward_calls(model: torch.nn.Module) -> list:
 def test_in_the_trainer_the_copy_samples_not_the_policy(tmp_path):
     trainer = make_trainer(tmp_path, by_index, prompts=2, bfloat16_generation=True)
     generation_batch(trainer, prompts=2)  # makes the copy (TRL has patched the policy's forward: its fused LM head)
-    assert {p.dtype for p in trainer._sampling_copy.copy.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in trainer.sampler.copy.copy.parameters()} == {torch.bfloat16}
     with torch.no_grad():
         for parameter in trainer.model.parameters():
             parameter.zero_()  # the policy now gives every token the same probability
@@ -112,7 +112,7 @@ def test_the_trainer_takes_its_loss_ratio_against_the_copy(tmp_path):
     ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
     attention = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
     with torch.no_grad():
-        policy, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, attention, mask.shape[1])
+        policy, _ = trainer.per_token_logps(trainer.model, ids, attention, mask.shape[1])
     gap = (policy - sampled)[mask].abs()
     assert 0 < gap.max() < 0.5  # near the float32 policy, not equal to it
 
@@ -128,14 +128,14 @@ def test_without_it_trl_generates_as_before(tmp_path):
     batch = generation_batch(trainer, prompts=2)
     assert len(policy_calls) > 0
     assert "sampling_per_token_logps" not in batch and "old_per_token_logps" not in batch
-    assert trainer._sampling_copy is None
+    assert trainer.sampler.copy is None
 
 
 def test_a_policy_already_in_bfloat16_samples_itself(tmp_path):
     trainer = make_trainer(tmp_path, by_index, prompts=2, bfloat16_generation=True)
     trainer.model.to(torch.bfloat16)
     batch = generation_batch(trainer, prompts=2)
-    assert trainer._sampling_copy is None and "old_per_token_logps" not in batch
+    assert trainer.sampler.copy is None and "old_per_token_logps" not in batch
 
 
 @pytest.mark.parametrize(
@@ -151,13 +151,22 @@ def test_a_policy_already_in_bfloat16_samples_itself(tmp_path):
 def test_other_generation_paths_are_refused_with_it(overrides, message):
     cfg = compose_config(overrides)
     with pytest.raises(UserError, match=message):
-        check_trainer(cfg.trainer)
+        check_trainer(cfg.trainer, 1, multiturn=False, policy_dtype=torch.float32)
 
 
 def test_multi_turn_rollouts_are_refused_with_it():
     cfg = compose_config(["generation=transformers_bf16", "rollout=multiturn"])
     with pytest.raises(UserError, match="rollout=multiturn generates its turns itself"):
-        build_rollout(cfg)
+        check_trainer(cfg.trainer, 1, multiturn=True, policy_dtype=torch.float32)
+
+
+@pytest.mark.parametrize("launch", ["ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_FSDP"])
+def test_a_float32_policy_sharded_by_accelerate_launch_is_refused_before_it_loads(monkeypatch, launch):
+    monkeypatch.setenv(launch, "true")  # as `accelerate launch` sets it for a DeepSpeed / FSDP config
+    cfg = compose_config(["generation=transformers_bf16"])
+    with pytest.raises(UserError, match="copies a float32 policy whole: not under DeepSpeed or FSDP"):
+        check_trainer(cfg.trainer, 1, multiturn=False, policy_dtype=torch.float32)
+    check_trainer(cfg.trainer, 1, multiturn=False, policy_dtype=torch.bfloat16)  # it samples itself: no copy
 
 
 @pytest.mark.e2e

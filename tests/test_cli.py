@@ -1,7 +1,7 @@
 """The command line as users meet it: Hydra's flags, and one clear message (no stack trace) for user errors.
 
-Every config mistake is checked in-process (composition, then `check_and_build`, the first thing a training
-job does); one mistake of each kind also goes through the real command line, to prove what the user sees."""
+Every config mistake is checked in-process (composition, then `resolve`, the first thing a training job does);
+one mistake of each kind also goes through the real command line, to prove what the user sees."""
 
 import importlib
 
@@ -11,8 +11,9 @@ from hydra.errors import CompactHydraException
 from omegaconf.errors import OmegaConfBaseException
 from transformers import AutoModelForCausalLM
 
-from grpo_exp.run.build import check_and_build
-from tests.conftest import TINY_RUN, compose_config, run_cli
+from grpo_exp.run.resolve import resolve
+from support.config import TINY_RUN, compose_config
+from tests.helpers.cli import run_cli
 
 
 def test_cfg_job_composes_a_reward_mix():
@@ -87,7 +88,7 @@ def printed_error(overrides: list[str]) -> str:
     """What the command line prints for a config mistake, raised in-process: Hydra prints a
     CompactHydraException as its message alone (and an OmegaConf cause under it), with no stack trace."""
     with pytest.raises(CompactHydraException) as caught:
-        check_and_build(compose_config([*TINY_RUN, "logger=none", *overrides]))
+        resolve(compose_config([*TINY_RUN, "logger=none", *overrides]))
     error = caught.value
     cause = f"\n{error.__cause__}" if isinstance(error.__cause__, OmegaConfBaseException) else ""
     return f"{error}{cause}"

@@ -8,7 +8,7 @@ from nbclient import NotebookClient
 
 from grpo_exp.compare import main as compare_main
 from grpo_exp.paths import REPO_ROOT
-from tests.conftest import run_cli
+from tests.helpers.cli import run_cli
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,8 @@ from omegaconf.errors import ValidationError
 
 from grpo_exp.paths import CONF_DIR, experiment_presets, reward_components
 from grpo_exp.rewards.registry import COMPONENTS
-from grpo_exp.schema import DataSource, LossType, ModelSource
-from tests.conftest import compose_config
+from grpo_exp.schema import DataSource, FormatStyle, LossType, ModelSource
+from support.config import compose_config
 
 GROUPS = ["model", "dataset", "reward", "verifier", "trainer", "rollout", "logger"]
 # Options that need a value from the user.
@@ -53,7 +53,7 @@ def test_mix_of_all_components_and_weight_override():
     cfg = compose_config([f"reward={mix}", "reward.components.math.weight=2.5"])
     assert list(cfg.reward.components) == mix.split("+")
     assert cfg.reward.components.math.weight == 2.5
-    assert cfg.reward.components.format.style == "boxed"
+    assert cfg.reward.components.format.style is FormatStyle.boxed
 
 
 @pytest.mark.parametrize("mix,message", [("math+nope", "nope"), ("math+math", "repeated")])

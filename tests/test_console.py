@@ -7,7 +7,8 @@ from transformers import TrainerControl, TrainerState
 
 from grpo_exp.run.console import ConsoleView, format_step
 from grpo_exp.run.tracking import read_metrics
-from tests.conftest import TINY_RUN, run_cli
+from support.config import TINY_RUN
+from tests.helpers.cli import run_cli
 
 STEP_LOGS = {
     "loss": 0.01,

@@ -6,7 +6,7 @@ import pytest
 
 from grpo_exp.data import check_data_files, gsm8k_final_answer, load_splits
 from grpo_exp.errors import UserError
-from tests.conftest import compose_config
+from support.config import compose_config
 
 
 def splits(*overrides: str):

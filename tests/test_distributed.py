@@ -13,8 +13,8 @@ from accelerate.utils import DistributedType
 from grpo_exp.errors import UserError
 from grpo_exp.paths import REPO_ROOT
 from grpo_exp.run.tracking import read_metrics
-from grpo_exp.trainer.config import check_trainer, grpo_config
-from tests.conftest import TINY_RUN, compose_config
+from grpo_exp.trainer.config import check_trainer, grpo_exp_config
+from support.config import TINY_RUN, compose_config
 
 ACCELERATE_DIR = REPO_ROOT / "accelerate_configs"
 
@@ -103,22 +103,21 @@ def test_the_accelerate_configs_are_valid_for_accelerate(name, kind, detail):
 def test_the_batch_must_split_evenly_over_the_processes():
     cfg = compose_config([*TINY_RUN, "trainer.prompts_per_step=3", "trainer.num_generations=3"])
     with pytest.raises(UserError, match="9 completions per step cannot be split evenly over 2 processes"):
-        check_trainer(cfg.trainer, processes=2)
-    check_trainer(
-        cfg.trainer, processes=3
-    )  # 3 completions per process (the 2-process run above checks what TRL derives)
+        check_trainer(cfg.trainer, 2, multiturn=False, policy_dtype=torch.float32)
+    # 3 completions per process (the 2-process run above checks what TRL derives)
+    check_trainer(cfg.trainer, 3, multiturn=False, policy_dtype=torch.float32)
 
 
 @pytest.mark.parametrize("option", ["vllm_colocate", "vllm_server"])
 def test_vllm_generation_is_a_config_switch_for_trl(option):
     cfg = compose_config([*TINY_RUN, f"generation={option}"])
-    args = grpo_config(cfg.trainer, Path("unused"), "none", [1.0, 0.2], False)
+    args = grpo_exp_config(cfg.trainer, Path("unused"), "none", [1.0, 0.2], False)
     assert args.use_vllm and args.vllm_mode == option.removeprefix("vllm_")
     if not torch.cuda.is_available():  # this machine: refused before any model loads, saying why
         with pytest.raises(UserError, match="needs a CUDA GPU and the vllm package"):
-            check_trainer(cfg.trainer)
+            check_trainer(cfg.trainer, 1, multiturn=False, policy_dtype=torch.float32)
 
 
 def test_generation_defaults_to_transformers():
     cfg = compose_config(TINY_RUN)
-    assert not grpo_config(cfg.trainer, Path("unused"), "none", [1.0, 0.2], False).use_vllm
+    assert not grpo_exp_config(cfg.trainer, Path("unused"), "none", [1.0, 0.2], False).use_vllm

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.helpers.cli import run_cli
 
 
 @pytest.fixture(scope="module")

@@ -4,18 +4,31 @@ its G completions. In float32 that must be the policy's own distribution: with t
 TRL's GRPOTrainer really generates here (tiny model)."""
 
 import math
+import os
+import re
+import subprocess
+import sys
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 from grpo_exp.errors import UserError
-from grpo_exp.run.build import build_rollout
-from grpo_exp.trainer import seam
+from grpo_exp.trainer import sampling
 from grpo_exp.trainer.config import check_trainer
-from grpo_exp.trainer.sampling_copy import PrepackedLinear, SamplingCopy, shared_prefill
-from tests.conftest import TINY_RUN, compose_config, logged_steps, run_cli
-from tests.tiny_trainer import generation_batch, make_trainer
+from grpo_exp.trainer.sampling_copy import (
+    ONEDNN_BF16_ENV,
+    PrepackedLinear,
+    SamplingCopy,
+    prepack_unsupported,
+    shared_prefill,
+)
+from support.config import TINY_RUN, compose_config
+from tests.helpers.cli import logged_steps, run_cli
+from tests.helpers.tiny_trainer import generation_batch, logged, make_trainer
+
+BF16_PREPACK_UNSUPPORTED = prepack_unsupported(torch.bfloat16)  # e.g. an AVX2-only CPU, or GRPO_EXP_ONEDNN_BF16=0
+NO_AVX512 = "this CPU cannot prepack bfloat16 weights for oneDNN (needs AVX-512 BW/VL/DQ or AVX-NE-CONVERT)"
 
 
 def by_index(completions, **kwargs):
@@ -124,7 +137,7 @@ def test_in_the_trainer_the_fast_copy_samples_as_trl_does(tmp_path):
     expected = generation_batch(plain, prompts=2)
     torch.manual_seed(3)
     batch = generation_batch(fast, prompts=2)
-    assert fast._sampling_copy is not None and fast._sampling_copy.prepack
+    assert fast.sampler.copy is not None and fast.sampler.copy.prepack
     assert torch.equal(batch["completion_ids"], expected["completion_ids"])
     # float32 samples the policy's own distribution: no behaviour-policy correction, as in TRL
     assert "sampling_per_token_logps" not in batch and "old_per_token_logps" not in batch
@@ -136,24 +149,103 @@ def test_in_the_trainer_the_fast_copy_samples_as_trl_does(tmp_path):
     assert torch.equal(again["completion_ids"], expected["completion_ids"])
 
 
+@pytest.mark.skipif(BF16_PREPACK_UNSUPPORTED is not None, reason=str(BF16_PREPACK_UNSUPPORTED))
 def test_with_bfloat16_generation_the_prepacked_copy_is_bfloat16_and_corrected(tmp_path):
     trainer = make_trainer(tmp_path, by_index, prompts=2, fast_generation=True, bfloat16_generation=True)
     batch = generation_batch(trainer, prompts=2)
-    packed = next(iter(trainer._sampling_copy.prepacked.values()))
+    packed = next(iter(trainer.sampler.copy.prepacked.values()))
     assert isinstance(packed, PrepackedLinear) and packed.dtype == torch.bfloat16
     assert batch["old_per_token_logps"] is batch["sampling_per_token_logps"]
 
 
+@pytest.fixture
+def without_bf16_prepack(monkeypatch):
+    """This CPU as one without AVX-512 BW/VL/DQ or AVX-NE-CONVERT (an AVX2-only AMD EPYC), through the user's lever."""
+    monkeypatch.setenv(ONEDNN_BF16_ENV, "0")
+
+
+def test_on_a_cpu_without_avx512_the_probe_reports_the_kernels_own_refusal():
+    """oneDNN capped at AVX2 (ONEDNN_MAX_CPU_ISA, read when it starts: a fresh process) is an AVX2-only CPU such as
+    an AMD EPYC's: bfloat16 is refused with the kernel's own message, float32 still prepacks."""
+    script = (
+        "import torch; from grpo_exp.trainer.sampling_copy import prepack_unsupported; "
+        "print(prepack_unsupported(torch.bfloat16)); print(prepack_unsupported(torch.float32))"
+    )
+    env = {key: value for key, value in os.environ.items() if key != ONEDNN_BF16_ENV} | {"ONEDNN_MAX_CPU_ISA": "AVX2"}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    bfloat16, float32 = result.stdout.splitlines()[-2:]
+    assert bfloat16.startswith(f"{NO_AVX512}: mkldnn_reorder_linear_weight: bf16 path needs the cpu support")
+    assert float32 == "None"
+
+
+def test_the_cpu_probe_leaves_torch_s_random_generator_as_it_was():
+    """The probe runs when a seeded trainer is built: a draw from the global generator would change its samples."""
+    from grpo_exp.trainer.sampling_copy import _probe_failure
+
+    _probe_failure.cache_clear()
+    torch.manual_seed(0)
+    expected = torch.rand(4)
+    torch.manual_seed(0)
+    prepack_unsupported(torch.float32), prepack_unsupported(torch.bfloat16)
+    assert torch.equal(torch.rand(4), expected)
+
+
+def test_forced_off_bfloat16_is_unsupported_and_only_the_prepacked_copy_is_refused(tiny_policy, without_bf16_prepack):
+    policy, _ = tiny_policy
+    reason = prepack_unsupported(torch.bfloat16)
+    assert reason == f"{NO_AVX512}: {ONEDNN_BF16_ENV}=0 turns bfloat16 prepacking off"
+    assert prepack_unsupported(torch.float32) is None and sampling.can_prepack()
+    with pytest.raises(RuntimeError, match=re.escape(reason)):
+        SamplingCopy(policy, torch.bfloat16, prepack=True)
+    assert not SamplingCopy(policy, torch.bfloat16).prepacked  # plain torch matmuls: any CPU
+    assert SamplingCopy(policy, torch.float32, prepack=True).prepacked
+
+
+def test_without_the_bfloat16_prepack_auto_turns_off_and_the_bfloat16_copy_trains(
+    tmp_path, monkeypatch, caplog, without_bf16_prepack
+):
+    monkeypatch.setattr(sampling, "x86_64", lambda: True)  # where auto is on
+    trainer = make_trainer(tmp_path, by_index, prompts=2, fast_generation=None, bfloat16_generation=True)
+    assert trainer.sampler.fast
+    trainer.train()  # 2 steps of the debug trainer
+    assert not trainer.sampler.fast and not trainer.sampler.copy.prepack
+    assert {p.dtype for p in trainer.sampler.copy.copy.parameters()} == {torch.bfloat16}
+    assert f"trainer.fast_generation (auto) is off: with trainer.bfloat16_generation=true, {NO_AVX512}" in caplog.text
+    losses = logged(trainer, "loss")
+    assert len(losses) == 2 and all(math.isfinite(loss) for loss in losses)
+    assert logged(trainer, "clip_ratio/region_mean")  # the loss's ratio is still taken against the copy
+
+
+def test_without_the_bfloat16_prepack_a_bfloat16_policy_samples_itself(
+    tmp_path, monkeypatch, caplog, without_bf16_prepack
+):
+    monkeypatch.setattr(sampling, "x86_64", lambda: True)
+    trainer = make_trainer(tmp_path, by_index, prompts=2, fast_generation=None)
+    trainer.model.to(torch.bfloat16)
+    batch = generation_batch(trainer, prompts=2)
+    assert not trainer.sampler.fast and trainer.sampler.copy is None and batch["completion_ids"].numel() > 0
+    assert f"is off: with model.dtype=bfloat16, {NO_AVX512}" in caplog.text
+
+
+def test_without_the_bfloat16_prepack_an_explicit_request_with_bfloat16_is_refused(tmp_path, without_bf16_prepack):
+    trainer = make_trainer(tmp_path, by_index, prompts=2, fast_generation=True, bfloat16_generation=True)
+    refusal = f"trainer.fast_generation=true: with trainer.bfloat16_generation=true, {NO_AVX512}: "
+    advice = "; use trainer.fast_generation=false or drop trainer.bfloat16_generation=true"
+    with pytest.raises(UserError, match=f"{re.escape(refusal)}.*{re.escape(advice)}"):
+        trainer.train()
+
+
 def test_by_default_it_is_on_where_it_was_measured_to_pay(tmp_path, monkeypatch):
     assert compose_config([]).trainer.fast_generation is None  # auto
-    assert make_trainer(tmp_path, by_index, prompts=2, fast_generation=None).fast_generation == seam.x86_64()
+    assert make_trainer(tmp_path, by_index, prompts=2, fast_generation=None).sampler.fast == sampling.x86_64()
     paged = make_trainer(
         tmp_path, by_index, prompts=2, fast_generation=None, overrides=["+trainer.extra.use_transformers_paged=true"]
     )
-    assert not paged.fast_generation  # TRL samples elsewhere: left to it
-    monkeypatch.setattr(seam, "x86_64", lambda: False)
-    assert not make_trainer(tmp_path, by_index, prompts=2, fast_generation=None).fast_generation
-    assert make_trainer(tmp_path, by_index, prompts=2, fast_generation=True).fast_generation  # asked for: on
+    assert not paged.sampler.fast  # TRL samples elsewhere: left to it
+    monkeypatch.setattr(sampling, "x86_64", lambda: False)
+    assert not make_trainer(tmp_path, by_index, prompts=2, fast_generation=None).sampler.fast
+    assert make_trainer(tmp_path, by_index, prompts=2, fast_generation=True).sampler.fast  # asked for: on
 
 
 def test_a_model_the_prepacked_copy_cannot_run_turns_auto_off_and_refuses_an_explicit_request(tmp_path, caplog):
@@ -163,7 +255,7 @@ def test_a_model_the_prepacked_copy_cannot_run_turns_auto_off_and_refuses_an_exp
     lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
     auto = make_trainer(tmp_path, by_index, prompts=2, fast_generation=None, peft_config=lora)
     batch = generation_batch(auto, prompts=2)
-    assert not auto.fast_generation and auto._sampling_copy is None and batch["completion_ids"].numel() > 0
+    assert not auto.sampler.fast and auto.sampler.copy is None and batch["completion_ids"].numel() > 0
     assert "trainer.fast_generation (auto) is off" in caplog.text
     asked = make_trainer(tmp_path, by_index, prompts=2, fast_generation=True, peft_config=lora)
     with pytest.raises(UserError, match="trainer.fast_generation=true: the prepacked copy does not run this model"):
@@ -181,7 +273,7 @@ def test_the_probe_catches_a_copy_whose_logits_differ(tiny_policy, monkeypatch):
 
 
 def test_without_onednn_it_is_refused_naming_the_key(tmp_path, monkeypatch):
-    monkeypatch.setattr(seam, "can_prepack", lambda: False)
+    monkeypatch.setattr(sampling, "can_prepack", lambda: False)
     with pytest.raises(UserError, match=r"trainer.fast_generation .* no oneDNN .* generation=transformers"):
         make_trainer(tmp_path, by_index, prompts=2, fast_generation=True)
 
@@ -201,12 +293,13 @@ def test_without_onednn_it_is_refused_naming_the_key(tmp_path, monkeypatch):
 )
 def test_other_generation_paths_are_refused_with_it(overrides, message):
     with pytest.raises(UserError, match=message):
-        check_trainer(compose_config(overrides).trainer)
+        check_trainer(compose_config(overrides).trainer, 1, multiturn=False, policy_dtype=torch.float32)
 
 
 def test_multi_turn_rollouts_are_refused_with_it():
     with pytest.raises(UserError, match="trainer.fast_generation is not used there"):
-        build_rollout(compose_config(["generation=transformers_fast", "rollout=multiturn"]))
+        cfg = compose_config(["generation=transformers_fast", "rollout=multiturn"])
+        check_trainer(cfg.trainer, 1, multiturn=True, policy_dtype=torch.float32)
 
 
 @pytest.mark.e2e

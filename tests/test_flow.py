@@ -88,7 +88,7 @@ def test_the_tools_system_message_and_demo_come_before_the_task():
     from omegaconf import OmegaConf
 
     from grpo_exp.rollout.multiturn import MultiTurnRollout
-    from tests.conftest import compose_config
+    from support.config import compose_config
 
     cfg = compose_config(["rollout=multiturn"]).rollout
     task = [{"role": "user", "content": "Calculate 1 + 2."}]

@@ -13,8 +13,9 @@ from grpo_exp.rewards.judge import build_judge, make_judge_reward
 from grpo_exp.rewards.rubric import parse_rubric_reply, rubric_messages
 from grpo_exp.run.tracking import read_metrics
 from grpo_exp.text import prompt_text
-from tests.conftest import TINY_RUN, compose_config, run_cli
-from tests.servers import LLAMA_ALIAS, free_port, llama_cpp_server, stub_server
+from support.config import TINY_RUN, compose_config
+from support.servers import LLAMA_ALIAS, free_port, llama_cpp_server, stub_server
+from tests.helpers.cli import run_cli
 
 
 @pytest.mark.parametrize(

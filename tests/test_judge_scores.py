@@ -10,17 +10,17 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from grpo_exp.data import load_splits
-from grpo_exp.models import build_tiny_model, load_tokenizer
+from grpo_exp.models import load_tokenizer
 from grpo_exp.rewards.judge import RubricJudge, build_judge, chat_prompt
 from grpo_exp.rewards.rubric import CRITERIA, expected_score, rubric_messages, rubric_reward, score_position
 from grpo_exp.rewards.score_tokens import score_token_ids, score_tokens_locally
 from grpo_exp.rollout.flow import group_advantages
 from grpo_exp.stats import impute_group_means, score_statistics
-from grpo_exp.trainer.config import grpo_config
-from grpo_exp.trainer.seam import aggregated_reward
-from tests.conftest import TINY_RUN, compose_config
-from tests.servers import LLAMA_ALIAS, free_port, llama_cpp_server, stub_server
-from tests.test_trl_contract import Recording
+from grpo_exp.trainer.config import grpo_exp_config
+from grpo_exp.trainer.scored_batch import aggregated_reward
+from support.config import TINY_RUN, compose_config
+from support.servers import LLAMA_ALIAS, free_port, llama_cpp_server, stub_server
+from tests.helpers.tiny_trainer import PLAIN_TRL, Recording, knob_overrides
 
 
 def test_the_reply_is_opened_at_each_criterions_score():
@@ -41,10 +41,10 @@ def test_expected_score_renormalises_over_the_five_tokens():
 
 
 @pytest.fixture(scope="module")
-def tiny():
+def tiny(tiny_model_dirs):
     cfg = compose_config(TINY_RUN)
     tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
-    return build_tiny_model(cfg.model, tokenizer, seed=0).eval(), tokenizer
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dirs(seed=0)).eval(), tokenizer
 
 
 def judge_prompts(tokenizer, pairs) -> list[str]:
@@ -188,15 +188,14 @@ def length_reward(completions, **kwargs):
     return [len(c[-1]["content"]) / 100 for c in completions]
 
 
-def test_in_a_real_step_the_failed_member_gets_the_advantage_of_its_other_rewards(tmp_path):
-    cfg = compose_config([*TINY_RUN, "trainer.num_generations=4", "trainer.max_steps=1", "logger=none"])
+def test_in_a_real_step_the_failed_member_gets_the_advantage_of_its_other_rewards(tmp_path, tiny_model_dir):
+    one_step = ["trainer.num_generations=4", "trainer.max_steps=1", "logger=none", *knob_overrides(PLAIN_TRL)]
+    cfg = compose_config([*TINY_RUN, *one_step])
     tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
-    model_dir = tmp_path / "model"
-    build_tiny_model(cfg.model, tokenizer, cfg.trainer.seed).save_pretrained(model_dir)
     trainer = Recording(
-        model=AutoModelForCausalLM.from_pretrained(model_dir),
+        model=AutoModelForCausalLM.from_pretrained(tiny_model_dir),
         reward_funcs=[length_reward, judge_like],
-        args=grpo_config(cfg.trainer, tmp_path / "trainer", "none", [1.0, 1.0], False),
+        args=grpo_exp_config(cfg.trainer, tmp_path / "trainer", "none", [1.0, 1.0], False),
         train_dataset=load_splits(cfg.dataset)[0],
         processing_class=tokenizer,
     )

@@ -6,7 +6,7 @@ import torch
 from grpo_exp.errors import UserError
 from grpo_exp.models import check_reachable, load_tokenizer, materialise_embedded, torch_dtype
 from grpo_exp.schema import DType
-from tests.conftest import compose_config
+from support.config import compose_config
 
 
 def test_chat_template_option_takes_a_string_or_a_file(tmp_path):

@@ -14,7 +14,8 @@ import yaml
 from grpo_exp.errors import UserError
 from grpo_exp.run.resume import carry_history, explicit_attempt, find_attempt, last_checkpoint, load_attempt
 from grpo_exp.run.tracking import read_metrics
-from tests.conftest import TINY_RUN, run_cli
+from support.config import TINY_RUN
+from tests.helpers.cli import run_cli
 
 # Eight steps, a resumable checkpoint every two; `length` gives the tiny model's completions a reward spread.
 RUN = [*TINY_RUN, "reward=math+format+length", "trainer.max_steps=8", "trainer.save_steps=2"]

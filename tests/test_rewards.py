@@ -7,8 +7,10 @@ from grpo_exp.errors import UserError
 from grpo_exp.rewards.format import make_format_reward
 from grpo_exp.rewards.length import make_length_reward
 from grpo_exp.rewards.math import make_math_reward
-from grpo_exp.rewards.registry import build_rewards
+from grpo_exp.rewards.registry import build_rewards, reward_weights, typed_components
+from grpo_exp.schema import FormatStyle
 from grpo_exp.text import boxed_content, completion_text, last_boxed_span
+from support.reward_cases import ADVERSARIAL
 
 
 def chat(text: str) -> list[dict]:
@@ -51,16 +53,6 @@ def test_math_reward_skips_unparseable_reference():
     assert make_math_reward()([chat("\\boxed{1}")], ["no number here"]) == [None]
 
 
-ADVERSARIAL = {
-    "power tower": "\\boxed{2^{2^{2^{2^{2^{2^{2}}}}}}}",
-    "plain power tower": "so the answer is 9^9^9^9^9",
-    "huge factorial": "\\boxed{(10^{10})!}",
-    "100 KB of digits": "9" * 100_000,
-    "deeply nested braces": "\\boxed{" + "{" * 5000 + "1" + "}" * 5000 + "}",
-    "nested fractions": "\\boxed{" + "\\frac{1}{" * 300 + "2" + "}" * 300 + "}",
-}
-
-
 @pytest.mark.parametrize("name", list(ADVERSARIAL))
 def test_math_reward_on_pathological_completions_finishes_and_scores_zero(name):
     # Bounded by math-verify's timeouts (2 s per parse/compare) and the 4,000-character tail.
@@ -81,7 +73,7 @@ def test_math_reward_on_pathological_completions_finishes_and_scores_zero(name):
     ],
 )
 def test_format_boxed(text, strict, expected):
-    assert make_format_reward("boxed", strict)([chat(text)]) == [expected]
+    assert make_format_reward(FormatStyle.boxed, strict)([chat(text)]) == [expected]
 
 
 @pytest.mark.parametrize(
@@ -96,7 +88,7 @@ def test_format_boxed(text, strict, expected):
     ],
 )
 def test_format_think_answer(text, strict, expected):
-    assert make_format_reward("think_answer", strict)([chat(text)]) == [expected]
+    assert make_format_reward(FormatStyle.think_answer, strict)([chat(text)]) == [expected]
 
 
 @pytest.mark.parametrize(
@@ -109,7 +101,7 @@ def test_format_think_answer(text, strict, expected):
     ],
 )
 def test_format_hash(text, strict, expected):
-    assert make_format_reward("hash", strict)([chat(text)]) == [expected]
+    assert make_format_reward(FormatStyle.hash, strict)([chat(text)]) == [expected]
 
 
 def test_length_reward_is_linear_and_clipped():
@@ -133,7 +125,8 @@ def test_boxed_span_handles_nesting_and_unbalanced_input_in_linear_time():
 
 def test_build_rewards_keeps_the_order_names_and_weights():
     cfg = OmegaConf.create({"components": {"format": {"weight": 0.2, "style": "hash"}, "math": {"weight": 1.0}}})
-    functions, weights = build_rewards(cfg)
+    components = typed_components(cfg)
+    functions, weights = build_rewards(components), reward_weights(components)
     assert [f.__name__ for f in functions] == ["format", "math"]
     assert weights == [0.2, 1.0]
 
@@ -149,5 +142,5 @@ def test_build_rewards_keeps_the_order_names_and_weights():
 )
 def test_build_rewards_rejects_bad_components(components, message):
     with pytest.raises(UserError) as err:
-        build_rewards(OmegaConf.create({"components": components}))
+        typed_components(OmegaConf.create({"components": components}))
     assert message in str(err.value)

@@ -8,16 +8,18 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from grpo_exp.data import load_splits
-from grpo_exp.models import build_tiny_model, load_tokenizer
+from grpo_exp.models import load_tokenizer
 from grpo_exp.rewards.math import make_math_reward
 from grpo_exp.rollout.flow import group_advantages, turn_spans
 from grpo_exp.rollout.multiturn import MultiTurnRollout, greedy_generation, scored_on_final_turn
 from grpo_exp.run.tracking import read_metrics
-from grpo_exp.trainer.config import grpo_config
+from grpo_exp.trainer.config import grpo_exp_config
 from grpo_exp.trainer.seam import as_rollout_func
 from grpo_exp.trainer.trainer import GRPOExpTrainer
 from grpo_exp.verification.rule import math_verify_verifier
-from tests.conftest import TINY_RUN, compose_config, run_cli
+from support.config import TINY_RUN, compose_config
+from tests.helpers.cli import run_cli
+from tests.helpers.tiny_trainer import PLAIN_TRL, knob_overrides
 
 MULTITURN = [
     *TINY_RUN,
@@ -36,13 +38,13 @@ def demonstration(row: dict) -> str:
 
 
 @pytest.fixture(scope="module")
-def protocol_model(tmp_path_factory):
+def protocol_model(tmp_path_factory, tiny_model_dir):
     """The tiny random model, fine-tuned for a few seconds on demonstrations so that it calls the calculator
     (a random model never writes <calc>...</calc>); saved like any pretrained model."""
     cfg = compose_config(MULTITURN)
     tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
     torch.manual_seed(0)
-    model = build_tiny_model(cfg.model, tokenizer, cfg.trainer.seed)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     rollout = MultiTurnRollout(cfg.rollout)
     rows = list(load_splits(cfg.dataset)[0])[:48]
     examples = []
@@ -100,7 +102,13 @@ def test_trajectories_interleave_turns_and_masked_observations(protocol_model):
 @pytest.mark.e2e  # the protocol_model fixture fine-tunes for a minute on 2 cores
 def test_trl_receives_the_mask_and_normalises_rewards_per_trajectory(protocol_model, tmp_path):
     cfg = compose_config(
-        [*MULTITURN, "model=pretrained", f"model.name_or_path={protocol_model}", "trainer.num_generations=4"]
+        [
+            *MULTITURN,
+            "model=pretrained",
+            f"model.name_or_path={protocol_model}",
+            "trainer.num_generations=4",
+            *knob_overrides(PLAIN_TRL),
+        ]
     )
     tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
     train_set, _ = load_splits(cfg.dataset)
@@ -111,14 +119,14 @@ def test_trl_receives_the_mask_and_normalises_rewards_per_trajectory(protocol_mo
         samples_path=tmp_path / "samples.jsonl",
         model=AutoModelForCausalLM.from_pretrained(protocol_model),
         reward_funcs=[math_reward],
-        args=grpo_config(cfg.trainer, tmp_path / "trainer", "none", [1.0], False),
+        args=grpo_exp_config(cfg.trainer, tmp_path / "trainer", "none", [1.0], False),
         train_dataset=train_set,
         processing_class=tokenizer,
         rollout_func=as_rollout_func(MultiTurnRollout(cfg.rollout)),
     )
     inputs = [dict(train_set[i]) for i in range(2) for _ in range(4)]
     torch.manual_seed(0)
-    output = trainer._generate_and_score_completions(inputs)
+    output = trainer.generate_and_score(inputs)
 
     loss_mask = output["completion_mask"] * output["tool_mask"]
     assert (output["tool_mask"] == 0).any(), "some trajectory should hold an observation"
@@ -131,7 +139,7 @@ def test_trl_receives_the_mask_and_normalises_rewards_per_trajectory(protocol_mo
         assert tokenizer.decode(dropped).count("\n<result>") == row["tool_calls"] - (not row["ended"])
         assert row["final_turn"] in tokenizer.decode(kept, skip_special_tokens=True)
         assert len(turn_spans(mask[full.bool()].tolist())) == row["num_turns"]
-    rewards = torch.tensor(list(trainer._logs["rewards"]["math"])).view(2, 4)
+    rewards = torch.tensor(trainer.last_rewards("math")).view(2, 4)
     assert torch.allclose(output["advantages"], group_advantages(rewards).flatten(), atol=1e-5)
 
 
@@ -205,10 +213,10 @@ def test_evaluate_plays_trajectories_with_the_tools(protocol_model):
 )
 def test_bad_multiturn_settings_are_refused_before_any_model_loads(overrides, message):
     from grpo_exp.errors import UserError
-    from grpo_exp.run.experiment import check_and_build
+    from grpo_exp.run.resolve import resolve
 
     with pytest.raises(UserError, match=message):
-        check_and_build(compose_config([*MULTITURN, *overrides]))
+        resolve(compose_config([*MULTITURN, *overrides]))
 
 
 @pytest.mark.slow

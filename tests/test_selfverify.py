@@ -8,9 +8,11 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from transformers import AutoModelForCausalLM
 
-from grpo_exp.models import build_tiny_model, load_tokenizer
+from grpo_exp.models import load_tokenizer
 from grpo_exp.run.tracking import read_metrics
+from grpo_exp.schema import ShownPart
 from grpo_exp.text import tokens_covering
 from grpo_exp.verification.p_yes import p_yes_from_logits, question_messages, yes_no_token_ids
 from grpo_exp.verification.selfverify import (
@@ -31,8 +33,9 @@ from grpo_exp.verification.selfverify import (
     verification_reward,
 )
 from grpo_exp.verification.task import SelfVerificationTask
-from tests.conftest import TINY_RUN, compose_config, run_cli
-from tests.tiny_trainer import G, Recording, generation_batch, make_trainer
+from support.config import TINY_RUN, compose_config
+from tests.helpers.cli import run_cli
+from tests.helpers.tiny_trainer import G, Recording, generation_batch, make_trainer
 
 candidate_lists = st.lists(
     st.builds(
@@ -143,7 +146,7 @@ def test_verdicts_and_rewards():
     assert verification_reward(NO, YES, 1.0, False) == 0.0 and verification_reward(None, NO, 1.0, False) == 0.0
     c = Candidate(0, "What is 2+2?", "2+2 is \\boxed{4}", "4", True, 1.0)
     assert verification_prompt(c, "Q: {question} A: {answer}")[0]["content"] == "Q: What is 2+2? A: 4"
-    assert verification_prompt(c, "A: {answer}", show="solution")[0]["content"] == "A: 2+2 is \\boxed{4}"
+    assert verification_prompt(c, "A: {answer}", show=ShownPart.solution)[0]["content"] == "A: 2+2 is \\boxed{4}"
 
 
 def test_the_verdict_span_ends_where_the_verdict_was_read():
@@ -246,10 +249,10 @@ def test_judgement_and_probability_metrics_hand_computed():
     )
 
 
-def test_p_yes_matches_a_hand_computed_softmax_on_a_tiny_model():
+def test_p_yes_matches_a_hand_computed_softmax_on_a_tiny_model(tiny_model_dirs):
     cfg = compose_config(["model=tiny"])
     tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
-    model = build_tiny_model(cfg.model, tokenizer, seed=3).eval()
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dirs(seed=3)).eval()
     yes, no = yes_no_token_ids(tokenizer, "Yes", "No")
     conversations = [
         question_messages("{question} {answer} Correct?", q, a)
@@ -304,10 +307,10 @@ def test_each_schedule_trains_on_verification_prompts(schedule, verification_ste
 
 def test_confidence_needs_a_generative_verifier():
     from grpo_exp.errors import UserError  # printed as one message, no traceback (tests/test_cli.py)
-    from grpo_exp.run.build import check_and_build
+    from grpo_exp.run.resolve import resolve
 
     with pytest.raises(UserError, match="verifier=genrm"):
-        check_and_build(compose_config([*TINY_RUN, "reward=math+confidence", "logger=none"]))
+        resolve(compose_config([*TINY_RUN, "reward=math+confidence", "logger=none"]))
 
 
 @pytest.mark.e2e
@@ -334,7 +337,7 @@ def test_genrm_p_yes_from_an_openai_compatible_endpoint_with_logprobs():
     from omegaconf import OmegaConf
 
     from grpo_exp.verification.p_yes import build_p_yes
-    from tests.servers import LLAMA_ALIAS, free_port, llama_cpp_server
+    from support.servers import LLAMA_ALIAS, free_port, llama_cpp_server
 
     port = free_port()
     cfg = compose_config(
@@ -383,12 +386,12 @@ def test_the_confidence_reward_asks_about_the_final_answer_and_gives_no_answer_z
 
     cfg = compose_config([*TINY_RUN, "verifier=genrm", "verifier.model=tiny"])
     scorer = PYesScorer(cfg.verifier, cfg.model, cfg.cache_dir)
-    reward = make_confidence_reward(scorer, show="answer")
+    reward = make_confidence_reward(scorer, show=ShownPart.answer)
     completions = [[{"role": "assistant", "content": "so it is \\boxed{5}"}], [{"role": "assistant", "content": "?"}]]
     prompts = [[{"role": "user", "content": "Calculate 2 + 3. Box it."}]] * 2
     scores = reward(prompts, completions, question=["Calculate 2 + 3.", "Calculate 2 + 3."])
     assert scores[1] == 0.0 and scores[0] == pytest.approx(scorer(["Calculate 2 + 3."], ["5"])[0])
-    whole = make_confidence_reward(scorer, show="solution")(prompts, completions, question=["q", "q"])
+    whole = make_confidence_reward(scorer, show=ShownPart.solution)(prompts, completions, question=["q", "q"])
     assert whole[0] == pytest.approx(scorer(["Calculate 2 + 3. Box it."], ["so it is \\boxed{5}"])[0])
 
 

@@ -4,10 +4,9 @@ log-probabilities, entropies and gradients (tiny model, a real generated batch, 
 import pytest
 import torch
 from transformers import LlamaConfig
-from trl import GRPOTrainer
 
 from grpo_exp.trainer.shared_prompt import IGNORE, pack_groups, packable, unpack
-from tests.tiny_trainer import G, generation_batch, make_trainer
+from tests.helpers.tiny_trainer import G, generation_batch, make_trainer
 
 
 def distinct(completions, **kwargs):
@@ -40,15 +39,16 @@ def test_the_shared_prompt_forward_gives_trls_log_probabilities_entropies_and_gr
     packed = pack_groups(ids, mask, width, trainer.processing_class.pad_token_id)
     assert packed.input_ids.shape[0] == 3 and packed.input_ids.numel() < 0.75 * ids.numel()  # fewer tokens
 
-    def read(method):
+    def read(shared_prompt_forward: bool):
+        trainer.args.shared_prompt_forward = shared_prompt_forward  # false: the seam hands the forward to TRL's
         trainer.model.zero_grad(set_to_none=True)
-        logps, entropies, _ = method(trainer, trainer.model, ids, mask, width, compute_entropy=True)
+        logps, entropies = trainer.per_token_logps(trainer.model, ids, mask, width, compute_entropy=True)
         (logps * batch["completion_mask"]).sum().backward()
         grads = torch.cat([p.grad.flatten() for p in trainer.model.parameters()])
         return logps.detach(), entropies.detach(), grads
 
-    shared = read(type(trainer)._get_per_token_logps_and_entropies)
-    trls = read(GRPOTrainer._get_per_token_logps_and_entropies)
+    shared = read(True)
+    trls = read(False)
     for ours, theirs in zip(shared, trls, strict=True):
         torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-5)
 
@@ -63,17 +63,16 @@ def test_only_models_that_read_a_packed_group_as_trls_rows_are_packed(attention,
     assert packable(config) is expected
 
 
-def test_a_model_that_cannot_be_packed_uses_trls_forward(tmp_path, monkeypatch):
+def test_a_model_that_cannot_be_packed_uses_trls_forward(tmp_path):
     trainer = make_trainer(tmp_path, distinct, shared_prompt_forward=True)
     trainer.model.config.sliding_window = 8
     calls = []
-    original = GRPOTrainer._get_per_token_logps_and_entropies
 
-    def recording(self, *args, **kwargs):
-        calls.append(args[1].shape)
-        return original(self, *args, **kwargs)
+    def recording(module, args, kwargs):  # TRL's forward scores `labels`; the packed one, `shift_labels`
+        if "labels" in kwargs:
+            calls.append(kwargs["input_ids"].shape)
 
-    monkeypatch.setattr(GRPOTrainer, "_get_per_token_logps_and_entropies", recording)
+    trainer.model.register_forward_pre_hook(recording, with_kwargs=True)
     ids = torch.tensor([[1, 2, 3, 4]], device=trainer.model.device)
-    trainer._get_per_token_logps_and_entropies(trainer.model, ids, torch.ones_like(ids), 2)
+    trainer.per_token_logps(trainer.model, ids, torch.ones_like(ids), 2)
     assert calls == [(1, 4)]

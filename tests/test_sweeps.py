@@ -12,7 +12,8 @@ from hydra import compose, initialize_config_dir
 from grpo_exp.paths import CONF_DIR
 from grpo_exp.run.files import STATUS_FILE
 from grpo_exp.run.tracking import read_metrics
-from tests.conftest import TINY_RUN, run_cli
+from support.config import TINY_RUN
+from tests.helpers.cli import run_cli
 
 QUICK = [*TINY_RUN, "eval.before=false"]
 

@@ -7,18 +7,13 @@ import torch
 import yaml
 from transformers import AutoModelForCausalLM
 
-from grpo_exp.models import build_tiny_model, load_tokenizer
 from grpo_exp.run.tracking import read_metrics
-from tests.conftest import TINY_RUN, compose_config, run_cli
-
-
-def initial_tiny_model():
-    cfg = compose_config(TINY_RUN)
-    return build_tiny_model(cfg.model, load_tokenizer(cfg.model, cfg.cache_dir), cfg.trainer.seed)
+from support.config import TINY_RUN
+from tests.helpers.cli import run_cli
 
 
 @pytest.mark.e2e
-def test_tiny_training_updates_the_weights_and_writes_the_run_directory(tmp_path):
+def test_tiny_training_updates_the_weights_and_writes_the_run_directory(tmp_path, tiny_model_dir):
     run_dir = tmp_path / "run"
     # `length` gives random completions a reward spread, so the advantages (and the gradients) are not zero.
     result = run_cli(*TINY_RUN, "reward=math+format+length", "logger=wandb", f"hydra.run.dir={run_dir}")
@@ -33,7 +28,7 @@ def test_tiny_training_updates_the_weights_and_writes_the_run_directory(tmp_path
     assert any(m["grad_norm"] > 0 for m in steps)
 
     trained = AutoModelForCausalLM.from_pretrained(run_dir / "checkpoint-final")
-    initial = initial_tiny_model().state_dict()
+    initial = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
     changed = [name for name, p in trained.state_dict().items() if not torch.equal(p, initial[name])]
     assert changed, "GRPO did not change any weight"
 
@@ -94,13 +89,9 @@ def test_embedded_model_trains_one_step(tmp_path):
 
 
 @pytest.mark.e2e
-def test_a_local_pretrained_directory_trains_with_lora(tmp_path):
+def test_a_local_pretrained_directory_trains_with_lora(tmp_path, tiny_model_dirs):
     """The generic loader on a real directory (what a hub download gives), with peft LoRA adapters."""
-    cfg = compose_config(TINY_RUN)
-    tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
-    model_dir = tmp_path / "local_model"
-    build_tiny_model(cfg.model, tokenizer, seed=0).save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
+    model_dir = tiny_model_dirs(seed=0)  # with its tokenizer, as a hub download is
     run_dir = tmp_path / "run"
     result = run_cli(
         *TINY_RUN,

@@ -1,13 +1,16 @@
 """The contract with TRL: everything grpo_exp's one seam (grpo_exp.trainer.seam) relies on.
 
-When a TRL upgrade changes any of it (a private attribute, the layout of its last-batch logs, how it aggregates
-rewards into advantages), these tests fail and say what changed, instead of the group statistics going quietly
-wrong. TRL's GRPOTrainer really generates and scores here (tiny model), nothing is mocked.
+When a TRL upgrade changes any of it (a method the seam overrides or calls, a private attribute, the layout of its
+last-batch logs, how it aggregates rewards into advantages), these tests fail and say what changed, instead of the
+group statistics going quietly wrong. TRL's GRPOTrainer really generates and scores here (tiny model), nothing is
+mocked. And no module but the seam reads TRL's private state.
 """
 
+import ast
 import importlib.metadata
 import inspect
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,11 +19,15 @@ from transformers import AutoModelForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 
 from grpo_exp.data import load_splits
-from grpo_exp.models import build_tiny_model, load_tokenizer
-from grpo_exp.trainer.config import grpo_config
-from grpo_exp.trainer.seam import ScoredBatch, aggregated_reward
-from tests.conftest import TINY_RUN, compose_config
-from tests.tiny_trainer import Recording
+from grpo_exp.models import load_tokenizer
+from grpo_exp.trainer import seam
+from grpo_exp.trainer.config import grpo_exp_config
+from grpo_exp.trainer.scored_batch import ScoredBatch, aggregated_reward
+from grpo_exp.trainer.seam import TRL_ATTRIBUTES, TRL_METHODS, HookedGRPOTrainer
+from support.config import TINY_RUN, compose_config
+from tests.helpers.tiny_trainer import PLAIN_TRL, Recording, knob_overrides
+
+ROOT = Path(__file__).parents[1]
 
 
 def test_trl_is_pinned_to_one_minor_version_and_installed_at_it():
@@ -33,9 +40,123 @@ def test_trl_is_pinned_to_one_minor_version_and_installed_at_it():
     assert f"{major}.{minor + 1}.0" not in specifier, f"trl should be pinned to {major}.{minor}.*, not {specifier}"
 
 
-def test_grpo_trainer_still_has_what_the_seam_reads():
-    for name in ("_generate_and_score_completions", "_save_checkpoint", "_calculate_rewards"):
-        assert callable(getattr(GRPOTrainer, name, None)), f"GRPOTrainer.{name} is gone: update grpo_exp.trainer.seam"
+@pytest.mark.parametrize("name", sorted(TRL_METHODS))
+def test_grpo_trainer_still_has_each_method_the_seam_overrides_or_calls_as_the_seam_calls_it(name):
+    assert callable(getattr(GRPOTrainer, name, None)), f"GRPOTrainer.{name} is gone: update grpo_exp.trainer.seam"
+    signature = inspect.signature(getattr(GRPOTrainer, name))
+    theirs = [parameter for parameter in signature.parameters if parameter != "self"]
+    passed = list(TRL_METHODS[name])
+    assert theirs[: len(passed)] == passed, (
+        f"GRPOTrainer.{name}{signature} no longer starts with the parameters the seam passes, {passed}: "
+        "update grpo_exp.trainer.seam (and TRL_METHODS)"
+    )
+    override = HookedGRPOTrainer.__dict__.get(name)
+    if override is not None:  # TRL calls the seam's override as it calls its own method
+        ours = inspect.signature(override).parameters
+        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in ours.values())
+        missing = [] if takes_any else [parameter for parameter in theirs if parameter not in ours]
+        assert not missing, f"GRPOTrainer.{name} now takes {missing}, which the seam's override does not"
+
+
+@pytest.fixture(scope="module")
+def trl_trainer(tiny_model_dir, tmp_path_factory) -> GRPOTrainer:
+    """TRL's own GRPOTrainer (not the seam's subclass) on the tiny model, configured as grpo_exp configures it."""
+    cfg = compose_config([*TINY_RUN, "logger=none"])
+    output_dir = tmp_path_factory.mktemp("trl") / "trainer"
+    return GRPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+        reward_funcs=[length_reward],
+        args=grpo_exp_config(cfg.trainer, output_dir, "none", [1.0], False),
+        train_dataset=load_splits(cfg.dataset)[0],
+        processing_class=load_tokenizer(cfg.model, cfg.cache_dir),
+    )
+
+
+@pytest.mark.parametrize("name", TRL_ATTRIBUTES)
+def test_grpo_trainer_still_has_each_attribute_the_seam_reads(trl_trainer, name):
+    owner = trl_trainer
+    for part in name.split("."):
+        assert hasattr(owner, part), f"GRPOTrainer.{name} is gone: update grpo_exp.trainer.seam"
+        owner = getattr(owner, part)
+
+
+def trl_private_names(trainer: GRPOTrainer) -> set[str]:
+    """The `_`-prefixed names of TRL's GRPOTrainer (transformers' Trainer's among them): its methods and class
+    attributes, and what its __init__ sets on an instance."""
+    return {name for name in {*dir(GRPOTrainer), *vars(trainer)} if name.startswith("_") and not name.startswith("__")}
+
+
+def name_of(node: ast.AST) -> str | None:
+    return node.id if isinstance(node, ast.Name) else getattr(node, "attr", None)
+
+
+def trainer_classes(trees: list[ast.Module]) -> set[str]:
+    """The names of the classes that subclass TRL's trainer, through any chain of our own subclasses."""
+    classes = [node for tree in trees for node in ast.walk(tree) if isinstance(node, ast.ClassDef)]
+    trainers = {"Trainer", "GRPOTrainer"}
+    while grown := {c.name for c in classes if c.name not in trainers and {name_of(b) for b in c.bases} & trainers}:
+        trainers |= grown
+    return trainers
+
+
+def definitions(scope: ast.Module | ast.ClassDef) -> set[str]:
+    """The names a module or class defines: its functions, classes and assignments, and a class's `self.<name> =`."""
+    names = set()
+    for node in scope.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            names |= {name_of(t) for t in getattr(node, "targets", [getattr(node, "target", None)])}
+    if isinstance(scope, ast.ClassDef):
+        stored = [n for n in ast.walk(scope) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)]
+        names |= {n.attr for n in stored if name_of(n.value) == "self"}
+    return names
+
+
+def private_uses(tree: ast.Module, private: set[str]) -> list[tuple[int, str]]:
+    """Where the module names one of `private` as an attribute: `x._name`, or a string given to getattr / setattr /
+    hasattr / delattr (monkeypatch.setattr included)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in private:
+            found.append((node.lineno, f".{node.attr}"))
+        elif isinstance(node, ast.Call) and name_of(node.func) in ("getattr", "setattr", "hasattr", "delattr"):
+            named = [a.value for a in node.args if isinstance(a, ast.Constant) and a.value in private]
+            found += [(node.lineno, f"{name_of(node.func)}(..., {name!r})") for name in named]
+    return found
+
+
+def test_no_module_but_the_seam_reads_trls_private_state(trl_trainer):
+    """Every file of src/, tests/ and support/ but the seam: no `x._name` (or getattr(x, "_name")) where `_name` is
+    one of TRL's trainer's private names, and no trainer subclass defining one (an override of TRL's internals).
+    A private name of our own that TRL happens to share, defined outside any trainer class (a rollout's `_generate`),
+    is ours, not TRL's: not flagged."""
+    private = trl_private_names(trl_trainer)
+    assert {"_logs", "_metrics", "_generate_and_score_completions"} <= private  # the names this test looks for
+    the_seam = Path(seam.__file__)
+    files = [path for folder in ("src", "tests", "support") for path in sorted((ROOT / folder).rglob("*.py"))]
+    trees = {path: ast.parse(path.read_text(encoding="utf-8")) for path in files}
+    trainers = trainer_classes(list(trees.values()))
+    others = {path: tree for path, tree in trees.items() if path != the_seam}
+    ours = set().union(*(definitions(tree) for tree in others.values()))
+    classes = [
+        (path, node) for path, tree in others.items() for node in ast.walk(tree) if isinstance(node, ast.ClassDef)
+    ]
+    ours |= set().union(*(definitions(node) for _, node in classes if node.name not in trainers))
+    found = [
+        f"{path.relative_to(ROOT)}:{line} {use}"
+        for path, tree in others.items()
+        for line, use in private_uses(tree, private - ours)
+    ]
+    found += [
+        f"{path.relative_to(ROOT)}:{node.lineno} {node.name} defines {sorted(definitions(node) & private)}"
+        for path, node in classes
+        if node.name in trainers and definitions(node) & private
+    ]
+    assert not found, f"TRL's private state used outside grpo_exp.trainer.seam (give the seam a public method): {found}"
+
+
+def test_grpo_trainer_still_takes_a_rollout_func_and_its_config_defaults():
     assert "rollout_func" in inspect.signature(GRPOTrainer.__init__).parameters
     fields = {f.name: f for f in GRPOConfig.__dataclass_fields__.values()}
     assert fields["multi_objective_aggregation"].default == "sum_then_normalize"
@@ -51,7 +172,7 @@ def first_of_each_group_skipped(completions, **kwargs):
     return [None if i % 4 == 0 else float(len(c[-1]["content"]) % 3) for i, c in enumerate(completions)]
 
 
-def one_step(tmp_path, aggregation: str, scale_rewards: str = "group") -> tuple[Recording, ScoredBatch]:
+def one_step(tmp_path, model_dir, aggregation: str, scale_rewards: str = "group") -> tuple[Recording, ScoredBatch]:
     cfg = compose_config(
         [
             *TINY_RUN,
@@ -60,16 +181,15 @@ def one_step(tmp_path, aggregation: str, scale_rewards: str = "group") -> tuple[
             "logger=none",
             f"trainer.scale_rewards={scale_rewards}",
             f"+trainer.extra.multi_objective_aggregation={aggregation}",
+            *knob_overrides(PLAIN_TRL),
         ]
     )
     tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
-    model_dir = tmp_path / "model"
-    build_tiny_model(cfg.model, tokenizer, cfg.trainer.seed).save_pretrained(model_dir)
     train_set, _ = load_splits(cfg.dataset)
     trainer = Recording(
         model=AutoModelForCausalLM.from_pretrained(model_dir),
         reward_funcs=[length_reward, first_of_each_group_skipped],
-        args=grpo_config(cfg.trainer, tmp_path / "trainer", "none", [1.0, 0.5], False),
+        args=grpo_exp_config(cfg.trainer, tmp_path / "trainer", "none", [1.0, 0.5], False),
         train_dataset=train_set,
         processing_class=tokenizer,
     )
@@ -82,8 +202,10 @@ def one_step(tmp_path, aggregation: str, scale_rewards: str = "group") -> tuple[
     ("aggregation", "scale_rewards"),
     [("sum_then_normalize", "group"), ("sum_then_normalize", "none"), ("normalize_then_sum", "group")],
 )
-def test_the_scored_batch_is_what_trl_scored_and_its_reward_is_trls_aggregate(tmp_path, aggregation, scale_rewards):
-    trainer, batch = one_step(tmp_path, aggregation, scale_rewards)
+def test_the_scored_batch_is_what_trl_scored_and_its_reward_is_trls_aggregate(
+    tmp_path, tiny_model_dir, aggregation, scale_rewards
+):
+    trainer, batch = one_step(tmp_path, tiny_model_dir, aggregation, scale_rewards)
     n = 2 * 4
     assert batch.group_size == 4 and batch.reward_names == ["length_reward", "first_of_each_group_skipped"]
     assert len(batch.prompts) == len(batch.texts) == len(batch.rows) == n and batch.trajectories is None

@@ -3,8 +3,9 @@
 import math
 
 import pytest
+from transformers import AutoModelForCausalLM
 
-from grpo_exp.models import build_tiny_model, load_tokenizer
+from grpo_exp.models import load_tokenizer
 from grpo_exp.stats import auroc, balanced_accuracy, bootstrap_interval
 from grpo_exp.verification.benchmark import (
     benchmark_metrics,
@@ -13,7 +14,7 @@ from grpo_exp.verification.benchmark import (
     score_benchmark,
 )
 from grpo_exp.verification.selfverify import Candidate
-from tests.conftest import TINY_RUN, compose_config
+from support.config import TINY_RUN, compose_config
 
 
 def test_auroc_counts_ties_half_and_needs_both_labels():
@@ -66,10 +67,10 @@ def test_a_benchmark_is_saved_whole_and_read_back(tmp_path):
     assert load_benchmark(path) == EXAMPLES and not path.with_suffix(".partial").exists()
 
 
-def test_a_model_is_scored_on_the_benchmark_by_its_p_yes():
+def test_a_model_is_scored_on_the_benchmark_by_its_p_yes(tiny_model_dirs):
     cfg = compose_config([*TINY_RUN, "eval.verification_benchmark.resamples=50"])
     tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
-    model = build_tiny_model(cfg.model, tokenizer, seed=0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dirs(seed=0))
     bench_cfg = cfg.eval.verification_benchmark
     metrics = score_benchmark(model, tokenizer, EXAMPLES, bench_cfg, batch_size=4)
     assert metrics["verify_bench/examples"] == 4.0

@@ -6,8 +6,10 @@ import torch
 
 from grpo_exp.stats import zero_spread_groups
 from grpo_exp.trainer.trl_batch import INFORMATIVE, concatenate, loss_scale, select_rows
-from tests.conftest import TINY_RUN, logged_steps, run_cli
-from tests.tiny_trainer import G, Recording, generation_batch, logged, make_trainer
+from grpo_exp.trainer.zero_variance import fresh_inputs
+from support.config import TINY_RUN
+from tests.helpers.cli import logged_steps, run_cli
+from tests.helpers.tiny_trainer import G, Recording, generation_batch, logged, make_trainer
 
 RESAMPLE_METRICS = (
     "resample/batches",
@@ -118,10 +120,14 @@ def test_resample_stops_at_its_bound_and_trains_on_what_it_has(tmp_path):
 
 def test_resampled_prompts_are_drawn_from_the_seed_and_step(tmp_path):
     trainer = make_trainer(tmp_path, flat, "resample", prompts=2)
-    first = trainer._fresh_inputs(2, attempt=1)
-    assert [r["question"] for r in first] == [r["question"] for r in trainer._fresh_inputs(2, attempt=1)]
+
+    def draw(groups: int, attempt: int) -> list[dict]:  # as the trainer draws them at this step
+        return fresh_inputs(trainer.train_dataset, groups, G, trainer.args.seed, trainer.state.global_step, attempt)
+
+    first = draw(2, attempt=1)
+    assert [r["question"] for r in first] == [r["question"] for r in draw(2, attempt=1)]
     assert len(first) == 2 * G and first[0]["question"] == first[G - 1]["question"]
-    assert [r["question"] for r in first] != [r["question"] for r in trainer._fresh_inputs(2, attempt=2)]
+    assert [r["question"] for r in first] != [r["question"] for r in draw(2, attempt=2)]
 
 
 # ---- the batch operations, on hand-made batches ------------------------------------------------------------

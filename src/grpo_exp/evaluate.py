@@ -16,21 +16,20 @@ import torch
 import yaml
 from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
-from omegaconf import OmegaConf
 from rich.console import Console
 from rich.table import Table
 
 from grpo_exp.data import load_splits
 from grpo_exp.errors import UserError
-from grpo_exp.models import check_reachable, load_model, load_tokenizer
+from grpo_exp.models import load_model, load_tokenizer
 from grpo_exp.paths import CONF_DIR
-from grpo_exp.run.build import build_rollout
-from grpo_exp.run.evaluation import benchmark_statistics, heldout_accuracy, sampled_metrics, verification_benchmark
+from grpo_exp.run.build import build_parts
 from grpo_exp.run.files import BENCHMARK_FILE, EVALUATION_FILE, FINAL_CHECKPOINT_DIR
-from grpo_exp.run.tracking import Tracker, redact
-from grpo_exp.schema import check_values, register_schemas
+from grpo_exp.run.heldout import benchmark_statistics, heldout_accuracy, sampled_metrics, verification_benchmark
+from grpo_exp.run.resolve import resolve
+from grpo_exp.run.tracking import Tracker
+from grpo_exp.schema import register_schemas
 from grpo_exp.verification.benchmark import load_benchmark
-from grpo_exp.verification.rule import math_verify_verifier
 
 EPILOG = """\
 The first argument may be a grpo_exp run directory (its config is re-composed and its checkpoint-final
@@ -80,14 +79,13 @@ def main(argv: list[str] | None = None) -> dict:
     overrides, out_dir = resolve_source(parse_args(sys.argv[1:] if argv is None else argv))
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
-    check_values(cfg)
-    verifier = math_verify_verifier()
-    rollout = build_rollout(cfg)
-    check_reachable(cfg.model)
+    spec = resolve(cfg, processes=1)
+    parts = build_parts(spec)
+    verifier, rollout = parts.verifier, parts.rollout
     train, heldout = load_splits(cfg.dataset)
     tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
     model = load_model(cfg.model, tokenizer, cfg.cache_dir, cfg.trainer.seed)
-    max_new_tokens = cfg.eval.max_new_tokens or cfg.trainer.max_completion_length
+    max_new_tokens = spec.eval_max_new_tokens
     greedy = heldout_accuracy(
         model, tokenizer, heldout, verifier, max_new_tokens, cfg.eval.batch_size, "greedy", rollout
     )
@@ -118,9 +116,9 @@ def main(argv: list[str] | None = None) -> dict:
         examples = (
             load_benchmark(own)
             if own.is_file()
-            else verification_benchmark(cfg, model, tokenizer, train, heldout, verifier, out_dir)
+            else verification_benchmark(spec, model, tokenizer, train, heldout, verifier, out_dir)
         )
-        results |= benchmark_statistics(model, tokenizer, examples, cfg)
+        results |= benchmark_statistics(model, tokenizer, examples, spec)
     as_json = {k: None if isinstance(v, float) and v != v else v for k, v in results.items()}  # NaN -> null
     (out_dir / EVALUATION_FILE).write_text(json.dumps(as_json, indent=2) + "\n", encoding="utf-8")
     table = Table(title=f"held-out evaluation ({cfg.dataset.name})", show_header=False)
@@ -129,8 +127,8 @@ def main(argv: list[str] | None = None) -> dict:
     Console(width=120).print(table)
     print(f"Written to {out_dir / EVALUATION_FILE}")
     if cfg.eval.log_to_wandb:
-        config = redact(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
-        tracker = Tracker(cfg.logger, out_dir, f"eval:{results['model']}", None, [], config, job_type="eval")
+        name = f"eval:{results['model']}"
+        tracker = Tracker(cfg.logger, out_dir, name, None, [], spec.saved_config, job_type="eval")
         tracker.summary({k: v for k, v in results.items() if isinstance(v, int | float)})
         tracker.finish(failed=False)
     return results

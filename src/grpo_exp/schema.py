@@ -2,9 +2,9 @@
 
 The YAML files of conf/ hold only what makes an option that option (its name, source, task...); `--help` and
 `--cfg job` show the composed result. Registered in Hydra's ConfigStore, the schema makes a wrong type or an
-unknown enum choice fail at composition time naming the key (and the allowed values). What a type cannot say
-(signs, ranges, formats, allowed choices of a string) is field metadata, checked by `check_values` before any
-model loads, with one message naming the key and what is allowed.
+unknown enum choice fail at composition time naming the key (and the allowed values): every choice is an Enum.
+What a type cannot say (signs, ranges, text that must appear) is field metadata, checked by `check_values` in the
+resolve phase (grpo_exp.run.resolve), with one message naming the key and what is allowed.
 """
 
 import dataclasses
@@ -21,10 +21,10 @@ from grpo_exp.errors import UserError
 BOXED_PROMPT = "{question}\nPut your final answer within \\boxed{}."
 
 
-def knob(default: Any = MISSING, *, ge=None, gt=None, le=None, lt=None, choices=None, contains=(), why=None):
+def knob(default: Any = MISSING, *, ge=None, gt=None, le=None, lt=None, contains=(), why=None):
     """A field with the bounds its value must respect (checked by check_values; None always passes: a field that
     may be None says so in its type)."""
-    limits = {"ge": ge, "gt": gt, "le": le, "lt": lt, "choices": choices, "contains": contains, "why": why}
+    limits = {"ge": ge, "gt": gt, "le": le, "lt": lt, "contains": contains, "why": why}
     return field(default=default, metadata={k: v for k, v in limits.items() if v not in (None, ())})
 
 
@@ -52,13 +52,15 @@ class AnswerFormat(Enum):
     gsm8k = "gsm8k"  # the answer column holds a solution whose final answer follows '####'
 
 
-class LossType(Enum):
+class LossType(Enum):  # TRL 1.16's loss_type values
     grpo = "grpo"
     dapo = "dapo"
     dr_grpo = "dr_grpo"
     bnpo = "bnpo"
     cispo = "cispo"
     sapo = "sapo"
+    luspo = "luspo"
+    vespo = "vespo"
 
 
 class ScaleRewards(Enum):
@@ -88,6 +90,40 @@ class SelfVerifySchedule(Enum):
     joint = "joint"  # verification prompts mixed into every batch
     interleave = "interleave"  # a verification-only step every `every` steps
     verify_only = "verify_only"  # every step is a verification step
+
+
+class FormatStyle(Enum):
+    boxed = "boxed"  # a \\boxed{...} answer
+    think_answer = "think_answer"  # <think>...</think><answer>...</answer>
+    hash = "hash"  # '#### 42' (GSM8K style)
+
+
+class ShownPart(Enum):
+    """What a verifier is shown of a completion."""
+
+    answer = "answer"  # the question and the completion's extracted final answer
+    solution = "solution"  # the whole completion
+
+
+class SelfVerifyBalance(Enum):
+    pairs = "pairs"  # exact balance per step: one correct and one incorrect answer of the same problem
+    share = "share"  # yes_share of the verification groups, on average
+
+
+class SelfVerifyObjective(Enum):
+    grpo = "grpo"  # verification prompts join the GRPO batch, rewarded for the right verdict
+    supervised = "supervised"  # a cross-entropy on the policy's P(Yes) at the verdict, added to TRL's loss
+
+
+class VerdictLossTokens(Enum):
+    verdict = "verdict"  # a verification completion counts up to the end of its verdict
+    completion = "completion"  # every token counts
+
+
+class StructuredOutput(Enum):
+    json_schema = "json_schema"  # OpenAI, vLLM, SGLang
+    json_object = "json_object"  # llama.cpp's json_object + schema
+    none = "none"  # no structured output
 
 
 class JudgeMode(Enum):
@@ -182,8 +218,7 @@ class MathReward:
 @dataclass
 class FormatReward:
     weight: float = MISSING
-    # boxed: a \boxed{...} answer | think_answer: <think>...</think><answer>...</answer> | hash: '#### 42'
-    style: str = knob("boxed", choices=("boxed", "think_answer", "hash"))
+    style: FormatStyle = FormatStyle.boxed
     strict: bool = False  # true gives 1/0; false gives 0.5 for an answer present but not cleanly at the end
 
 
@@ -213,7 +248,7 @@ class ConfidenceReward:
     # What the verifier is shown: answer: the question and the completion's final answer (a completion without
     # one scores 0), as the self-verification task and the verification benchmark ask | solution: the prompt
     # and the whole completion
-    show: str = knob("answer", choices=("answer", "solution"))
+    show: ShownPart = ShownPart.answer
 
 
 @dataclass
@@ -221,30 +256,26 @@ class SelfVerifyReward:
     weight: float = MISSING
     # joint: verification groups in every batch | interleave: a verification step every `every` steps |
     # verify_only: every step verifies (answers sampled first)
-    schedule: str = knob("joint", choices=tuple(s.value for s in SelfVerifySchedule))
+    schedule: SelfVerifySchedule = SelfVerifySchedule.joint
     every: int = knob(5, ge=1)
     fraction: float = knob(0.5, gt=0.0, le=1.0)  # joint: share of a batch's groups that are verification prompts
-    # answer: the extracted final answer only | solution: the whole completion
-    show: str = knob("answer", choices=("answer", "solution"))
+    show: ShownPart = ShownPart.answer
     drop_no_answer: bool = True  # filtering: no extractable answer
     drop_all_wrong: bool = True  # filtering: problems whose rollouts are all wrong
-    # pairs: exact balance in every step, from matched pairs (one correct and one incorrect answer of the same
-    # problem, as the Learning-to-Self-Verify code does; a step with no mixed problem in the buffer verifies
-    # nothing and says so) | share: yes_share of the `fraction` groups on average (the first design: it drifted)
-    balance: str = knob("pairs", choices=("pairs", "share"))
+    # pairs: matched pairs, as the Learning-to-Self-Verify code does (a step with no mixed problem in the buffer
+    # verifies nothing and says so) | share: yes_share of the `fraction` groups on average
+    balance: SelfVerifyBalance = SelfVerifyBalance.pairs
     pairs_per_step: int = knob(1, ge=1)  # balance=pairs: matched pairs per step (2 verification groups each)
     yes_share: float = knob(0.5, ge=0.0, le=1.0)  # balance=share: share of "Yes" (correct) examples
     per_problem: int = knob(2, ge=1)  # diversity: at most this many examples per problem (distinct answers first)
     # grpo: verification prompts join the GRPO batch, rewarded for the right verdict | supervised: they do not;
     # instead the cross-entropy of the policy's P(Yes) at the verdict's first token against the label is added
-    # to TRL's loss, x supervised_weight (the GenRM recipe; the "is it learnable at all" ceiling)
-    objective: str = knob("grpo", choices=("grpo", "supervised"))
+    # to TRL's loss, x supervised_weight (the GenRM recipe)
+    objective: SelfVerifyObjective = SelfVerifyObjective.grpo
     supervised_weight: float = knob(1.0, gt=0.0)
     # objective=grpo: the tokens of a verification completion that the loss counts. verdict: up to the end of the
-    # verdict (the verdict decides the reward; the later tokens' only part in it was not to write another one,
-    # so they add mostly noise and, normalised per completion, dilute the verdict's own gradient; a completion
-    # without a verdict counts whole) | completion: every token (the first design)
-    loss_on: str = knob("verdict", choices=("verdict", "completion"))
+    # verdict, which alone decides the reward (a completion without a verdict counts whole) | completion: all
+    loss_on: VerdictLossTokens = VerdictLossTokens.verdict
     # reward x min(pass rate, 0.5), as in the paper. A constant per group: group-normalised advantages cancel
     # it, so it needs trainer.scale_rewards=none or batch (checked).
     scale_by_pass_rate: bool = False
@@ -312,7 +343,7 @@ class JudgeSchema:
     api_key_env: str | None = None  # the NAME of the environment variable holding the key, never the key
     concurrency: int = knob(8, ge=1)  # requests in flight at once
     timeout: float = knob(30.0, gt=0.0)  # seconds per request
-    response_format: str = knob("json_schema", choices=("json_schema", "json_object", "none"))
+    response_format: StructuredOutput = StructuredOutput.json_schema
 
 
 @dataclass
@@ -434,8 +465,7 @@ class VerificationBenchmarkSchema:
     enabled: bool = False
     problems: int = knob(600, ge=1)  # problems asked (reasoning-gym: generated; files / hub: the held-out split)
     samples: int = knob(4, ge=1)  # answers sampled per problem, at `temperature`
-    # Below the training temperature so that enough answers are right: on the embedded model, 400 problems at 1.0
-    # gave 61 correct (at most 2 per problem), 600 at 0.6 the full 200 (experiments/README.md).
+    # Below the training temperature, so that enough answers are right (experiments/README.md: design notes).
     temperature: float = knob(0.6, gt=0.0)
     per_label: int = knob(200, ge=1)  # at most this many correct and as many incorrect answers
     per_problem: int = knob(2, ge=1)
@@ -542,8 +572,6 @@ def _check_value(path: str, value: Any, limits: dict) -> None:
     ):
         if bound in limits and not test(float(value), float(limits[bound])):
             raise UserError(f"{path}={value}: {why}" if why else f"{path}={value} must be {words} {limits[bound]}")
-    if "choices" in limits and value not in limits["choices"]:
-        raise UserError(f"{path}='{value}' is not one of {list(limits['choices'])}")
     missing = [part for part in limits.get("contains", ()) if part not in str(value)]
     if missing:
         raise UserError(f"{path} must contain {' and '.join(missing)} (where the text is filled in)")

@@ -2,6 +2,7 @@
 
 import re
 
+from grpo_exp.schema import FormatStyle
 from grpo_exp.text import completion_text, last_boxed_span
 
 STYLES = ("boxed", "think_answer", "hash")
@@ -37,10 +38,10 @@ def hash_score(text: str, strict: bool) -> float:
     return 0.0 if strict or not HASH_LINE.search(text) else 0.5
 
 
-SCORERS = {"boxed": boxed_score, "think_answer": think_answer_score, "hash": hash_score}
+SCORERS = {FormatStyle.boxed: boxed_score, FormatStyle.think_answer: think_answer_score, FormatStyle.hash: hash_score}
 
 
-def make_format_reward(style: str, strict: bool):
+def make_format_reward(style: FormatStyle, strict: bool):
     scorer = SCORERS[style]
 
     def format(completions, **kwargs) -> list[float]:  # noqa: A001 - TRL logs the reward under this name

@@ -38,7 +38,7 @@ from grpo_exp.rewards.rubric import (
     score_position,
 )
 from grpo_exp.rewards.score_tokens import score_tokens_locally
-from grpo_exp.schema import JudgeBackend, JudgeMode
+from grpo_exp.schema import JudgeBackend, JudgeMode, StructuredOutput
 from grpo_exp.text import completion_text, prompt_text
 
 log = logging.getLogger(__name__)
@@ -172,11 +172,11 @@ def _score_probabilities(top_logprobs: dict[str, float]) -> list[float]:
     return list(probabilities.values())
 
 
-def _response_format(kind: str) -> dict:
+def _response_format(kind: StructuredOutput) -> dict:
     """Structured output for free-text mode: OpenAI's / vLLM's json_schema, or llama.cpp's json_object + schema."""
-    if kind == "json_schema":
+    if kind is StructuredOutput.json_schema:
         return {"response_format": {"type": "json_schema", "json_schema": {"name": "rubric", "schema": REPLY_SCHEMA}}}
-    if kind == "json_object":
+    if kind is StructuredOutput.json_object:
         return {"response_format": {"type": "json_object", "schema": REPLY_SCHEMA}}
     return {}
 
@@ -234,18 +234,22 @@ class RubricJudge:
             self.cache.popitem(last=False)
 
 
-def build_judge(cfg: DictConfig, cache_dir: str) -> RubricJudge:
-    """The judge, with what the schema cannot check checked (cheap: no model is loaded, no request sent)."""
+def check_judge(cfg: DictConfig) -> None:
+    """What the schema cannot check of the judge (the resolve phase; no model is loaded, no request sent): an
+    endpoint's settings, and the model (or the endpoint's tokenizer, in scores mode) found."""
     if cfg.backend is JudgeBackend.openai:
         for key in ("model", "base_url"):
             if not cfg[key]:
                 raise UserError(f"judge.{key} is required with judge=openai")
-        backend = OpenAIJudge(cfg, cache_dir)
         if cfg.mode is JudgeMode.scores:
-            check_reachable(backend.tokenizer_cfg)
-        return RubricJudge(cfg, backend)
-    backend = LocalJudge(cfg, cache_dir)
-    check_reachable(backend.model_cfg)
+            check_reachable(OpenAIJudge(cfg, "").tokenizer_cfg)
+        return
+    check_reachable(LocalJudge(cfg, "").model_cfg)
+
+
+def build_judge(cfg: DictConfig, cache_dir: str) -> RubricJudge:
+    """The judge (cheap: the model loads, or the endpoint is asked, at the first score)."""
+    backend = OpenAIJudge(cfg, cache_dir) if cfg.backend is JudgeBackend.openai else LocalJudge(cfg, cache_dir)
     return RubricJudge(cfg, backend)
 
 

@@ -34,18 +34,26 @@ COMPONENTS: dict[str, Callable[..., Callable]] = {
 }
 
 
-def build_rewards(reward_cfg: DictConfig, shared: dict | None = None) -> tuple[list[Callable], list[float]]:
-    """The reward functions and their weights, in the order of the mix. Cheap: call it before loading models.
-
-    shared: objects built once by the run, handed to the factories that take them by name (e.g. `p_yes`)."""
+def typed_components(reward_cfg: DictConfig) -> dict[str, DictConfig]:
+    """Each component of the mix, in order, on its typed schema with every value checked (the resolve phase)."""
     if not reward_cfg.components:
         raise UserError(f"reward: no components; choose a '+'-joined mix of {sorted(COMPONENTS)}")
     for name in reward_cfg.components:
         if name not in COMPONENTS:
             raise UserError(f"reward component '{name}' is unknown; known components: {sorted(COMPONENTS)}")
-    typed = {name: component_settings(name, settings) for name, settings in reward_cfg.components.items()}
-    functions = [build_component(name, settings, shared or {}) for name, settings in typed.items()]
-    return functions, [float(settings.weight) for settings in typed.values()]
+    return {name: component_settings(name, settings) for name, settings in reward_cfg.components.items()}
+
+
+def reward_weights(components: dict[str, DictConfig]) -> list[float]:
+    """The components' weights, in the order of the mix (TRL's reward_weights)."""
+    return [float(settings.weight) for settings in components.values()]
+
+
+def build_rewards(components: dict[str, DictConfig], shared: dict | None = None) -> list[Callable]:
+    """The reward functions, in the order of the mix, from typed_components' settings. Cheap: no model loads.
+
+    shared: objects built once by the run, handed to the factories that take them by name (e.g. `p_yes`)."""
+    return [build_component(name, settings, shared or {}) for name, settings in components.items()]
 
 
 def component_settings(name: str, settings: DictConfig) -> DictConfig:

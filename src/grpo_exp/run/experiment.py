@@ -1,4 +1,5 @@
-"""One training job: check the config, build the objects, evaluate, train with GRPOTrainer, summarise."""
+"""One training job: resolve the config (every check), build the objects, evaluate, train with GRPOTrainer,
+summarise."""
 
 import json
 import logging
@@ -9,23 +10,15 @@ import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
-import torch
 from datasets import Dataset
 from omegaconf import DictConfig, OmegaConf
 from transformers import PrinterCallback, ProgressCallback, set_seed
 
 from grpo_exp.data import load_splits
-from grpo_exp.models import describe, load_model, load_tokenizer, lora_config, torch_dtype
-from grpo_exp.run.build import RunParts, check_and_build
+from grpo_exp.models import describe, load_model, load_tokenizer, lora_config
+from grpo_exp.run.build import RunParts, build_parts
 from grpo_exp.run.console import ConsoleView
-from grpo_exp.run.distributed import is_main_process, shared_run_dir, wait_for_everyone, world_size
-from grpo_exp.run.evaluation import (
-    EvalResult,
-    benchmark_statistics,
-    heldout_accuracy,
-    judge_statistics,
-    verification_benchmark,
-)
+from grpo_exp.run.distributed import is_main_process, shared_run_dir, wait_for_everyone
 from grpo_exp.run.files import (
     CONFIG_FILE,
     FINAL_CHECKPOINT_DIR,
@@ -35,10 +28,17 @@ from grpo_exp.run.files import (
     TRAINER_DIR,
     eval_file,
 )
+from grpo_exp.run.heldout import (
+    EvalResult,
+    benchmark_statistics,
+    heldout_accuracy,
+    judge_statistics,
+    verification_benchmark,
+)
 from grpo_exp.run.report import build_summary, print_summary, write_summary
-from grpo_exp.run.resume import Attempt, carry_history, is_complete, remove_checkpoints, resolve_attempt, write_record
-from grpo_exp.run.tracking import MetricsFileCallback, Tracker, redact, report_to, run_identity
-from grpo_exp.trainer.config import grpo_config
+from grpo_exp.run.resolve import RunSpec, resolve
+from grpo_exp.run.resume import Attempt, carry_history, is_complete, remove_checkpoints, write_record
+from grpo_exp.run.tracking import MetricsFileCallback, Tracker, run_identity
 from grpo_exp.trainer.seam import as_rollout_func
 from grpo_exp.trainer.trainer import GRPOExpTrainer
 from grpo_exp.verification.selfverify import Candidate
@@ -46,12 +46,12 @@ from grpo_exp.verification.selfverify import Candidate
 log = logging.getLogger("grpo_exp.train")
 
 
-def evaluate(
+def measure_heldout(
     model,
     tokenizer,
     heldout: Dataset,
     parts: RunParts,
-    cfg: DictConfig,
+    spec: RunSpec,
     run_dir: Path,
     when: str,
     benchmark: list[Candidate] | None = None,
@@ -59,8 +59,8 @@ def evaluate(
     """Greedy held-out accuracy (with the tools, for rollout=multiturn); with self-verification or the judge on,
     their held-out measures too, and the verification benchmark when it is on. Every problem's completion and
     label go to eval_<when>.jsonl."""
-    verifier, rollout = parts.verifier, parts.rollout
-    max_new_tokens = cfg.eval.max_new_tokens or cfg.trainer.max_completion_length
+    verifier, rollout, cfg = parts.verifier, parts.rollout, spec.cfg
+    max_new_tokens = spec.eval_max_new_tokens
     result = heldout_accuracy(
         model, tokenizer, heldout, verifier, max_new_tokens, cfg.eval.batch_size, f"held-out eval ({when})", rollout
     )
@@ -73,7 +73,7 @@ def evaluate(
         )
         log.info("Held-out self-verification %s training: %s", when, result.verification)
     if benchmark is not None:
-        measured = benchmark_statistics(model, tokenizer, benchmark, cfg)
+        measured = benchmark_statistics(model, tokenizer, benchmark, spec)
         result.verification |= measured
         log.info("Verification benchmark %s training: %s", when, {k: round(v, 3) for k, v in measured.items()})
     if parts.judge is not None:
@@ -90,14 +90,9 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     run_dir = shared_run_dir(Path(hydra_cfg.runtime.output_dir))
     main = is_main_process()
-    parts = check_and_build(cfg)
-    bf16 = torch_dtype(cfg.model.dtype) == torch.bfloat16
-    args = grpo_config(
-        cfg.trainer, run_dir / TRAINER_DIR, report_to(cfg.logger), parts.reward_weights, bf16, world_size()
-    )
-
-    resolved = redact(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
-    attempt = resolve_attempt(cfg.trainer.resume, Path(cfg.outputs_dir), resolved)
+    spec = resolve(cfg, trainer_dir=run_dir / TRAINER_DIR)
+    parts = build_parts(spec)
+    resolved, attempt = spec.saved_config, spec.attempt
     if main:
         (run_dir / CONFIG_FILE).write_text(OmegaConf.to_yaml(resolved), encoding="utf-8")
         if attempt:
@@ -119,8 +114,8 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
     try:
         benchmark = None
         if cfg.eval.verification_benchmark.enabled and main:  # from the initial policy, before any step
-            benchmark = verification_benchmark(cfg, model, tokenizer, train_set, heldout, parts.verifier, run_dir)
-        before = evaluate_before(model, tokenizer, heldout, parts, cfg, run_dir, attempt, benchmark) if main else None
+            benchmark = verification_benchmark(spec, model, tokenizer, train_set, heldout, parts.verifier, run_dir)
+        before = heldout_before(model, tokenizer, heldout, parts, spec, run_dir, attempt, benchmark) if main else None
         if main:
             write_record(run_dir, {"wandb_id": tracker.run_id, "heldout_before": before and asdict_light(before)})
         wait_for_everyone()
@@ -129,14 +124,9 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
             stats_cfg=cfg.stats,
             samples_path=run_dir / SAMPLES_FILE,
             selfverify=parts.selfverify,
-            zero_variance_groups=cfg.trainer.zero_variance_groups.value,
-            max_resample_batches=cfg.trainer.max_resample_batches,
-            shared_prompt_forward=cfg.trainer.shared_prompt_forward,
-            bfloat16_generation=cfg.trainer.bfloat16_generation,
-            fast_generation=cfg.trainer.fast_generation,
             model=model,
             reward_funcs=parts.reward_funcs,
-            args=args,
+            args=spec.args,
             train_dataset=train_set,
             processing_class=tokenizer,
             callbacks=[MetricsFileCallback(run_dir / METRICS_FILE), ConsoleView(_accuracy(before))],
@@ -152,7 +142,7 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
         train_seconds = time.perf_counter() - started
         after = None
         if cfg.eval.after and main:
-            after = evaluate(trainer.model, tokenizer, heldout, parts, cfg, run_dir, "after", benchmark)
+            after = measure_heldout(trainer.model, tokenizer, heldout, parts, spec, run_dir, "after", benchmark)
         checkpoint = run_dir / FINAL_CHECKPOINT_DIR if cfg.save_model else None
         if checkpoint:
             trainer.save_model(str(checkpoint))  # every rank: DeepSpeed/FSDP gather their shards here
@@ -207,14 +197,16 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
     return summary
 
 
-def evaluate_before(model, tokenizer, heldout, parts, cfg, run_dir: Path, attempt: Attempt | None, benchmark=None):
+def heldout_before(
+    model, tokenizer, heldout, parts, spec: RunSpec, run_dir: Path, attempt: Attempt | None, benchmark=None
+):
     """Held-out accuracy before training; a resumed run takes its first attempt's (measured on the initial model)."""
     recorded = attempt.record.get("heldout_before") if attempt else None
     if recorded:
         return EvalResult(**recorded)
-    if not cfg.eval.before:
+    if not spec.cfg.eval.before:
         return None
-    return evaluate(model, tokenizer, heldout, parts, cfg, run_dir, "before", benchmark)
+    return measure_heldout(model, tokenizer, heldout, parts, spec, run_dir, "before", benchmark)
 
 
 def asdict_light(result: EvalResult) -> dict:

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import torch
 from datasets import Dataset
-from omegaconf import DictConfig
 
 from grpo_exp.data import unseen_problems
 from grpo_exp.generation import generate_completions
@@ -21,6 +20,7 @@ from grpo_exp.rewards.judge import RubricJudge
 from grpo_exp.rollout.flow import trajectory_statistics
 from grpo_exp.rollout.multiturn import MultiTurnRollout, greedy_generation
 from grpo_exp.run.files import BENCHMARK_FILE
+from grpo_exp.run.resolve import RunSpec
 from grpo_exp.stats import correctness_stats, final_answer, label_values, majority_vote_accuracy, score_statistics
 from grpo_exp.text import prompt_text
 from grpo_exp.verification.benchmark import (
@@ -134,12 +134,12 @@ def judge_statistics(judge: RubricJudge, result: EvalResult) -> dict[str, float]
 
 
 def verification_benchmark(
-    cfg: DictConfig, model, tokenizer, train: Dataset, heldout: Dataset, verifier: Verifier, run_dir: Path
+    spec: RunSpec, model, tokenizer, train: Dataset, heldout: Dataset, verifier: Verifier, run_dir: Path
 ) -> list[Candidate]:
     """The run's verification benchmark (eval.verification_benchmark), from the cache or built now from `model`,
     which must be the initial policy; a copy goes to the run directory (python -m grpo_exp.evaluate reuses it)."""
+    cfg, max_new_tokens = spec.cfg, spec.eval_max_new_tokens
     bench_cfg = cfg.eval.verification_benchmark
-    max_new_tokens = cfg.eval.max_new_tokens or cfg.trainer.max_completion_length
     key = benchmark_key(bench_cfg, cfg.model, cfg.dataset, max_new_tokens)
     cached = Path(cfg.cache_dir) / "verification_benchmark" / f"{key}.json"
     if cached.is_file():
@@ -152,7 +152,7 @@ def verification_benchmark(
     return load_benchmark(cached)
 
 
-def benchmark_statistics(model, tokenizer, examples: list[Candidate], cfg: DictConfig) -> dict[str, float]:
+def benchmark_statistics(model, tokenizer, examples: list[Candidate], spec: RunSpec) -> dict[str, float]:
     """The model's own P(Yes) on the verification benchmark."""
-    bench_cfg = cfg.eval.verification_benchmark
-    return score_benchmark(model, tokenizer, examples, bench_cfg, cfg.eval.batch_size)
+    eval_cfg = spec.cfg.eval
+    return score_benchmark(model, tokenizer, examples, eval_cfg.verification_benchmark, eval_cfg.batch_size)

@@ -1,9 +1,11 @@
-"""Config -> TRL's GRPOConfig, with batch sizes derived so that any group size is valid."""
+"""Config -> GRPOExpConfig: TRL's GRPOConfig with grpo_exp's own trainer knobs, batch sizes derived so that any
+group size is valid; and every rule on the trainer.* knobs, checked before any model loads."""
 
 import dataclasses
 import difflib
 import importlib.util
 import typing
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -11,36 +13,89 @@ from omegaconf import DictConfig, OmegaConf
 from trl import GRPOConfig
 
 from grpo_exp.errors import UserError
-
-# TrainerSchema keys that are grpo_exp's own, not GRPOConfig fields.
-OWN_KEYS = {
-    "prompts_per_step",
-    "extra",
-    "keep_checkpoints",
-    "resume",
-    "zero_variance_groups",
-    "max_resample_batches",
-    "shared_prompt_forward",
-    "bfloat16_generation",
-    "fast_generation",
-}
+from grpo_exp.schema import TrainerSchema, ZeroVarianceGroups
+from grpo_exp.trainer.sampling import (
+    check_fast_generation_device,
+    check_generation_path,
+    check_sampling,
+    runs_sharded,
+    training_device,
+)
+from grpo_exp.trainer.zero_variance import check_zero_variance_groups
 
 
-def check_trainer(trainer_cfg: DictConfig, processes: int = 1) -> None:
-    """The checks GRPOConfig would make later (after the model loaded), made early and naming our keys (the
-    schema's own value checks, grpo_exp.schema.check_values, come first)."""
+def _schema_default(name: str):
+    """A knob's default as the schema writes it (grpo_exp.schema.TrainerSchema: every default is written there)."""
+    return TrainerSchema.__dataclass_fields__[name].default
+
+
+@dataclass
+class GRPOExpConfig(GRPOConfig):
+    """TRL's GRPOConfig plus grpo_exp's own trainer knobs, which the trainer reads from its `args` as TRL reads
+    its own. Their meaning and defaults: grpo_exp.schema.TrainerSchema."""
+
+    zero_variance_groups: ZeroVarianceGroups = field(
+        default=_schema_default("zero_variance_groups"),
+        metadata={"help": "Groups with no reward spread: keep (as TRL), skip (left out of the loss), resample."},
+    )
+    max_resample_batches: int = field(
+        default=_schema_default("max_resample_batches"),
+        metadata={"help": "zero_variance_groups=resample: extra generation batches a step may take at most."},
+    )
+    shared_prompt_forward: bool = field(
+        default=_schema_default("shared_prompt_forward"),
+        metadata={"help": "The loss forward reads each group's prompt once (its completions packed as branches)."},
+    )
+    bfloat16_generation: bool = field(
+        default=_schema_default("bfloat16_generation"),
+        metadata={"help": "Sample from a bfloat16 copy of the policy; the loss's ratio corrects for it."},
+    )
+    fast_generation: bool | None = field(
+        default=_schema_default("fast_generation"),
+        metadata={"help": "CPU: sample from a copy with prepacked weights and a shared prefill. None: auto."},
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        # A str from the config or a saved JSON (to_dict writes the value), as TrainingArguments reads its own enums.
+        self.zero_variance_groups = ZeroVarianceGroups(self.zero_variance_groups)
+        check_generation_path(
+            self.bfloat16_generation, self.fast_generation, self.use_vllm, self.use_transformers_paged
+        )
+        device = training_device(self.use_cpu)
+        check_fast_generation_device(self.fast_generation, device, runs_sharded(self.deepspeed, self.fsdp))
+
+
+# TrainerSchema keys of the run, not the trainer's: no GRPOExpConfig field takes them (trainer.extra holds fields).
+RUN_KEYS = {"prompts_per_step", "keep_checkpoints", "resume"}
+
+
+def check_trainer(trainer_cfg: DictConfig, processes: int, *, multiturn: bool, policy_dtype: torch.dtype) -> None:
+    """Every rule on the trainer.* knobs, before any model loads: the checks GRPOConfig would make later, naming
+    our keys, and grpo_exp's own (the schema's value checks, grpo_exp.schema.check_values, come first).
+    `multiturn`: rollout=multiturn; `policy_dtype`: the dtype the policy will load in."""
     if (trainer_cfg.prompts_per_step * trainer_cfg.num_generations) % processes:
         raise UserError(
             f"trainer.prompts_per_step * trainer.num_generations = "
             f"{trainer_cfg.prompts_per_step * trainer_cfg.num_generations} completions per step cannot be split "
             f"evenly over {processes} processes: change trainer.prompts_per_step"
         )
-    check_sampling_copy(trainer_cfg)
-    if trainer_cfg.extra.get("use_vllm"):
+    extra = trainer_cfg.extra
+    check_sampling(
+        trainer_cfg.bfloat16_generation,
+        trainer_cfg.fast_generation,
+        use_vllm=bool(extra.get("use_vllm")),
+        use_transformers_paged=bool(extra.get("use_transformers_paged")),
+        multiturn=multiturn,
+        device=training_device(bool(extra.get("use_cpu"))),
+        sharded=runs_sharded(extra.get("deepspeed"), extra.get("fsdp")),
+        policy_dtype=policy_dtype,
+    )
+    if extra.get("use_vllm"):
         check_vllm()
-    check_zero_variance_groups(trainer_cfg, processes)
+    check_zero_variance_groups(ZeroVarianceGroups(trainer_cfg.zero_variance_groups), processes)
     known = {f.name for f in dataclasses.fields(GRPOConfig)}
-    for key, value in trainer_cfg.extra.items():
+    for key, value in extra.items():
         if key not in known:
             close = difflib.get_close_matches(key, known, n=3)
             raise UserError(
@@ -54,31 +109,6 @@ def check_trainer(trainer_cfg: DictConfig, processes: int = 1) -> None:
                 "set those instead"
             )
         _check_extra_value(key, value)
-
-
-def check_zero_variance_groups(trainer_cfg: DictConfig, processes: int) -> None:
-    mode = trainer_cfg.zero_variance_groups
-    mode = getattr(mode, "value", mode)
-    if mode == "keep":
-        return
-    if mode == "resample" and processes > 1:
-        raise UserError(
-            f"trainer.zero_variance_groups=resample runs in one process only (this run has {processes}): "
-            "use zero_variance_groups=skip"
-        )
-
-
-def check_sampling_copy(trainer_cfg: DictConfig) -> None:
-    """bfloat16_generation and fast_generation replace TRL's transformers generate(); the other generation paths
-    sample elsewhere."""
-    presets = {"bfloat16_generation": "transformers_bf16", "fast_generation": "transformers_fast"}
-    for option in [name for name in presets if trainer_cfg[name]]:
-        for key, path in (("use_vllm", "vLLM samples"), ("use_transformers_paged", "continuous batching samples")):
-            if trainer_cfg.extra.get(key):
-                raise UserError(
-                    f"trainer.{option}=true is a transformers generation path (generation={presets[option]}), "
-                    f"but trainer.extra.{key}=true: {path} instead. Use one of them"
-                )
 
 
 # Pass-through fields with a fixed set of values that TRL only checks mid-training (the seam mirrors this one).
@@ -126,18 +156,18 @@ def check_vllm() -> None:
         )
 
 
-def grpo_config(
+def grpo_exp_config(
     trainer_cfg: DictConfig,
     output_dir: Path,
     report_to: str,
     reward_weights: list[float],
     bf16: bool,
     processes: int = 1,
-):
-    """GRPOConfig: every trainer.* knob under its own name, batch sizes derived, our logging conventions."""
+) -> GRPOExpConfig:
+    """GRPOExpConfig: every trainer.* knob under its own name, batch sizes derived, our logging conventions."""
     knobs = OmegaConf.to_container(trainer_cfg, enum_to_str=True)
     extra = knobs.pop("extra")
-    for key in OWN_KEYS:
+    for key in RUN_KEYS:
         knobs.pop(key, None)
     if not knobs["save_steps"]:
         knobs.pop("save_steps")
@@ -155,6 +185,6 @@ def grpo_config(
         "use_cpu": not torch.cuda.is_available(),  # on CPU, accelerate's multi-process mode needs it (gloo)
     }
     try:
-        return GRPOConfig(**(ours | knobs | extra))
+        return GRPOExpConfig(**(ours | knobs | extra))
     except (TypeError, ValueError) as err:  # GRPOConfig's own checks (a pass-through value of the wrong kind)
         raise UserError(f"trainer: {err}") from err

@@ -11,11 +11,12 @@ Each branch starts with its own copy of the last prompt token so that a position
 labels are given pre-shifted (TRL's fused LM head takes `shift_labels`).
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from grpo_exp.masks import MASKABLE_ATTENTION, branch_attention
+from grpo_exp.masks import MASKABLE_ATTENTION, additive_mask, branch_attention
 
 IGNORE = -100  # a position with no next token to score
 # Longest packed group worth packing: its attention is computed over the whole pack and masked, so many long
@@ -95,3 +96,34 @@ def unpack(values: torch.Tensor, packed: PackedGroups, completion_width: int) ->
         row = values[pack, columns.to(values.device)]
         rows.append(torch.nn.functional.pad(row, (0, completion_width - len(columns))))
     return torch.stack(rows)
+
+
+def shared_prompt_forward(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    completion_width: int,
+    pad_id: int,
+    forward: Callable[..., tuple[torch.Tensor, torch.Tensor | None]],
+) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """TRL's per-token log-probabilities (and entropies, where `forward` gives them) of the completions of TRL's
+    rows, [B, completion_width], from one packed forward; None where the model or the batch cannot be packed.
+    `model`: the unwrapped policy (its config and dtype); `forward(input_ids=, attention_mask=, position_ids=,
+    shift_labels=) -> (log_probs, entropy)`: the policy's forward scoring each position's label, as the loss runs it."""
+    if not packable(model.config):
+        return None
+    packed = pack_groups(input_ids.cpu(), attention_mask.cpu(), completion_width, pad_id)
+    if packed is None:
+        return None
+    device = input_ids.device
+    # sdpa takes a boolean mask whatever the compute dtype (autocast); eager adds a float one
+    sdpa = model.config._attn_implementation == "sdpa"
+    mask = packed.allowed if sdpa else additive_mask(packed.allowed, model.dtype)
+    log_probs, entropy = forward(
+        input_ids=packed.input_ids.to(device),
+        attention_mask=mask.to(device),
+        position_ids=packed.position_ids.to(device),
+        shift_labels=packed.shift_labels.to(device),
+    )
+    entropies = None if entropy is None else unpack(entropy, packed, completion_width)
+    return unpack(log_probs, packed, completion_width), entropies

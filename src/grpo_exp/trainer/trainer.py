@@ -21,7 +21,8 @@ from grpo_exp.generation import generate_completions
 from grpo_exp.rollout.flow import broadcast_to_turns, trajectory_statistics
 from grpo_exp.stats import group_statistics, group_std, label_values, score_statistics
 from grpo_exp.text import completion_text
-from grpo_exp.trainer.seam import HookedGRPOTrainer, ScoredBatch
+from grpo_exp.trainer.scored_batch import ScoredBatch
+from grpo_exp.trainer.seam import HookedGRPOTrainer
 from grpo_exp.verification.p_yes import verdict_log_probabilities, yes_no_token_ids
 from grpo_exp.verification.rule import Verifier
 from grpo_exp.verification.selfverify import NO, YES
@@ -66,9 +67,9 @@ class GRPOExpTrainer(HookedGRPOTrainer):
         examples, once per generated batch."""
         loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         task = self.selfverify
-        if task is None or not task.supervised or return_outputs:
+        if task is None or not task.pending_verdict_examples or return_outputs:
             return loss
-        examples, task.supervised = task.supervised, []
+        examples, task.pending_verdict_examples = task.pending_verdict_examples, []
         tokenizer = self.processing_class
         ids = yes_no_token_ids(tokenizer, YES, NO)
         log_p = verdict_log_probabilities(model, tokenizer, task.conversations(examples), *ids)

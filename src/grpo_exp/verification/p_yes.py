@@ -119,12 +119,17 @@ class PYesScorer:
             return list(await asyncio.gather(*(one(c) for c in conversations)))
 
 
+def check_verifier_reachable(verifier_cfg: DictConfig) -> None:
+    """A frozen verifier named by a model option, a directory or a hub id (not the initial policy, nor an endpoint)
+    must be found (the resolve phase)."""
+    if verifier_cfg.name is VerifierName.genrm and verifier_cfg.model != "initial_policy" and not verifier_cfg.base_url:
+        check_reachable(model_option_config(verifier_cfg.model, "verifier.model"))
+
+
 def build_p_yes(verifier_cfg: DictConfig, policy_cfg: DictConfig, cache_dir: str) -> PYesScorer | None:
     """The P(Yes) scorer of verifier=genrm / verifier=self; None for the rule verifier."""
     if verifier_cfg.name is VerifierName.math_verify:
         return None
-    if verifier_cfg.name is VerifierName.genrm and verifier_cfg.model != "initial_policy" and not verifier_cfg.base_url:
-        check_reachable(model_option_config(verifier_cfg.model, "verifier.model"))
     return PYesScorer(verifier_cfg, policy_cfg, cache_dir)
 
 

@@ -14,6 +14,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 
+from grpo_exp.schema import ShownPart
 from grpo_exp.stats import auroc, final_answer
 from grpo_exp.text import BOXED, last_boxed_span
 
@@ -174,12 +175,14 @@ def balanced_set(candidates: list[Candidate], per_label: int, per_problem: int, 
     return balanced
 
 
-def shown_answer(candidate: Candidate, show: str = "answer") -> str:
+def shown_answer(candidate: Candidate, show: ShownPart = ShownPart.answer) -> str:
     """What a verifier is shown of a candidate: its final answer only, or its full solution."""
-    return candidate.response if show == "solution" else (candidate.answer or "")
+    return candidate.response if show is ShownPart.solution else (candidate.answer or "")
 
 
-def verification_prompt(candidate: Candidate, template: str, show: str = "answer") -> list[dict[str, str]]:
+def verification_prompt(
+    candidate: Candidate, template: str, show: ShownPart = ShownPart.answer
+) -> list[dict[str, str]]:
     """The chat prompt asking the policy to judge a candidate (see shown_answer)."""
     shown = shown_answer(candidate, show)
     return [{"role": "user", "content": template.replace("{question}", candidate.question).replace("{answer}", shown)}]

@@ -14,7 +14,14 @@ from omegaconf import DictConfig
 
 from grpo_exp.errors import UserError
 from grpo_exp.generation import generate_completions
-from grpo_exp.schema import ScaleRewards, SelfVerifySchedule, ZeroVarianceGroups
+from grpo_exp.schema import (
+    ScaleRewards,
+    SelfVerifyBalance,
+    SelfVerifyObjective,
+    SelfVerifySchedule,
+    VerdictLossTokens,
+    ZeroVarianceGroups,
+)
 from grpo_exp.text import tokens_covering
 from grpo_exp.verification.p_yes import PYesScorer, policy_p_yes
 from grpo_exp.verification.rule import Verifier
@@ -44,11 +51,11 @@ class SelfVerificationTask:
         self.candidates: deque[Candidate] = deque(maxlen=cfg.buffer_size)
         self._problems_seen = 0
         # objective=supervised: this step's verification examples, for the trainer's auxiliary verdict loss
-        self.supervised: list[Candidate] = []
+        self.pending_verdict_examples: list[Candidate] = []
 
     @property
     def supervised_objective(self) -> bool:
-        return self.cfg.objective == "supervised"
+        return self.cfg.objective is SelfVerifyObjective.supervised
 
     def conversations(self, chosen: list[Candidate]) -> list[list[dict[str, str]]]:
         return [verification_prompt(c, self.cfg.template, self.cfg.show) for c in chosen]
@@ -58,8 +65,8 @@ class SelfVerificationTask:
     def wanted_groups(self, groups: int, step: int) -> int:
         """How many of a batch's groups the schedule turns into verification groups at this (1-based) step (with
         objective=supervised: how many examples the verdict loss takes)."""
-        schedule = SelfVerifySchedule(self.cfg.schedule)
-        pairs = self.cfg.balance == "pairs"
+        schedule = self.cfg.schedule
+        pairs = self.cfg.balance is SelfVerifyBalance.pairs
         if schedule is SelfVerifySchedule.joint:
             return 2 * self.cfg.pairs_per_step if pairs else max(1, round(self.cfg.fraction * groups))
         if schedule is SelfVerifySchedule.interleave and step % self.cfg.every:
@@ -70,7 +77,7 @@ class SelfVerificationTask:
         """This step's verification examples from the buffer, and the selection's metrics."""
         kept, removed = filter_candidates(list(self.candidates), self.cfg.drop_no_answer, self.cfg.drop_all_wrong)
         seed = self.seed + step - 1
-        if self.cfg.balance == "pairs":
+        if self.cfg.balance is SelfVerifyBalance.pairs:
             chosen = matched_pairs(kept, wanted // 2, seed)
         else:
             chosen = select_samples(kept, wanted, self.cfg.yes_share, self.cfg.per_problem, seed)
@@ -94,10 +101,10 @@ class SelfVerificationTask:
         metrics of the selection. `sample(prompts)` answers prompts with the current policy (verify_only: the
         answers to judge are sampled first, not trained on)."""
         rows = [{**row, "task": GENERATE, "verify_label": None, "pass_rate": None} for row in rows]
-        self.supervised = []
+        self.pending_verdict_examples = []
         groups = len(rows) // size
         wanted = self.wanted_groups(groups, step)
-        if SelfVerifySchedule(self.cfg.schedule) is SelfVerifySchedule.verify_only:
+        if self.cfg.schedule is SelfVerifySchedule.verify_only:
             problems = rows[::size]
             prompts = [row["prompt"] for row in problems for _ in range(size)]
             texts = sample(prompts)
@@ -107,7 +114,7 @@ class SelfVerificationTask:
             return rows, {}
         chosen, metrics = self.select(wanted, step)
         if self.supervised_objective:  # the verdict loss takes them; the GRPO batch stays all generation
-            self.supervised = chosen
+            self.pending_verdict_examples = chosen
             return rows, metrics
         if not chosen:
             return rows, metrics
@@ -140,7 +147,7 @@ class SelfVerificationTask:
         """loss_on=verdict: which completion tokens the loss counts (1) for these rows: a verification
         completion's tokens up to the end of its verdict, every other row's all. None when the settings never cut
         (the same answer in every process, whatever rows it holds)."""
-        if self.cfg.loss_on != "verdict" or self.supervised_objective:
+        if self.cfg.loss_on is not VerdictLossTokens.verdict or self.supervised_objective:
             return None
         mask = torch.ones_like(completion_mask)
         for i in (i for i, row in enumerate(rows) if row.get("task") == VERIFY):
@@ -207,30 +214,30 @@ class SelfVerificationTask:
 def check_task(task_cfg: DictConfig, trainer_cfg: DictConfig) -> None:
     """What the schema cannot check alone: the task's settings against the trainer's."""
     groups = trainer_cfg.prompts_per_step
-    joint_grpo = task_cfg.schedule == SelfVerifySchedule.joint.value and task_cfg.objective == "grpo"
-    if joint_grpo and task_cfg.balance == "pairs" and 2 * task_cfg.pairs_per_step >= groups:
+    joint_grpo = task_cfg.schedule is SelfVerifySchedule.joint and task_cfg.objective is SelfVerifyObjective.grpo
+    if joint_grpo and task_cfg.balance is SelfVerifyBalance.pairs and 2 * task_cfg.pairs_per_step >= groups:
         raise UserError(
             f"reward.components.selfverify.pairs_per_step={task_cfg.pairs_per_step} takes "
             f"{2 * task_cfg.pairs_per_step} verification groups per step (schedule=joint), which leaves no "
             f"generation group of trainer.prompts_per_step={groups}: raise prompts_per_step above "
             f"{2 * task_cfg.pairs_per_step} or lower pairs_per_step"
         )
-    if task_cfg.objective == "grpo" and task_cfg.balance == "pairs" and groups < 2:
+    if task_cfg.objective is SelfVerifyObjective.grpo and task_cfg.balance is SelfVerifyBalance.pairs and groups < 2:
         raise UserError(
             "reward.components.selfverify.balance=pairs puts a pair's two answers in two groups of one step, but "
             f"trainer.prompts_per_step={groups}: raise it to 2 or more"
         )
-    if joint_grpo and task_cfg.balance == "share" and groups < 2:
+    if joint_grpo and task_cfg.balance is SelfVerifyBalance.share and groups < 2:
         raise UserError(
             "reward.components.selfverify.schedule=joint mixes verification groups into batches of several "
             f"prompts, but trainer.prompts_per_step={groups}: raise it or use schedule=interleave"
         )
-    if ZeroVarianceGroups(trainer_cfg.zero_variance_groups) is ZeroVarianceGroups.resample:
+    if trainer_cfg.zero_variance_groups is ZeroVarianceGroups.resample:
         raise UserError(
             "trainer.zero_variance_groups=resample draws extra batches of fresh prompts, which the self-verification "
             "schedule does not count: use zero_variance_groups=skip or keep with reward=...selfverify"
         )
-    if task_cfg.scale_by_pass_rate and ScaleRewards(trainer_cfg.scale_rewards) is ScaleRewards.group:
+    if task_cfg.scale_by_pass_rate and trainer_cfg.scale_rewards is ScaleRewards.group:
         raise UserError(
             "reward.components.selfverify.scale_by_pass_rate=true scales a group's rewards by one constant, which "
             "trainer.scale_rewards=group divides out again: use trainer.scale_rewards=none or batch with it"

@@ -43,7 +43,11 @@ def run_calculator(expression: str) -> ToolResult:
         return ToolResult(f"error: {err}", True)
 
 
+TOOL_NAMES = ("calculator", "python")
+
+
 def build_tools(names: list[str], python_limits: SandboxLimits) -> list[Tool]:
+    """The named tools (check_tool_names first: the resolve phase)."""
     available = {
         "calculator": Tool(
             "calculator", re.compile(r"<calc>(.*?)</calc>", re.S), "\n<result>{output}</result>\n", run_calculator
@@ -55,12 +59,15 @@ def build_tools(names: list[str], python_limits: SandboxLimits) -> list[Tool]:
             functools.partial(run_python, limits=python_limits),
         ),
     }
-    unknown = [name for name in names if name not in available]
-    if unknown:
-        raise UserError(f"rollout.tools: unknown tool(s) {unknown}; the tools are {sorted(available)}")
-    if not names:
-        raise UserError(f"rollout.tools is empty; rollout=multiturn needs some of {sorted(available)}")
     return [available[name] for name in names]
+
+
+def check_tool_names(names: list[str]) -> None:
+    unknown = [name for name in names if name not in TOOL_NAMES]
+    if unknown:
+        raise UserError(f"rollout.tools: unknown tool(s) {unknown}; the tools are {sorted(TOOL_NAMES)}")
+    if not names:
+        raise UserError(f"rollout.tools is empty; rollout=multiturn needs some of {sorted(TOOL_NAMES)}")
 
 
 def first_call(text: str, tools: list[Tool]) -> ToolCall | None:

@@ -1,4 +1,4 @@
-"""A small OpenAI-compatible server for the judge's failure tests: `python tests/openai_stub_server.py MODE PORT`.
+"""A small OpenAI-compatible server for the judge's failure tests: `python support/openai_stub_server.py MODE PORT`.
 
 It speaks real HTTP on 127.0.0.1, so the judge's client code runs unchanged: chat completions (a rubric JSON
 reply) and completions (one token, with top logprobs over the score tokens 1..5). Modes:
@@ -19,11 +19,6 @@ import os
 import sys
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-MODE = sys.argv[1]
-LATENCY = float(os.environ.get("latency", "0"))
-EXPECTED_KEY = os.environ.get("expected_key")
-SEEN: set[str] = set()
 
 
 def rubric_reply(text: str) -> str:
@@ -62,23 +57,29 @@ def completion(request: dict, text: str) -> dict:
 
 
 class Handler(BaseHTTPRequestHandler):
+    # The server's settings, set by main() from its arguments and environment (nothing is read at import).
+    mode = "good"
+    latency = 0.0
+    expected_key: str | None = None
+    seen: set[str] = set()  # the prompts answered so far (flaky mode)
+
     def log_message(self, *args):  # keep the test output quiet
         pass
 
     def do_POST(self):  # noqa: N802 - http.server's naming
         request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         text = request["prompt"] if "prompt" in request else request["messages"][-1]["content"]
-        time.sleep(LATENCY + (5 if MODE == "slow" else 0))
-        if EXPECTED_KEY and self.headers.get("Authorization") != f"Bearer {EXPECTED_KEY}":
+        time.sleep(self.latency + (5 if self.mode == "slow" else 0))
+        if self.expected_key and self.headers.get("Authorization") != f"Bearer {self.expected_key}":
             return self._send(401, b'{"error": {"message": "bad key"}}')
-        if MODE == "garbage":
+        if self.mode == "garbage":
             return self._send(200, b"<html>definitely not json")
-        if (MODE == "flaky" and text not in SEEN) or (MODE == "fail_marked" and "FAIL_ME" in text):
-            SEEN.add(text)
+        if (self.mode == "flaky" and text not in self.seen) or (self.mode == "fail_marked" and "FAIL_ME" in text):
+            self.seen.add(text)
             return self._send(500, b'{"error": {"message": "try again"}}')
         if "prompt" in request:
             return self._send(200, json.dumps(completion(request, text)).encode())
-        content = "I think it is quite good!" if MODE == "prose" else rubric_reply(text)
+        content = "I think it is quite good!" if self.mode == "prose" else rubric_reply(text)
         body = {
             "id": "stub",
             "object": "chat.completion",
@@ -97,5 +98,13 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
 
+def main() -> None:
+    mode, port = sys.argv[1], int(sys.argv[2])
+    Handler.mode = mode
+    Handler.latency = float(os.environ.get("latency", "0"))
+    Handler.expected_key = os.environ.get("expected_key")
+    ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+
+
 if __name__ == "__main__":
-    ThreadingHTTPServer(("127.0.0.1", int(sys.argv[2])), Handler).serve_forever()
+    main()

@@ -1,4 +1,4 @@
-"""Start real servers on 127.0.0.1 for the duration of a test."""
+"""Start real servers on 127.0.0.1 for the duration of a test or a benchmark."""
 
 import contextlib
 import socket
@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from grpo_exp.models import gguf_location
-from tests.conftest import compose_config
+from support.config import compose_config
 
 STUB = Path(__file__).with_name("openai_stub_server.py")
 

@@ -1,0 +1,24 @@
+"""The command line in a fresh process, as a user runs it, and what a run wrote."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+def run_cli(
+    *args: str, module: str = "grpo_exp.train", timeout: int = 900, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def logged_steps(run_dir: Path) -> list[dict]:
+    """Every line of a run's metrics.jsonl."""
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
