@@ -21,7 +21,7 @@ from grpo_exp.rewards.judge import build_judge
 from grpo_exp.text import prompt_text
 from support.config import resolved_config
 from support.environment import hub_offline
-from support.servers import LLAMA_ALIAS, free_port, llama_cpp_server
+from support.servers import free_port, llama_cpp_server, llama_judge_overrides
 
 STEPS, PROMPTS, GROUP, TOKENS = 3, 2, 4, 64
 
@@ -80,16 +80,7 @@ def main() -> None:
             "the step's generation time"
         )
     port = free_port()
-    endpoint = resolved_config(
-        [
-            "reward=judge",
-            "judge=openai",
-            f"judge.model={LLAMA_ALIAS}",
-            "judge.timeout=120",
-            "judge.tokenizer=smollm2_135m",
-            f"judge.base_url=http://127.0.0.1:{port}/v1",
-        ]
-    )
+    endpoint = resolved_config(llama_judge_overrides(port))
     with llama_cpp_server(port):
         served, spent = judge_seconds(build_judge(endpoint.cfg.judge, endpoint.cfg.cache_dir), all_pairs)
     print(f"llama.cpp server, scores mode: {sum(s is None for s in served)}/{n} failures ({spent:.1f} s for {n} pairs)")

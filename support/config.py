@@ -3,7 +3,6 @@
 from hydra import compose, initialize_config_dir
 
 from grpo_exp.paths import CONF_DIR
-from grpo_exp.run.resolve import RunSpec, resolve
 from grpo_exp.schema import register_schemas
 
 # A test-sized training run: the tiny random model, two short steps, a small held-out split.
@@ -16,7 +15,9 @@ def compose_config(overrides: list[str] | None = None):
         return compose("config", overrides=overrides or [])
 
 
-def resolved_config(overrides: list[str] | None = None) -> RunSpec:
+def resolved_config(overrides: list[str] | None = None):
     """The composed config through grpo_exp's resolve phase (every check a run makes), for one process: what the
-    benchmarks measure is a configuration a run would accept."""
+    benchmarks measure is a configuration a run would accept. A grpo_exp.run.resolve.RunSpec."""
+    from grpo_exp.run.resolve import resolve  # torch, transformers, TRL: not at import (conftest imports this module)
+
     return resolve(compose_config(overrides), processes=1)

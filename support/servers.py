@@ -49,6 +49,18 @@ def stub_server(mode: str, port: int, env: dict | None = None):
 LLAMA_ALIAS = "smollm2"
 
 
+def llama_judge_overrides(port: int) -> list[str]:
+    """The judge in scores mode at llama_cpp_server(port), the embedded tokenizer rendering its chat template."""
+    return [
+        "reward=judge",
+        "judge=openai",
+        f"judge.model={LLAMA_ALIAS}",
+        "judge.timeout=120",
+        "judge.tokenizer=smollm2_135m",
+        f"judge.base_url=http://127.0.0.1:{port}/v1",
+    ]
+
+
 def llama_cpp_server(port: int):
     """llama.cpp's OpenAI-compatible server (llama-cpp-python[server]) on the embedded SmolLM2 GGUF."""
     directory, file = gguf_location(compose_config().model)

@@ -1,8 +1,6 @@
 """Multi-process training with accelerate (CPU, gloo), and the GPU engines' configs (DeepSpeed, FSDP, vLLM)."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +13,7 @@ from grpo_exp.paths import REPO_ROOT
 from grpo_exp.run.tracking import read_metrics
 from grpo_exp.trainer.config import check_trainer, grpo_exp_config
 from support.config import TINY_RUN, compose_config
+from tests.helpers.cli import launch_train
 
 ACCELERATE_DIR = REPO_ROOT / "accelerate_configs"
 
@@ -22,24 +21,13 @@ ACCELERATE_DIR = REPO_ROOT / "accelerate_configs"
 @pytest.mark.e2e
 def test_two_processes_train_data_parallel_and_only_the_main_one_writes(tmp_path):
     outputs = tmp_path / "outputs"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "accelerate.commands.launch",
-            "--config_file",
-            str(ACCELERATE_DIR / "ddp.yaml"),
-            "-m",
-            "grpo_exp.train",
-            *TINY_RUN,
-            "reward=math+format+length",
-            "trainer.max_steps=3",
-            "logger=wandb",
-            f"outputs_dir={outputs}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
+    result = launch_train(
+        *TINY_RUN,
+        "reward=math+format+length",
+        "trainer.max_steps=3",
+        "logger=wandb",
+        f"outputs_dir={outputs}",
+        accelerate_config=ACCELERATE_DIR / "ddp.yaml",
     )
     assert result.returncode == 0, result.stderr[-4000:]
     [run_dir] = [p.parent for p in (outputs / "runs").rglob("summary.json")]
@@ -56,26 +44,15 @@ def test_two_processes_train_data_parallel_and_only_the_main_one_writes(tmp_path
 def test_two_processes_leave_out_groups_without_spread_and_read_prompts_once(tmp_path):
     """The tiny model's groups never have a spread: every step leaves all of them out, and each process still goes
     through DDP's forward and backward (one row, times 0) so that the gradients are reduced together."""
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "accelerate.commands.launch",
-            "--config_file",
-            str(ACCELERATE_DIR / "ddp.yaml"),
-            "-m",
-            "grpo_exp.train",
-            *TINY_RUN,
-            "trainer.max_steps=2",
-            "logger=none",
-            f"hydra.run.dir={tmp_path}",
-            "trainer.zero_variance_groups=skip",
-            "trainer.shared_prompt_forward=true",
-            "eval.before=false",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
+    result = launch_train(
+        *TINY_RUN,
+        "trainer.max_steps=2",
+        "logger=none",
+        f"hydra.run.dir={tmp_path}",
+        "trainer.zero_variance_groups=skip",
+        "trainer.shared_prompt_forward=true",
+        "eval.before=false",
+        accelerate_config=ACCELERATE_DIR / "ddp.yaml",
     )
     assert result.returncode == 0, result.stderr[-4000:]
     steps = [m for m in read_metrics(tmp_path / "metrics.jsonl") if "reward" in m]

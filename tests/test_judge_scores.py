@@ -19,7 +19,7 @@ from grpo_exp.stats import impute_group_means, score_statistics
 from grpo_exp.trainer.config import grpo_exp_config
 from grpo_exp.trainer.scored_batch import aggregated_reward
 from support.config import TINY_RUN, compose_config
-from support.servers import LLAMA_ALIAS, free_port, llama_cpp_server, stub_server
+from support.servers import free_port, llama_cpp_server, llama_judge_overrides, stub_server
 from tests.helpers.tiny_trainer import PLAIN_TRL, Recording, knob_overrides
 
 
@@ -221,16 +221,7 @@ def test_local_and_llama_cpp_endpoint_give_the_same_scores_and_never_fail():
     cfg = compose_config(["reward=judge"])  # the embedded SmolLM2 as judge, locally
     local, _ = run_judge(build_judge(cfg.judge, cfg.cache_dir), pairs)
     port = free_port()
-    endpoint_cfg = compose_config(
-        [
-            "reward=judge",
-            "judge=openai",
-            f"judge.model={LLAMA_ALIAS}",
-            "judge.timeout=120",
-            "judge.tokenizer=smollm2_135m",
-            f"judge.base_url=http://127.0.0.1:{port}/v1",
-        ]
-    )
+    endpoint_cfg = compose_config(llama_judge_overrides(port))
     with llama_cpp_server(port):
         served, counters = run_judge(build_judge(endpoint_cfg.judge, endpoint_cfg.cache_dir), pairs)
     assert counters["judge/failures"] == 0.0 and None not in local

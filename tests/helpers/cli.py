@@ -19,6 +19,13 @@ def run_cli(
     )
 
 
+def launch_train(*args: str, accelerate_config: Path, timeout: int = 900) -> subprocess.CompletedProcess:
+    """`accelerate launch --config_file <accelerate_config> -m grpo_exp.train <args>`, as a user starts several
+    processes."""
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(accelerate_config)]
+    return subprocess.run([*launch, "-m", "grpo_exp.train", *args], capture_output=True, text=True, timeout=timeout)
+
+
 def logged_steps(run_dir: Path) -> list[dict]:
     """Every line of a run's metrics.jsonl."""
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -93,7 +93,7 @@ def check_trainer(trainer_cfg: DictConfig, processes: int, *, multiturn: bool, p
     )
     if extra.get("use_vllm"):
         check_vllm()
-    check_zero_variance_groups(ZeroVarianceGroups(trainer_cfg.zero_variance_groups), processes)
+    check_zero_variance_groups(trainer_cfg.zero_variance_groups, processes)
     known = {f.name for f in dataclasses.fields(GRPOConfig)}
     for key, value in extra.items():
         if key not in known:
