@@ -69,5 +69,10 @@ def test_unreachable_hub_dataset_gives_a_clear_error():
         splits("dataset=gsm8k")
 
 
+def test_an_unreachable_hub_dataset_fails_in_the_checks_before_any_model_loads():
+    with pytest.raises(UserError, match="dataset.path='openai/gsm8k' could not be loaded from the Hugging Face Hub"):
+        check_data_files(compose_config(["dataset=gsm8k"]).dataset)
+
+
 def test_gsm8k_final_answer():
     assert gsm8k_final_answer("a #### b\n#### 1,234") == "1234"

@@ -59,6 +59,15 @@ def test_evaluate_a_checkpoint_and_a_model_config(tiny_run, tmp_path, monkeypatc
     assert len(list(tmp_path.glob("outputs/eval/*/evaluation.json"))) == 1
 
 
+def test_evaluate_writes_under_the_configured_outputs_dir(tmp_path, monkeypatch):
+    from grpo_exp.evaluate import main
+
+    monkeypatch.chdir(tmp_path)
+    main(["model=tiny", "dataset.eval_size=2", "eval.samples=0", f"outputs_dir={tmp_path / 'elsewhere'}"])
+    assert len(list(tmp_path.glob("elsewhere/eval/*/evaluation.json"))) == 1
+    assert not (tmp_path / "outputs").exists()
+
+
 def test_evaluate_refuses_what_is_not_a_run_or_checkpoint(tmp_path):
     result = run_cli(str(tmp_path), module="grpo_exp.evaluate")
     assert result.returncode != 0 and "not a grpo_exp run directory" in result.stderr

@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import reasoning_gym
-from datasets import Dataset, load_dataset
+from datasets import Dataset, load_dataset, load_dataset_builder
 from datasets.exceptions import DatasetGenerationError
 from omegaconf import DictConfig, OmegaConf
 from reasoning_gym.factory import DATASETS
@@ -99,11 +99,23 @@ def _load_hub(data_cfg: DictConfig, split: str) -> Dataset:
     try:
         return load_dataset(data_cfg.path, data_cfg.hub_config, split=split)
     except Exception as err:  # datasets raises many types (ConnectionError, DatasetNotFoundError, ValueError...)
-        raise UserError(
-            f"dataset.path='{data_cfg.path}' (split '{split}') could not be loaded from the Hugging Face Hub: "
-            f"{str(err).splitlines()[0]}. Without the hub, point dataset.path (and dataset.eval_path) at local "
-            "jsonl/parquet files."
-        ) from err
+        raise _unreachable_hub_dataset(data_cfg, f" (split '{split}')", err) from err
+
+
+def _check_hub(data_cfg: DictConfig) -> None:
+    """A hub dataset is found (its builder's metadata; no data is downloaded)."""
+    try:
+        load_dataset_builder(data_cfg.path, data_cfg.hub_config)
+    except Exception as err:  # as _load_hub
+        raise _unreachable_hub_dataset(data_cfg, "", err) from err
+
+
+def _unreachable_hub_dataset(data_cfg: DictConfig, split: str, err: Exception) -> UserError:
+    return UserError(
+        f"dataset.path='{data_cfg.path}'{split} could not be loaded from the Hugging Face Hub: "
+        f"{str(err).splitlines()[0]}. Without the hub, point dataset.path (and dataset.eval_path) at local "
+        "jsonl/parquet files."
+    )
 
 
 def _table_rows(table: Dataset, data_cfg: DictConfig, limit: int | None) -> list[dict]:
@@ -141,7 +153,8 @@ def _table_splits(data_cfg: DictConfig) -> tuple[list[dict], list[dict]]:
 
 def check_data_files(data_cfg: DictConfig) -> None:
     """Fail before any model loads when a data file is missing, unreadable, or does not hold what the config says
-    (its question and answer columns; GSM8K-style answers), or a reasoning-gym task does not exist."""
+    (its question and answer columns; GSM8K-style answers), a hub dataset cannot be reached, or a reasoning-gym task
+    does not exist."""
     if data_cfg.source is DataSource.reasoning_gym:
         _reasoning_gym_task(data_cfg, size=1)  # its name and task_config, with one generated problem
         return
@@ -150,6 +163,8 @@ def check_data_files(data_cfg: DictConfig) -> None:
     files = [("dataset.eval_path", data_cfg.eval_path)] if data_cfg.eval_path else []
     if data_cfg.source is DataSource.files or Path(data_cfg.path).suffix in FILE_BUILDERS:
         files.insert(0, ("dataset.path", data_cfg.path))
+    else:
+        _check_hub(data_cfg)
     for key, path in files:
         _check_first_row(data_cfg, _first_row(path, key), key, path)
 

@@ -37,7 +37,7 @@ evaluated) or a model checkpoint directory; every other argument is a Hydra over
 config (dataset=..., eval.samples=..., eval.temperature=..., eval.batch_size=..., eval.log_to_wandb=true,
 eval.verification_benchmark.enabled=true: the model's P(Yes) on the verification benchmark, a run directory's
 own set when it has one).
-Results are printed and written to <run dir>/evaluation.json (or outputs/eval/<time>/evaluation.json).
+Results are printed and written to <run dir>/evaluation.json (or <outputs_dir>/eval/<time>/evaluation.json).
 """
 
 
@@ -52,10 +52,11 @@ def parse_args(argv: list[str]) -> list[str]:
     return parser.parse_args(argv).args
 
 
-def resolve_source(argv: list[str]) -> tuple[list[str], Path]:
-    """(Hydra overrides, output directory) for a run directory, a checkpoint, or a plain model config."""
+def resolve_source(argv: list[str]) -> tuple[list[str], Path | None]:
+    """(Hydra overrides, output directory) for a run directory, a checkpoint, or a plain model config (None: a new
+    directory under outputs_dir, known once the config is composed)."""
     if not argv or "=" in argv[0]:
-        return argv, Path("outputs") / "eval" / time.strftime("%Y-%m-%d_%H-%M-%S")
+        return argv, None
     source, overrides = Path(argv[0]), argv[1:]
     if (source / ".hydra" / "overrides.yaml").is_file() and (source / FINAL_CHECKPOINT_DIR).is_dir():
         # Re-compose the run's own config (its overrides), then point the model at its final checkpoint.
@@ -80,6 +81,7 @@ def main(argv: list[str] | None = None) -> dict:
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
     spec = resolve(cfg, processes=1)
+    out_dir = out_dir or Path(cfg.outputs_dir) / "eval" / time.strftime("%Y-%m-%d_%H-%M-%S")
     parts = build_parts(spec)
     verifier, rollout = parts.verifier, parts.rollout
     train, heldout = load_splits(cfg.dataset)
