@@ -40,6 +40,27 @@ def test_two_processes_train_data_parallel_and_only_the_main_one_writes(tmp_path
     assert (run_dir / "checkpoint-final" / "model.safetensors").is_file()
 
 
+@pytest.mark.slow
+def test_two_processes_with_the_defaults_train_when_only_one_process_has_a_group_with_spread(tmp_path):
+    """The embedded model's groups have a spread about half the time: with one prompt per process, steps where one
+    process keeps its group and the other leaves its own out come early (skip, the default). TRL gathers per-row
+    metrics, so both must hand it as many rows; this aborted at the first such step (gloo: collective mismatch)."""
+    result = launch_train(
+        "trainer.max_steps=8",
+        "eval.before=false",
+        "eval.after=false",
+        "logger=none",
+        f"hydra.run.dir={tmp_path}",
+        accelerate_config=ACCELERATE_DIR / "ddp.yaml",
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    steps = [m for m in read_metrics(tmp_path / "metrics.jsonl") if "reward" in m]
+    assert [m["step"] for m in steps] == list(range(1, 9)), "every step, written once"
+    left_out = [m["zero_variance/groups_left_out"] for m in steps]
+    assert 1.0 in left_out, f"no step with one group left out of two: {left_out}"
+    assert json.loads((tmp_path / "summary.json").read_text())["processes"] == 2
+
+
 @pytest.mark.e2e
 def test_two_processes_leave_out_groups_without_spread_and_read_prompts_once(tmp_path):
     """The tiny model's groups never have a spread: every step leaves all of them out, and each process still goes

@@ -3,10 +3,11 @@ fresh prompts (resample). TRL's GRPOTrainer really generates, scores and compute
 
 import pytest
 import torch
+from trl import GRPOTrainer
 
 from grpo_exp.stats import zero_spread_groups
 from grpo_exp.trainer.trl_batch import INFORMATIVE, concatenate, loss_scale, select_rows
-from grpo_exp.trainer.zero_variance import fresh_inputs
+from grpo_exp.trainer.zero_variance import fresh_inputs, informative_loss, topped_up
 from support.config import TINY_RUN
 from tests.helpers.cli import logged_steps, run_cli
 from tests.helpers.tiny_trainer import G, Recording, generation_batch, logged, make_trainer
@@ -58,6 +59,45 @@ def test_skip_gives_trls_update_without_the_forward_of_no_spread_groups(tmp_path
     assert seen_full == [3 * G] and seen_skipping == [2 * G]
     assert full.abs().max() > 0
     torch.testing.assert_close(skipped, full, rtol=1e-4, atol=1e-7)
+
+
+def first_two_groups_flat(completions, **kwargs):
+    return [0.5 if i < 2 * G else float(i % G) for i in range(len(completions))]
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo"])
+def test_under_several_processes_skip_takes_as_many_rows_as_the_busiest_process_and_gives_trls_update(
+    tmp_path, loss_type
+):
+    """Another process kept one group more: this one tops its rows up with a left-out group (advantages zeroed),
+    so that every process hands TRL as many rows (TRL gathers per-row metrics), and the update is still TRL's."""
+    trainer = make_trainer(
+        tmp_path, first_two_groups_flat, "skip", prompts=4, overrides=[f"trainer.loss_type={loss_type}"]
+    )
+    batch = generation_batch(trainer, prompts=4)
+    assert batch[INFORMATIVE].tolist() == [False] * 2 * G + [True] * 2 * G
+
+    def trl_loss(rows, items=None):
+        return GRPOTrainer.compute_loss(trainer, trainer.model, rows, False, items)
+
+    seen = []
+    handle = trainer.model.register_forward_pre_hook(
+        lambda m, args, kw: seen.append(kw["input_ids"].shape[0]), with_kwargs=True
+    )
+    trainer.model.zero_grad(set_to_none=True)
+    informative_loss(batch, loss_type, trl_loss, None, most_rows=lambda rows: rows + G).backward()
+    handle.remove()
+    topped = torch.cat([p.grad.flatten() for p in trainer.model.parameters()])
+    full, _ = gradient(trainer, {k: v for k, v in batch.items() if k != INFORMATIVE})
+    assert seen == [3 * G] and full.abs().max() > 0
+    torch.testing.assert_close(topped, full, rtol=1e-4, atol=1e-7)
+
+
+def test_topping_up_adds_the_first_left_out_rows_only():
+    keep = torch.tensor([False, True, False, False, True])
+    assert topped_up(keep, 4).tolist() == [True, True, True, False, True]
+    assert topped_up(keep, 2).tolist() == keep.tolist() and topped_up(keep, 9).all()
+    assert keep.tolist() == [False, True, False, False, True]  # not modified in place
 
 
 def test_a_batch_with_no_spread_at_all_takes_no_forward_and_gives_zero_gradients(tmp_path):

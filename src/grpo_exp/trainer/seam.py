@@ -241,14 +241,16 @@ class HookedGRPOTrainer(GRPOTrainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """TRL's loss; with rows of no-spread groups marked, over the other rows only (grpo_exp.trainer.zero_variance):
-        one unsharded process skips the forward of a batch with no informative row altogether."""
+        one unsharded process skips the forward of a batch with no informative row altogether; several processes
+        each take as many rows as the process that keeps the most."""
         trl_loss = super().compute_loss
 
         def loss_of(rows: dict, items=num_items_in_batch) -> torch.Tensor:
             return trl_loss(model, rows, return_outputs, items)
 
         alone = self.accelerator.num_processes == 1 and not (self.is_deepspeed_enabled or self.is_fsdp_enabled)
-        return informative_loss(inputs, self.loss_type, loss_of, model.parameters() if alone else None)
+        most_rows = None if self.accelerator.num_processes == 1 else self._most_rows
+        return informative_loss(inputs, self.loss_type, loss_of, model.parameters() if alone else None, most_rows)
 
     # ---- reading TRL's state -------------------------------------------------------------------------------
 
@@ -279,6 +281,10 @@ class HookedGRPOTrainer(GRPOTrainer):
         output["completion_mask"] = output["completion_mask"] * mask.to(output["completion_mask"])
         loss_mask = output["completion_mask"] * output.get("tool_mask", 1)
         output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
+
+    def _most_rows(self, rows: int) -> int:
+        """The largest `rows` of every process (each process calls this, at the same point of every step)."""
+        return int(self.accelerator.gather(torch.tensor([rows], device=self.accelerator.device)).max())
 
     def _fused_forward(self, model, compute_entropy: bool, **inputs) -> tuple[torch.Tensor, torch.Tensor | None]:
         """TRL's fused LM head: each position's log-probability of its `shift_labels` token (and entropy), no logits."""

@@ -107,13 +107,21 @@ def informative_loss(
     loss_type: str,
     trl_loss: Callable[..., torch.Tensor],
     parameters: Iterable[torch.nn.Parameter] | None,
+    most_rows: Callable[[int], int] | None = None,
 ) -> torch.Tensor:
     """TRL's loss (`trl_loss(rows)`, or `trl_loss(rows, None)` without TRL's token count) over the rows not marked
     as no-spread, rescaled to TRL's normalisation: the same update for beta=0, without the forward/backward of the
     left-out rows. `parameters`: the trainable parameters where one unsharded process may skip the forward
-    altogether; None where every process must run one (a collective in the wrapped model's forward/backward)."""
+    altogether; None where every process must run one (a collective in the wrapped model's forward/backward).
+    `most_rows(rows)`: under several processes, the largest of every process's `rows` (a collective: every process
+    calls it, every step); each process then takes that many rows, topped up with left-out rows whose advantages
+    are zeroed, because TRL gathers per-row metrics and every process must hand it as many rows."""
     keep = inputs.get(INFORMATIVE)
-    if keep is None or bool(keep.all()):
+    if keep is None:
+        return trl_loss(inputs)
+    if most_rows is not None:
+        keep = topped_up(keep, most_rows(int(keep.sum())))
+    if bool(keep.all()):
         return trl_loss(inputs)
     if not keep.any():
         # TRL's gradient is exactly zero here. Zero gradients rather than none, so that the optimiser takes the
@@ -121,5 +129,14 @@ def informative_loss(
         if parameters is not None:
             return sum(p.view(-1)[0] * 0.0 for p in parameters if p.requires_grad)
         return trl_loss(select_rows(inputs, torch.tensor([0])), None) * 0.0
-    kept = select_rows(inputs, keep.nonzero().squeeze(1))
+    informative = inputs[INFORMATIVE]
+    zeroed = {**inputs, "advantages": inputs["advantages"].masked_fill(~informative, 0.0)}
+    kept = select_rows(zeroed, keep.nonzero().squeeze(1))
     return trl_loss(kept) * loss_scale(loss_type, inputs, keep)
+
+
+def topped_up(keep: torch.Tensor, rows: int) -> torch.Tensor:
+    """`keep` with its first left-out rows added until `rows` rows are kept (at least the kept ones)."""
+    missing = max(rows - int(keep.sum()), 0)
+    fillers = (~keep).nonzero().squeeze(1)[:missing]
+    return keep.clone().index_fill_(0, fillers, True)
