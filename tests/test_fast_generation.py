@@ -273,7 +273,7 @@ def test_the_probe_catches_a_copy_whose_logits_differ(tiny_policy, monkeypatch):
 
 
 def test_without_onednn_it_is_refused_naming_the_key(tmp_path, monkeypatch):
-    monkeypatch.setattr(sampling, "can_prepack", lambda: False)
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)  # a torch build without oneDNN
     with pytest.raises(UserError, match=r"trainer.fast_generation .* no oneDNN .* generation=transformers"):
         make_trainer(tmp_path, by_index, prompts=2, fast_generation=True)
 
