@@ -1,6 +1,8 @@
 """Multi-process training with accelerate (CPU, gloo), and the GPU engines' configs (DeepSpeed, FSDP, vLLM)."""
 
 import json
+import re
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -11,9 +13,9 @@ from accelerate.utils import DistributedType
 from grpo_exp.errors import UserError
 from grpo_exp.paths import REPO_ROOT
 from grpo_exp.run.tracking import read_metrics
-from grpo_exp.trainer.config import check_trainer, grpo_exp_config
+from grpo_exp.trainer.config import check_trainer, ddp_timeout, grpo_exp_config
 from support.config import TINY_RUN, compose_config
-from tests.helpers.cli import launch_train
+from tests.helpers.cli import accelerate_launch
 
 ACCELERATE_DIR = REPO_ROOT / "accelerate_configs"
 
@@ -21,7 +23,7 @@ ACCELERATE_DIR = REPO_ROOT / "accelerate_configs"
 @pytest.mark.e2e
 def test_two_processes_train_data_parallel_and_only_the_main_one_writes(tmp_path):
     outputs = tmp_path / "outputs"
-    result = launch_train(
+    result = accelerate_launch(
         *TINY_RUN,
         "reward=math+format+length",
         "trainer.max_steps=3",
@@ -40,12 +42,31 @@ def test_two_processes_train_data_parallel_and_only_the_main_one_writes(tmp_path
     assert (run_dir / "checkpoint-final" / "model.safetensors").is_file()
 
 
+@pytest.mark.e2e
+def test_a_waiting_process_gives_up_after_the_configured_timeout_not_torchs_default():
+    """The process group is joined with the run's ddp_timeout (GRPOConfig's field): a rank waiting on a main
+    process that is away longer gives up then, not after torch's default of tens of minutes."""
+    result = accelerate_launch(
+        "5", accelerate_config=ACCELERATE_DIR / "ddp.yaml", module="tests.helpers.waiting_rank", timeout=300
+    )
+    output = result.stdout + result.stderr
+    gave_up = re.search(r"gave up after (\d+) s", output)
+    assert gave_up, output[-3000:]
+    assert int(gave_up.group(1)) < 15, "the main process slept 20 s: the waiting one must not have waited it out"
+
+
+def test_the_collectives_timeout_is_the_runs_ddp_timeout():
+    assert ddp_timeout(compose_config(["+trainer.extra.ddp_timeout=7"]).trainer) == timedelta(seconds=7)
+    assert ddp_timeout(compose_config().trainer) == timedelta(seconds=1800)  # GRPOConfig's default
+    assert ddp_timeout(compose_config(["+trainer.extra.ddp_timeout=soon"]).trainer) == timedelta(seconds=1800)
+
+
 @pytest.mark.slow
 def test_two_processes_with_the_defaults_train_when_only_one_process_has_a_group_with_spread(tmp_path):
     """The embedded model's groups have a spread about half the time: with one prompt per process, steps where one
     process keeps its group and the other leaves its own out come early (skip, the default). TRL gathers per-row
     metrics, so both must hand it as many rows; this aborted at the first such step (gloo: collective mismatch)."""
-    result = launch_train(
+    result = accelerate_launch(
         "trainer.max_steps=8",
         "eval.before=false",
         "eval.after=false",
@@ -65,7 +86,7 @@ def test_two_processes_with_the_defaults_train_when_only_one_process_has_a_group
 def test_two_processes_leave_out_groups_without_spread_and_read_prompts_once(tmp_path):
     """The tiny model's groups never have a spread: every step leaves all of them out, and each process still goes
     through DDP's forward and backward (one row, times 0) so that the gradients are reduced together."""
-    result = launch_train(
+    result = accelerate_launch(
         *TINY_RUN,
         "trainer.max_steps=2",
         "logger=none",

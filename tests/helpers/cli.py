@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from grpo_exp.paths import REPO_ROOT
+
 
 def run_cli(
     *args: str, module: str = "grpo_exp.train", timeout: int = 900, env: dict | None = None
@@ -19,11 +21,15 @@ def run_cli(
     )
 
 
-def launch_train(*args: str, accelerate_config: Path, timeout: int = 900) -> subprocess.CompletedProcess:
-    """`accelerate launch --config_file <accelerate_config> -m grpo_exp.train <args>`, as a user starts several
-    processes."""
+def accelerate_launch(
+    *args: str, accelerate_config: Path, module: str = "grpo_exp.train", timeout: int = 900
+) -> subprocess.CompletedProcess:
+    """`accelerate launch --config_file <accelerate_config> -m <module> <args>` from the repository's root, as a user
+    starts several processes."""
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(accelerate_config)]
-    return subprocess.run([*launch, "-m", "grpo_exp.train", *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [*launch, "-m", module, *args], capture_output=True, text=True, timeout=timeout, cwd=REPO_ROOT
+    )
 
 
 def logged_steps(run_dir: Path) -> list[dict]:

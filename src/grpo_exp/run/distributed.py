@@ -4,6 +4,7 @@ Every rank runs the whole Hydra job; only the main process evaluates, writes fil
 """
 
 import os
+from datetime import timedelta
 from pathlib import Path
 
 
@@ -15,8 +16,10 @@ def is_main_process() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
-def shared_run_dir(run_dir: Path) -> Path:
-    """The main process's run directory, on every rank.
+def shared_run_dir(run_dir: Path, timeout: timedelta) -> Path:
+    """The main process's run directory, on every rank; joining the process group the launcher set up, with
+    `timeout` for its collectives (TrainingArguments' ddp_timeout: accelerate's state is made once, here, so the
+    trainer's later request for that timeout would find the group made already).
 
     Each rank composes its own Hydra run directory from the clock, and ranks may start a second apart;
     checkpoints (written by every rank under DeepSpeed ZeRO-3) must all go to one place.
@@ -27,7 +30,7 @@ def shared_run_dir(run_dir: Path) -> Path:
     from accelerate import PartialState
     from accelerate.utils import broadcast_object_list
 
-    PartialState(cpu=not torch.cuda.is_available())  # joins the process group the launcher set up
+    PartialState(cpu=not torch.cuda.is_available(), timeout=timeout)
     shared = [str(run_dir)]
     broadcast_object_list(shared, from_process=0)
     return Path(shared[0])

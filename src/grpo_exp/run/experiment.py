@@ -39,6 +39,7 @@ from grpo_exp.run.report import build_summary, print_summary, write_summary
 from grpo_exp.run.resolve import RunSpec, resolve
 from grpo_exp.run.resume import Attempt, carry_history, is_complete, remove_checkpoints, write_record
 from grpo_exp.run.tracking import MetricsFileCallback, Tracker, run_identity
+from grpo_exp.trainer.config import ddp_timeout
 from grpo_exp.trainer.seam import as_rollout_func
 from grpo_exp.trainer.trainer import GRPOExpTrainer
 from grpo_exp.verification.selfverify import Candidate
@@ -88,7 +89,7 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
     # Deprecation notices from inside transformers/TRL are not the user's to act on.
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
-    run_dir = shared_run_dir(Path(hydra_cfg.runtime.output_dir))
+    run_dir = shared_run_dir(Path(hydra_cfg.runtime.output_dir), ddp_timeout(cfg.trainer))
     main = is_main_process()
     spec = resolve(cfg, trainer_dir=run_dir / TRAINER_DIR)
     parts = build_parts(spec)

@@ -6,6 +6,7 @@ import difflib
 import importlib.util
 import typing
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -145,6 +146,14 @@ DERIVED = {
     "generation_batch_size",
     "steps_per_generation",
 }
+
+
+def ddp_timeout(trainer_cfg: DictConfig) -> timedelta:
+    """How long a process waits in a collective (+trainer.extra.ddp_timeout, GRPOConfig's field, in seconds; else
+    its default). Read before the checks, which report a value of the wrong type: this one falls back meanwhile."""
+    value = trainer_cfg.extra.get("ddp_timeout")
+    valid = isinstance(value, int) and not isinstance(value, bool) and value > 0
+    return timedelta(seconds=value if valid else GRPOConfig.__dataclass_fields__["ddp_timeout"].default)
 
 
 def check_vllm() -> None:
