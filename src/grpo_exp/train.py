@@ -17,6 +17,10 @@ register_schemas()
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def main(cfg: DictConfig) -> float | None:
     """Returns the held-out accuracy after training (the objective of Hydra sweepers such as Optuna)."""
+    from grpo_exp.run.cluster import export_torch_distributed_env
+
+    # The tasks of a Slurm job (hydra/launcher=slurm_multigpu) form one process group; set before anything reads them.
+    export_torch_distributed_env()
     from grpo_exp.run.experiment import run_experiment
 
     return run_experiment(cfg, HydraConfig.get())["heldout_accuracy_after"]
