@@ -32,7 +32,7 @@ from grpo_exp.verification.selfverify import (
     verification_prompt,
     verification_reward,
 )
-from grpo_exp.verification.task import SelfVerificationTask
+from grpo_exp.verification.task import Ranks, SelfVerificationTask
 from support.config import TINY_RUN, compose_config
 from tests.helpers.cli import run_cli
 from tests.helpers.tiny_trainer import G, Recording, generation_batch, make_trainer
@@ -401,3 +401,49 @@ def test_a_run_directory_names_the_model_it_trained(tmp_path):
     (tmp_path / "checkpoint-final").mkdir()
     assert model_option_config(str(tmp_path), "verifier.model").name_or_path == str(tmp_path / "checkpoint-final")
     assert model_option_config("org/model", "verifier.model").name_or_path == "org/model"
+
+
+def _filled_task(*overrides: str) -> SelfVerificationTask:
+    """A task whose buffer holds 6 problems with mixed results (4 answers each: 2 right, 2 wrong)."""
+    task = selfverify_task(*overrides)
+    questions = [f"q{i}" for i in range(6)]
+    texts = [f"\\boxed{{{i * 10 + j}}}" for i in range(6) for j in range(4)]
+    task.observe(questions, texts, [j < 2 for _ in range(6) for j in range(4)], 4)
+    return task
+
+
+def _rows(groups: int, size: int) -> list[dict]:
+    return [
+        {"prompt": [{"role": "user", "content": f"p{g}"}], "question": f"p{g}", "solution": "1"}
+        for g in range(groups)
+        for _ in range(size)
+    ]
+
+
+@pytest.mark.parametrize("balance", ["pairs", "share"])
+def test_the_processes_share_out_one_selection_for_the_whole_step(balance):
+    """2 processes with 2 groups each choose the examples of a 4-group step once, and each takes every second one:
+    together the one-process choice for 4 groups, no example twice, and each keeps a generation group."""
+    overrides = [f"reward.components.selfverify.balance={balance}", "reward.components.selfverify.fraction=0.5"]
+    whole, _ = _filled_task(*overrides).mix_in(_rows(4, 2), 2, 1, None)
+    chosen = [r["prompt"][0]["content"] for r in whole[::2] if r["task"] == "verify"]
+    assert len(chosen) == 2
+    shares = [_filled_task(*overrides).mix_in(_rows(2, 2), 2, 1, None, Ranks(i, 2))[0] for i in range(2)]
+    for rows in shares:
+        assert [r["task"] for r in rows[::2]] == ["generate", "verify"], "one of its two groups verifies"
+    dealt = [r["prompt"][0]["content"] for rows in shares for r in rows[::2] if r["task"] == "verify"]
+    assert sorted(dealt) == sorted(chosen)
+
+
+def test_supervised_examples_are_dealt_with_weights_that_average_to_the_steps_mean():
+    overrides = ["reward.components.selfverify.objective=supervised", "reward.components.selfverify.pairs_per_step=2"]
+    alone = _filled_task(*overrides)
+    alone.mix_in(_rows(4, 2), 2, 1, None)
+    assert len(alone.pending_verdict_examples) == 4 and alone.pending_verdict_weights == [0.25] * 4
+    tasks = [_filled_task(*overrides) for _ in range(3)]
+    for i, task in enumerate(tasks):  # 3 processes share out the 4 examples: 2, 1 and 1
+        task.mix_in(_rows(2, 2), 2, 1, None, Ranks(i, 3))
+    chosen = [c.response for c in alone.pending_verdict_examples]
+    assert [[c.response for c in t.pending_verdict_examples] for t in tasks] == [chosen[i::3] for i in range(3)]
+    # DDP averages the processes' gradients: sum over processes of (weight x loss) / 3 is the mean over 4
+    assert [t.pending_verdict_weights for t in tasks] == [[0.75, 0.75], [0.75], [0.75]]

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import torch
+from accelerate.utils import gather_object
 
 from grpo_exp.generation import generate_completions
 from grpo_exp.rollout.flow import broadcast_to_turns, trajectory_statistics
@@ -26,7 +27,7 @@ from grpo_exp.trainer.seam import HookedGRPOTrainer
 from grpo_exp.verification.p_yes import verdict_log_probabilities, yes_no_token_ids
 from grpo_exp.verification.rule import Verifier
 from grpo_exp.verification.selfverify import NO, YES
-from grpo_exp.verification.task import VERIFY, SelfVerificationTask
+from grpo_exp.verification.task import VERIFY, Ranks, SelfVerificationTask
 
 # Components whose score grades an answer: logged as <name>/mean, <name>/group_std, <name>/auroc every step.
 GRADED_COMPONENTS = {"judge", "confidence"}
@@ -56,7 +57,7 @@ class GRPOExpTrainer(HookedGRPOTrainer):
         if self.selfverify is None:
             return inputs
         rows, metrics = self.selfverify.mix_in(
-            inputs, self.num_generations, self.state.global_step + 1, self._sample_answers
+            inputs, self.num_generations, self.state.global_step + 1, self._sample_answers, self._ranks
         )
         for key, value in metrics.items():
             self.record_metric(key, value)
@@ -70,13 +71,16 @@ class GRPOExpTrainer(HookedGRPOTrainer):
         if task is None or not task.pending_verdict_examples or return_outputs:
             return loss
         examples, task.pending_verdict_examples = task.pending_verdict_examples, []
+        weights, task.pending_verdict_weights = task.pending_verdict_weights, []
         tokenizer = self.processing_class
         ids = yes_no_token_ids(tokenizer, YES, NO)
         log_p = verdict_log_probabilities(model, tokenizer, task.conversations(examples), *ids)
         label_is_no = torch.tensor([0 if c.correct else 1 for c in examples], device=log_p.device)
-        cross_entropy = -log_p.gather(1, label_is_no[:, None]).mean()
-        self.record_metric("selfverify/verdict_loss", cross_entropy.item())
-        return loss + task.cfg.supervised_weight * cross_entropy
+        cross_entropy = -log_p.gather(1, label_is_no[:, None]).squeeze(1)
+        if any(weights):
+            self.record_metric("selfverify/verdict_loss", cross_entropy.mean().item())
+        weighted = (cross_entropy * torch.tensor(weights, device=log_p.device)).sum()
+        return loss + task.cfg.supervised_weight * weighted
 
     def loss_token_mask(self, rows, completion_ids, completion_mask):
         """Self-verification (loss_on=verdict): a verification completion counts up to its verdict."""
@@ -145,7 +149,11 @@ class GRPOExpTrainer(HookedGRPOTrainer):
         starts = [s for s in range(0, len(batch.texts), size) if rows[s]["task"] != VERIFY]
         texts = [t for s in starts for t in batch.texts[s : s + size]]
         labels = [None if math.isnan(v) else v == 1.0 for s in starts for v in correct[s : s + size].tolist()]
-        self.selfverify.observe([rows[s]["question"] for s in starts], texts, labels, size)
+        self.selfverify.observe_step([rows[s]["question"] for s in starts], texts, labels, size, self._ranks)
+
+    @property
+    def _ranks(self) -> Ranks:
+        return Ranks(self.accelerator.process_index, self.accelerator.num_processes, gather_object)
 
     def _sample_answers(self, prompts: list) -> list[str]:
         """verify_only: the current policy's answers to judge (sampled as in training, not trained on)."""

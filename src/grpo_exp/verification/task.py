@@ -7,6 +7,7 @@ a P(Yes) scorer's probabilities -> AUROC / Brier / ECE.
 
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from datasets import Dataset
@@ -43,6 +44,16 @@ from grpo_exp.verification.selfverify import (
 GENERATE, VERIFY = "generate", "verify"  # a row's task: answer the problem, or judge an answer to it
 
 
+@dataclass(frozen=True)
+class Ranks:
+    """This process among those that share a step: `gather(items)` returns every process's list, concatenated
+    in rank order, on every process (one process: the list itself)."""
+
+    index: int = 0
+    count: int = 1
+    gather: Callable[[list], list] = list
+
+
 class SelfVerificationTask:
     def __init__(self, cfg: DictConfig, verifier: Verifier, p_yes: PYesScorer | None, seed: int):
         """cfg: reward.components.selfverify; verifier: the rule verifier (labels); p_yes: the scorer whose
@@ -50,8 +61,10 @@ class SelfVerificationTask:
         self.cfg, self.verifier, self.p_yes, self.seed = cfg, verifier, p_yes, seed
         self.candidates: deque[Candidate] = deque(maxlen=cfg.buffer_size)
         self._problems_seen = 0
-        # objective=supervised: this step's verification examples, for the trainer's auxiliary verdict loss
+        # objective=supervised: this process's share of the step's verification examples, for the trainer's
+        # auxiliary verdict loss, each with its weight in the step's mean (see mix_in)
         self.pending_verdict_examples: list[Candidate] = []
+        self.pending_verdict_weights: list[float] = []
 
     @property
     def supervised_objective(self) -> bool:
@@ -95,31 +108,38 @@ class SelfVerificationTask:
         return chosen, metrics
 
     def mix_in(
-        self, rows: list[dict], size: int, step: int, sample: Callable[[list], list[str]]
+        self, rows: list[dict], size: int, step: int, sample: Callable[[list], list[str]], ranks: Ranks = Ranks()
     ) -> tuple[list[dict], dict[str, float]]:
-        """The batch's rows with its last groups replaced by verification prompts, as the schedule says, and the
-        metrics of the selection. `sample(prompts)` answers prompts with the current policy (verify_only: the
-        answers to judge are sampled first, not trained on)."""
+        """This process's rows with its last groups replaced by its share of the step's verification prompts, as
+        the schedule says, and the metrics of the selection. `sample(prompts)` answers prompts with the current
+        policy (verify_only: the answers to judge are sampled first, not trained on).
+
+        The step's examples are chosen for all processes' groups together, from one buffer that every process
+        holds alike (each observes every process's groups), with one seed: every process chooses the same, then
+        takes every `ranks.count`-th, starting at its own index."""
         rows = [{**row, "task": GENERATE, "verify_label": None, "pass_rate": None} for row in rows]
-        self.pending_verdict_examples = []
+        self.pending_verdict_examples, self.pending_verdict_weights = [], []
         groups = len(rows) // size
-        wanted = self.wanted_groups(groups, step)
+        wanted = self.wanted_groups(groups * ranks.count, step)
         if self.cfg.schedule is SelfVerifySchedule.verify_only:
             problems = rows[::size]
             prompts = [row["prompt"] for row in problems for _ in range(size)]
             texts = sample(prompts)
             labels = self.verifier(texts, [str(row["solution"]) for row in problems for _ in range(size)])
-            self.observe([row["question"] for row in problems], texts, labels, size)
+            self.observe_step([row["question"] for row in problems], texts, labels, size, ranks)
         if not wanted:
             return rows, {}
         chosen, metrics = self.select(wanted, step)
+        mine = chosen[ranks.index :: ranks.count]
         if self.supervised_objective:  # the verdict loss takes them; the GRPO batch stays all generation
-            self.pending_verdict_examples = chosen
+            if chosen:
+                # Weighted so that the processes' gradients, averaged, are those of the step's mean; a process
+                # with no share still runs the loss's forward (weight 0), as every process must under DDP.
+                self.pending_verdict_examples = mine or chosen[:1]
+                self.pending_verdict_weights = [ranks.count / len(chosen)] * len(mine) or [0.0]
             return rows, metrics
-        if not chosen:
-            return rows, metrics
-        for offset, candidate in enumerate(chosen):
-            group = groups - len(chosen) + offset
+        for offset, candidate in enumerate(mine):
+            group = groups - len(mine) + offset
             row = {
                 "prompt": verification_prompt(candidate, self.cfg.template, self.cfg.show),
                 "question": candidate.question,
@@ -136,6 +156,21 @@ class SelfVerificationTask:
         found = candidates_from_groups(questions, texts, labels, size, first_problem=self._problems_seen)
         self._problems_seen += len(questions)
         self.candidates.extend(found)
+
+    def observe_step(
+        self, questions: list[str], texts: list[str], labels: list[bool | None], size: int, ranks: Ranks
+    ) -> None:
+        """observe() every process's generation groups of this step, in rank order, on every process."""
+        groups = [
+            (q, texts[i * size : (i + 1) * size], labels[i * size : (i + 1) * size]) for i, q in enumerate(questions)
+        ]
+        everyone = ranks.gather(groups)
+        self.observe(
+            [q for q, _, _ in everyone],
+            [t for _, group, _ in everyone for t in group],
+            [label for _, _, group in everyone for label in group],
+            size,
+        )
 
     def verdict_loss_mask(
         self,
