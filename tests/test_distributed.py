@@ -1,6 +1,7 @@
 """Multi-process training with accelerate (CPU, gloo), and the GPU engines' configs (DeepSpeed, FSDP, vLLM)."""
 
 import json
+import math
 import re
 from datetime import timedelta
 from pathlib import Path
@@ -10,12 +11,13 @@ import torch
 from accelerate.commands.config.config_args import load_config_from_file
 from accelerate.utils import DistributedType
 
+from grpo_exp.data_parallel import batches_of
 from grpo_exp.errors import UserError
 from grpo_exp.paths import REPO_ROOT
 from grpo_exp.run.tracking import read_metrics
 from grpo_exp.trainer.config import check_trainer, ddp_timeout, grpo_exp_config
 from support.config import TINY_RUN, compose_config
-from tests.helpers.cli import accelerate_launch
+from tests.helpers.cli import accelerate_launch, run_cli
 
 ACCELERATE_DIR = REPO_ROOT / "accelerate_configs"
 
@@ -140,3 +142,35 @@ def test_vllm_generation_is_a_config_switch_for_trl(option):
 def test_generation_defaults_to_transformers():
     cfg = compose_config(TINY_RUN)
     assert not grpo_exp_config(cfg.trainer, Path("unused"), "none", [1.0, 0.2], False).use_vllm
+
+
+@pytest.mark.parametrize("processes", [1, 2, 3, 8])
+@pytest.mark.parametrize(("count", "batch_size"), [(0, 4), (1, 4), (5, 2), (100, 16), (7, 1)])
+def test_evaluation_shares_are_whole_batches_that_cover_every_item_once(count, batch_size, processes):
+    shares = [batches_of(count, batch_size, rank, processes) for rank in range(processes)]
+    assert [i for indices, _ in shares for i in indices] == list(range(count)), "each item once, in order"
+    assert all(indices.start % batch_size == 0 for indices, _ in shares if len(indices)), "as one process batches"
+    runs = {batches for _, batches in shares}
+    assert len(runs) == 1, "every process runs as many batches"
+    assert runs.pop() == max(math.ceil(len(indices) / batch_size) for indices, _ in shares)
+
+
+@pytest.mark.e2e
+def test_two_processes_evaluate_a_share_each_and_answer_as_one_process_does(tmp_path):
+    """Held-out evaluation runs on every process, each answering whole batches (5 problems in batches of 2: one
+    process answers 2 batches, the other 1 and repeats one, as a sharded model needs); greedy answers, gathered,
+    are those of a one-process run."""
+    overrides = [*TINY_RUN, "dataset.eval_size=5", "eval.batch_size=2", "trainer.max_steps=1", "logger=none"]
+    alone = run_cli(*overrides, f"hydra.run.dir={tmp_path / 'one'}")
+    assert alone.returncode == 0, alone.stderr[-4000:]
+    together = accelerate_launch(
+        *overrides, f"hydra.run.dir={tmp_path / 'two'}", accelerate_config=ACCELERATE_DIR / "ddp.yaml"
+    )
+    assert together.returncode == 0, together.stderr[-4000:]
+    for when in ("before", "after"):
+        samples = [(tmp_path / run / f"eval_{when}.jsonl").read_text().splitlines() for run in ("one", "two")]
+        assert len(samples[1]) == 5
+        if when == "before":  # the same initial weights (training differs: one process's batch is not DDP's)
+            assert samples[0] == samples[1]
+    summary = json.loads((tmp_path / "two" / "summary.json").read_text())
+    assert summary["processes"] == 2 and summary["heldout_accuracy_after"] is not None

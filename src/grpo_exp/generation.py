@@ -5,6 +5,8 @@ from contextlib import contextmanager
 import torch
 from tqdm.auto import tqdm
 
+from grpo_exp.data_parallel import map_over_processes
+
 
 @contextmanager
 def left_padded_eval(model, tokenizer):
@@ -29,10 +31,20 @@ def generate_completions(
     desc: str | None,
     temperature: float = 0.0,
     stop_strings: list[str] | None = None,
+    split: bool = False,
 ) -> list[str]:
     """Completions for chat prompts, batched with left padding: greedy at temperature 0, else sampled.
 
-    Generation of a sequence ends at EOS or at the first of `stop_strings` (kept in the text)."""
+    Generation of a sequence ends at EOS or at the first of `stop_strings` (kept in the text). split: every
+    process of the run generates its share of the prompts and gets all completions (evaluation)."""
+    if split:
+        return map_over_processes(
+            list(prompts),
+            batch_size,
+            lambda share, main: generate_completions(
+                model, tokenizer, share, max_new_tokens, batch_size, desc if main else None, temperature, stop_strings
+            ),
+        )
     texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
     completions: list[str] = []
     with left_padded_eval(model, tokenizer):

@@ -22,13 +22,24 @@ def run_cli(
 
 
 def accelerate_launch(
-    *args: str, accelerate_config: Path, module: str = "grpo_exp.train", timeout: int = 900
+    *args: str,
+    accelerate_config: Path,
+    module: str = "grpo_exp.train",
+    timeout: int = 900,
+    env: dict | None = None,
+    launch_args: tuple[str, ...] = (),
 ) -> subprocess.CompletedProcess:
-    """`accelerate launch --config_file <accelerate_config> -m <module> <args>` from the repository's root, as a user
-    starts several processes."""
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(accelerate_config)]
+    """`accelerate launch --config_file <accelerate_config> <launch_args> -m <module> <args>` from the repository's
+    root, as a user starts several processes (`launch_args`: accelerate's own, over the config file's; `env`: added
+    to this environment)."""
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(accelerate_config), *launch_args]
     return subprocess.run(
-        [*launch, "-m", module, *args], capture_output=True, text=True, timeout=timeout, cwd=REPO_ROOT
+        [*launch, "-m", module, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO_ROOT,
+        env={**os.environ, **(env or {})},
     )
 
 

@@ -10,15 +10,16 @@ import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
+import torch
 from datasets import Dataset
 from omegaconf import DictConfig, OmegaConf
-from transformers import PrinterCallback, ProgressCallback, set_seed
+from transformers import PrinterCallback, ProgressCallback, TrainerCallback, set_seed
 
 from grpo_exp.data import load_splits
 from grpo_exp.models import describe, load_model, load_tokenizer, lora_config
 from grpo_exp.run.build import RunParts, build_parts
 from grpo_exp.run.console import ConsoleView
-from grpo_exp.run.distributed import is_main_process, shared_run_dir, wait_for_everyone
+from grpo_exp.run.distributed import is_main_process, shared_run_dir, world_size
 from grpo_exp.run.files import (
     CONFIG_FILE,
     FINAL_CHECKPOINT_DIR,
@@ -59,7 +60,8 @@ def measure_heldout(
 ):
     """Greedy held-out accuracy (with the tools, for rollout=multiturn); with self-verification or the judge on,
     their held-out measures too, and the verification benchmark when it is on. Every problem's completion and
-    label go to eval_<when>.jsonl."""
+    label go to eval_<when>.jsonl. Every process calls it: each answers a share of the problems (the main process
+    alone asks the judge and writes)."""
     verifier, rollout, cfg = parts.verifier, parts.rollout, spec.cfg
     max_new_tokens = spec.eval_max_new_tokens
     result = heldout_accuracy(
@@ -77,6 +79,8 @@ def measure_heldout(
         measured = benchmark_statistics(model, tokenizer, benchmark, spec)
         result.verification |= measured
         log.info("Verification benchmark %s training: %s", when, {k: round(v, 3) for k, v in measured.items()})
+    if not is_main_process():  # the judge's requests and the files: once
+        return result
     if parts.judge is not None:
         result.judge = judge_statistics(parts.judge, result)
         log.info("Held-out judge %s training: %s", when, {k: round(v, 3) for k, v in result.judge.items()})
@@ -111,15 +115,22 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
     tags = [f"{k}:{v}" for k, v in choices.items()]
     run_id = attempt.record.get("wandb_id") if attempt else None
     tracker = Tracker(cfg.logger, run_dir, name, group, tags, {**resolved, "choices": choices}, run_id, enabled=main)
-    failed = True
-    try:
-        benchmark = None
-        if cfg.eval.verification_benchmark.enabled and main:  # from the initial policy, before any step
-            benchmark = verification_benchmark(spec, model, tokenizer, train_set, heldout, parts.verifier, run_dir)
-        before = heldout_before(model, tokenizer, heldout, parts, spec, run_dir, attempt, benchmark) if main else None
+    console = ConsoleView()
+    measured: dict = {"benchmark": None, "before": None}
+
+    def before_training(policy) -> None:
+        """On the model as it trains (its device; FSDP/ZeRO-3: sharded, every process evaluating a share)."""
+        if cfg.eval.verification_benchmark.enabled:  # from the initial policy, before any step
+            measured["benchmark"] = verification_benchmark(
+                spec, policy, tokenizer, train_set, heldout, parts.verifier, run_dir
+            )
+        before = heldout_before(policy, tokenizer, heldout, parts, spec, run_dir, attempt, measured["benchmark"])
+        measured["before"], console.heldout_before = before, _accuracy(before)
         if main:
             write_record(run_dir, {"wandb_id": tracker.run_id, "heldout_before": before and asdict_light(before)})
-        wait_for_everyone()
+
+    failed = True
+    try:
         trainer = GRPOExpTrainer(
             verifier=parts.verifier,
             stats_cfg=cfg.stats,
@@ -130,7 +141,7 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
             args=spec.args,
             train_dataset=train_set,
             processing_class=tokenizer,
-            callbacks=[MetricsFileCallback(run_dir / METRICS_FILE), ConsoleView(_accuracy(before))],
+            callbacks=[BeforeTraining(before_training), MetricsFileCallback(run_dir / METRICS_FILE), console],
             peft_config=lora_config(cfg.model),
             rollout_func=None if parts.rollout is None else as_rollout_func(parts.rollout),
         )
@@ -141,9 +152,11 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
         with interruptible(trainer):
             trainer.train(resume_from_checkpoint=str(attempt.checkpoint) if attempt else None)
         train_seconds = time.perf_counter() - started
-        after = None
-        if cfg.eval.after and main:
-            after = measure_heldout(trainer.model, tokenizer, heldout, parts, spec, run_dir, "after", benchmark)
+        before, after = measured["before"], None
+        if cfg.eval.after:  # every process, on the model as trained (sharded under FSDP/ZeRO-3)
+            after = measure_heldout(
+                trainer.model, tokenizer, heldout, parts, spec, run_dir, "after", measured["benchmark"]
+            )
         checkpoint = run_dir / FINAL_CHECKPOINT_DIR if cfg.save_model else None
         if checkpoint:
             trainer.save_model(str(checkpoint))  # every rank: DeepSpeed/FSDP gather their shards here
@@ -232,10 +245,31 @@ def report_finished(attempt: Attempt, run_dir: Path) -> dict:
     return summary
 
 
+class BeforeTraining(TrainerCallback):
+    """Calls `evaluate(model)` when training begins: the model is then where it trains (on its device, wrapped
+    or sharded by accelerate), so that every process can evaluate a share of the problems. The random state is
+    left as it was, so that an evaluation that samples changes nothing of training."""
+
+    def __init__(self, evaluate):
+        self.evaluate = evaluate
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        with torch.random.fork_rng(devices=_accelerator_devices()):
+            self.evaluate(model)
+
+
+def _accelerator_devices() -> list[int]:
+    return list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+
+
 @contextmanager
 def interruptible(trainer):
     """Ctrl-C, SIGTERM (Slurm's time limit, preemption) or a crash mid-training: save a resumable checkpoint
-    of the last completed step first, so that trainer.resume=auto continues from there."""
+    of the last completed step first, so that trainer.resume=auto continues from there.
+
+    Not under several processes: saving makes collective calls, which a rank that failed alone would make with
+    no partner (a hang, or data paired with another call); it fails at once instead, and the launcher ends the
+    other ranks. trainer.resume=auto continues from the last checkpoint of trainer.save_steps."""
     previous = signal.getsignal(signal.SIGTERM)
     in_main_thread = threading.current_thread() is threading.main_thread()
     if in_main_thread:
@@ -243,7 +277,16 @@ def interruptible(trainer):
     try:
         yield
     except BaseException:
-        save_resumable_checkpoint(trainer)
+        if world_size() == 1:
+            save_resumable_checkpoint(trainer)
+        else:
+            log.error(
+                "Training stopped at step %d on rank %d of %d; no checkpoint saved on failure under several "
+                "processes (trainer.resume=auto continues from the last one of trainer.save_steps)",
+                trainer.state.global_step,
+                trainer.accelerator.process_index,
+                world_size(),
+            )
         raise
     finally:
         if in_main_thread:

@@ -15,10 +15,12 @@ import torch
 from datasets import Dataset
 
 from grpo_exp.data import unseen_problems
+from grpo_exp.data_parallel import map_over_processes
 from grpo_exp.generation import generate_completions
 from grpo_exp.rewards.judge import RubricJudge
 from grpo_exp.rollout.flow import trajectory_statistics
 from grpo_exp.rollout.multiturn import MultiTurnRollout, greedy_generation
+from grpo_exp.run.distributed import is_main_process
 from grpo_exp.run.files import BENCHMARK_FILE
 from grpo_exp.run.resolve import RunSpec
 from grpo_exp.stats import correctness_stats, final_answer, label_values, majority_vote_accuracy, score_statistics
@@ -58,18 +60,25 @@ def answer(
     rollout: MultiTurnRollout | None = None,
 ) -> tuple[list[str], list[dict]]:
     """The texts that hold each prompt's answer, and per-prompt details: one completion each, or with a
-    multi-turn rollout each trajectory's final turn (details: the trajectory, its turns and tool calls)."""
-    if rollout is None:
-        texts = generate_completions(model, tokenizer, prompts, max_new_tokens, batch_size, desc, temperature)
-        return texts, [{} for _ in texts]
-    generation = greedy_generation(tokenizer)
-    if temperature > 0:
-        generation |= {"do_sample": True, "temperature": temperature}
-    trajectories = rollout.run(model, tokenizer, prompts, generation, batch_size, desc)
-    details = [
-        {"trajectory": tokenizer.decode(t.completion_ids, skip_special_tokens=True), **t.fields()} for t in trajectories
-    ]
-    return [t.final_turn for t in trajectories], details
+    multi-turn rollout each trajectory's final turn (details: the trajectory, its turns and tool calls).
+    Under several processes, each answers its share of the prompts (grpo_exp.data_parallel)."""
+
+    def work(share: list, main: bool) -> list[tuple[str, dict]]:
+        shown = desc if main else None
+        if rollout is None:
+            texts = generate_completions(model, tokenizer, share, max_new_tokens, batch_size, shown, temperature)
+            return [(text, {}) for text in texts]
+        generation = greedy_generation(tokenizer)
+        if temperature > 0:
+            generation |= {"do_sample": True, "temperature": temperature}
+        trajectories = rollout.run(model, tokenizer, share, generation, batch_size, shown)
+        return [
+            (t.final_turn, {"trajectory": tokenizer.decode(t.completion_ids, skip_special_tokens=True), **t.fields()})
+            for t in trajectories
+        ]
+
+    answered = map_over_processes(list(prompts), batch_size, work)
+    return [text for text, _ in answered], [details for _, details in answered]
 
 
 def heldout_accuracy(
@@ -137,19 +146,23 @@ def verification_benchmark(
     spec: RunSpec, model, tokenizer, train: Dataset, heldout: Dataset, verifier: Verifier, run_dir: Path
 ) -> list[Candidate]:
     """The run's verification benchmark (eval.verification_benchmark), from the cache or built now from `model`,
-    which must be the initial policy; a copy goes to the run directory (python -m grpo_exp.evaluate reuses it)."""
+    which must be the initial policy; a copy goes to the run directory (python -m grpo_exp.evaluate reuses it).
+    Every process calls it, and the main process writes."""
     cfg, max_new_tokens = spec.cfg, spec.eval_max_new_tokens
     bench_cfg = cfg.eval.verification_benchmark
     key = benchmark_key(bench_cfg, cfg.model, cfg.dataset, max_new_tokens)
     cached = Path(cfg.cache_dir) / "verification_benchmark" / f"{key}.json"
     if cached.is_file():
         log.info("Verification benchmark from the cache: %s", cached)
-    else:
+        examples = load_benchmark(cached)
+    else:  # every process answers a share of the problems
         problems = unseen_problems(cfg.dataset, bench_cfg.problems, train, heldout)
         examples = build_benchmark(model, tokenizer, problems, verifier, bench_cfg, max_new_tokens, cfg.eval.batch_size)
-        save_benchmark(examples, cached)
-    shutil.copyfile(cached, run_dir / BENCHMARK_FILE)
-    return load_benchmark(cached)
+        if is_main_process():
+            save_benchmark(examples, cached)
+    if is_main_process():
+        shutil.copyfile(cached, run_dir / BENCHMARK_FILE)
+    return examples
 
 
 def benchmark_statistics(model, tokenizer, examples: list[Candidate], spec: RunSpec) -> dict[str, float]:

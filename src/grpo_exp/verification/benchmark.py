@@ -68,6 +68,7 @@ def build_benchmark(
         batch_size,
         "verification benchmark: answers",
         bench_cfg.temperature,
+        split=True,
     )
     labels = verifier(texts, [s for s in problems["solution"] for _ in range(samples)])
     candidates = candidates_from_groups(problems["question"], texts, labels, samples)

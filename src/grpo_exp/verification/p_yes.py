@@ -13,6 +13,7 @@ import os
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from grpo_exp.data_parallel import map_over_processes
 from grpo_exp.errors import UserError
 from grpo_exp.generation import left_padded_eval
 from grpo_exp.models import check_reachable, load_model, load_tokenizer, model_option_config
@@ -62,6 +63,7 @@ class PYesScorer:
         self.cfg, self.policy_cfg, self.cache_dir = cfg, policy_cfg, cache_dir
         self.model = self.tokenizer = None
         self.ids: tuple[int, int] | None = None
+        self.split = False  # every process scores its share and gets all scores (evaluation: policy_p_yes)
 
     @property
     def follows_policy(self) -> bool:
@@ -90,7 +92,13 @@ class PYesScorer:
             if self.follows_policy:
                 raise RuntimeError("verifier=self is scored with the policy: bind() it before use")
             self._load()
-        return p_yes_from_logits(self.model, self.tokenizer, conversations, *self.ids, self.cfg.batch_size)
+        if not self.split:
+            return p_yes_from_logits(self.model, self.tokenizer, conversations, *self.ids, self.cfg.batch_size)
+        return map_over_processes(
+            conversations,
+            self.cfg.batch_size,
+            lambda share, _: p_yes_from_logits(self.model, self.tokenizer, share, *self.ids, self.cfg.batch_size),
+        )
 
     async def _from_endpoint(self, conversations: list) -> list[float]:
         """P(Yes) from an OpenAI-compatible endpoint's top logprobs for the first reply token (NaN if absent)."""
@@ -134,10 +142,12 @@ def build_p_yes(verifier_cfg: DictConfig, policy_cfg: DictConfig, cache_dir: str
 
 
 def policy_p_yes(model, tokenizer, batch_size: int, template: str | None = None) -> PYesScorer:
-    """These weights' own P(Yes), asked with `template` (null: the default verifier question)."""
+    """These weights' own P(Yes), asked with `template` (null: the default verifier question), for evaluation:
+    under several processes each scores its share."""
     settings = VerifierSchema(name=VerifierName.self, batch_size=batch_size)
     if template is not None:
         settings.template = template
     scorer = PYesScorer(OmegaConf.structured(settings), None, "")
     scorer.bind(model, tokenizer)
+    scorer.split = True
     return scorer

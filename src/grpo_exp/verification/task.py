@@ -229,7 +229,9 @@ class SelfVerificationTask:
         """
         torch.manual_seed(self.seed)
         prompts = [p for p in dataset["prompt"] for _ in range(samples)]
-        texts = generate_completions(model, tokenizer, prompts, max_new_tokens, batch_size, "own answers", temperature)
+        texts = generate_completions(
+            model, tokenizer, prompts, max_new_tokens, batch_size, "own answers", temperature, split=True
+        )
         labels = self.verifier(texts, [s for s in dataset["solution"] for _ in range(samples)])
         candidates = candidates_from_groups(dataset["question"], texts, labels, samples)
         kept, _ = filter_candidates(candidates, drop_no_answer=True, drop_all_wrong=False)
@@ -237,7 +239,9 @@ class SelfVerificationTask:
         if not chosen:
             return {}
         conversations = self.conversations(chosen)
-        verdicts = generate_completions(model, tokenizer, conversations, max_new_tokens, batch_size, "verdicts")
+        verdicts = generate_completions(
+            model, tokenizer, conversations, max_new_tokens, batch_size, "verdicts", split=True
+        )
         actual = [c.correct for c in chosen]
         return (
             {"verify/examples": len(chosen), "verify/yes_share": sum(actual) / len(actual)}

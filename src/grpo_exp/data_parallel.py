@@ -1,0 +1,48 @@
+"""Evaluation work split over the processes of a run (accelerate launch, torchrun, a Slurm job): each process
+takes whole batches of the items, and every process gets every result, in order.
+
+Whole batches, as one process would form them: a batch is padded, and so computed, exactly as in a one-process
+evaluation (greedy results are the same). Every process runs as many batches, repeating one where it has fewer:
+a sharded model (FSDP, DeepSpeed ZeRO-3) gathers its weights in every forward, from every process together.
+"""
+
+import math
+from collections.abc import Callable
+
+
+def process_layout() -> tuple[int, int]:
+    """(this process's rank, the number of processes); (0, 1) outside a process group."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def batches_of(count: int, batch_size: int, rank: int, processes: int) -> tuple[range, int]:
+    """The items (by index) of `count` that process `rank` works on, and how many batches every process runs.
+
+    Pure: contiguous whole batches, as evenly as possible, the first processes taking one more where they differ."""
+    batches = math.ceil(count / batch_size)
+    per_process, extra = divmod(batches, processes)
+    first = rank * per_process + min(rank, extra)
+    mine = per_process + (rank < extra)
+    start, stop = first * batch_size, min((first + mine) * batch_size, count)
+    return range(min(start, count), stop), per_process + (extra > 0)
+
+
+def map_over_processes(items: list, batch_size: int, work: Callable[[list, bool], list]) -> list:
+    """`work(items, main)` (one result per item; main: whether this is the process that shows progress) on this
+    process's batches; all results, in the order of `items`, on every process."""
+    rank, processes = process_layout()
+    if processes == 1:
+        return work(items, True)
+    import torch.distributed as dist
+
+    indices, batches = batches_of(len(items), batch_size, rank, processes)
+    results = work([items[i] for i in indices], rank == 0) if len(indices) else []
+    for _ in range(batches - math.ceil(len(indices) / batch_size)):  # the same forwards on every process
+        work(items[:batch_size], False)
+    gathered: list = [None] * processes
+    dist.all_gather_object(gathered, results)
+    return [result for share in gathered for result in share]

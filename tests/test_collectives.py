@@ -1,0 +1,153 @@
+"""Every rank makes the same torch.distributed calls in the same order, over the feature matrix: 2 gloo processes
+on CPU, the tiny model, each rank's calls recorded (tests/helpers/recorded_run.py) and compared."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from grpo_exp.paths import REPO_ROOT
+from support.config import TINY_RUN
+from support.servers import free_port, stub_server
+from tests.helpers.cli import accelerate_launch
+from tests.helpers.recorder import mismatch, read_records
+
+DDP = REPO_ROOT / "accelerate_configs" / "ddp.yaml"
+# The tiny model is never right and never boxes an answer: keep its answers as candidates, "No" examples all.
+SELFVERIFY = [
+    "reward=math+selfverify",
+    "trainer.prompts_per_step=4",
+    "reward.components.selfverify.drop_no_answer=false",
+    "reward.components.selfverify.drop_all_wrong=false",
+    "reward.components.selfverify.balance=share",
+]
+
+FEATURES = {
+    "defaults, evaluation before and after": [],
+    "keep, shared prompt off": ["trainer.zero_variance_groups=keep", "trainer.shared_prompt_forward=false"],
+    "skip, shared prompt on": ["trainer.zero_variance_groups=skip", "trainer.shared_prompt_forward=true"],
+    "selfverify joint": SELFVERIFY,
+    "selfverify verify_only": [*SELFVERIFY, "reward.components.selfverify.schedule=verify_only"],
+    "selfverify supervised": [*SELFVERIFY, "reward.components.selfverify.objective=supervised"],
+    "selfverify, held-out verification benchmark": [
+        *SELFVERIFY,
+        "eval.verification_benchmark.enabled=true",
+        "eval.verification_benchmark.problems=4",
+    ],
+    "multi-turn rollout": ["rollout=multiturn"],
+}
+
+
+def recorded_launch(
+    record_dir: Path,
+    *overrides: str,
+    env: dict | None = None,
+    timeout: int = 600,
+    accelerate_config: Path = DDP,
+    launch_args: tuple[str, ...] = (),
+):
+    return accelerate_launch(
+        str(record_dir / "calls"),
+        *TINY_RUN,
+        "logger=none",
+        f"hydra.run.dir={record_dir / 'run'}",
+        *overrides,
+        accelerate_config=accelerate_config,
+        module="tests.helpers.recorded_run",
+        timeout=timeout,
+        env=env,
+        launch_args=launch_args,
+    )
+
+
+def assert_same_calls(record_dir: Path, allow_early_end: bool = False) -> dict[int, list[dict]]:
+    records = read_records(record_dir / "calls")
+    assert sorted(records) == [0, 1], records.keys()
+    assert (problem := mismatch(records, allow_early_end)) is None, problem
+    return records
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("overrides", FEATURES.values(), ids=FEATURES.keys())
+def test_every_rank_makes_the_same_collective_calls(tmp_path, overrides):
+    result = recorded_launch(tmp_path, *overrides)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert_same_calls(tmp_path)
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["processes"] == 2
+
+
+@pytest.mark.e2e
+def test_with_the_judge_every_rank_makes_the_same_collective_calls(tmp_path):
+    port = free_port()
+    with stub_server("good", port):
+        result = recorded_launch(
+            tmp_path,
+            "reward=math+format+judge",
+            "judge=openai",
+            "judge.model=stub",
+            "judge.tokenizer=tiny",
+            f"judge.base_url=http://127.0.0.1:{port}/v1",
+        )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert_same_calls(tmp_path)
+
+
+@pytest.mark.e2e
+def test_a_run_resumed_from_a_checkpoint_makes_the_same_calls_on_every_rank(tmp_path):
+    first = recorded_launch(tmp_path / "first", "trainer.save_steps=1", "trainer.keep_checkpoints=true")
+    assert first.returncode == 0, first.stderr[-4000:]
+    assert_same_calls(tmp_path / "first")
+    checkpoint = tmp_path / "first" / "run" / "trainer" / "checkpoint-2"
+    assert (checkpoint / "trainer_state.json").is_file()
+    resumed = recorded_launch(tmp_path / "resumed", "trainer.max_steps=3", f"trainer.resume={checkpoint}")
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert_same_calls(tmp_path / "resumed")
+    summary = json.loads((tmp_path / "resumed" / "run" / "summary.json").read_text())
+    assert summary["steps"] == 3 and summary["resumed_from"] == str(checkpoint)
+
+
+@pytest.mark.e2e
+def test_an_exception_on_one_rank_ends_every_rank_promptly_with_the_error_named(tmp_path):
+    """The failing rank used to save a checkpoint on its way out: collectives with no partner (gloo paired them
+    with the other rank's next call; NCCL hangs until the timeout)."""
+    result = recorded_launch(
+        tmp_path,
+        "trainer.max_steps=4",
+        "trainer.save_steps=1",
+        "+trainer.extra.ddp_timeout=900",  # a hang would run into the subprocess's timeout below
+        env={"GRPO_EXP_TEST_FAIL_RANK": "1:3"},
+        timeout=300,
+    )
+    assert result.returncode != 0
+    assert "injected failure on rank 1 at step 3" in result.stdout + result.stderr
+    records = assert_same_calls(tmp_path, allow_early_end=True)
+    assert not any("save_checkpoint" in call["site"] for call in records[1][-3:]), "the failing rank saved"
+    checkpoints = sorted(p.name for p in (tmp_path / "run" / "trainer").glob("checkpoint-*"))
+    assert checkpoints == ["checkpoint-2"], "the last periodic checkpoint only (save_total_limit)"
+
+
+@pytest.mark.e2e
+def test_the_recorder_names_a_collective_called_on_one_rank_only(tmp_path):
+    """The recorder's own check: rank 0 alone calls a barrier after its first step (the run then fails or hangs
+    until the collectives' timeout); the records name the call."""
+    result = recorded_launch(
+        tmp_path,
+        "eval.before=false",
+        "eval.after=false",
+        "+trainer.extra.ddp_timeout=20",
+        env={"GRPO_EXP_TEST_EXTRA_COLLECTIVE": "0"},
+        timeout=300,
+    )
+    assert result.returncode != 0
+    problem = mismatch(read_records(tmp_path / "calls"), allow_early_end=True)
+    assert problem is not None and "rank 0 made barrier" in problem, problem
+
+
+def test_the_recorder_compares_calls_and_their_places():
+    at = {"call": "all_gather", "site": "trl:grpo_trainer.py:1:a"}
+    elsewhere = {"call": "all_gather", "site": "grpo_exp:experiment.py:2:b"}
+    assert mismatch({0: [at, at], 1: [at, at]}) is None
+    assert "rank 1 made all_gather (at grpo_exp" in mismatch({0: [at, at], 1: [at, elsewhere]})
+    assert "rank 0 went on with all_gather" in mismatch({0: [at, at], 1: [at]})
+    assert mismatch({0: [at, at], 1: [at]}, allow_early_end=True) is None
+    assert "nothing to compare" in mismatch({0: [at]})
