@@ -9,7 +9,7 @@ import pytest
 from grpo_exp.paths import REPO_ROOT
 from support.config import TINY_RUN
 from support.servers import free_port, stub_server
-from tests.helpers.cli import accelerate_launch
+from tests.helpers.cli import accelerate_launch, logged_steps
 from tests.helpers.recorder import mismatch, read_records
 
 DDP = REPO_ROOT / "accelerate_configs" / "ddp.yaml"
@@ -151,3 +151,28 @@ def test_the_recorder_compares_calls_and_their_places():
     assert "rank 0 went on with all_gather" in mismatch({0: [at, at], 1: [at]})
     assert mismatch({0: [at, at], 1: [at]}, allow_early_end=True) is None
     assert "nothing to compare" in mismatch({0: [at]})
+
+
+@pytest.mark.e2e
+def test_a_dead_judge_endpoint_stops_every_rank_at_the_same_step_with_the_endpoint_named(tmp_path):
+    """Every pair fails (nothing listens): past judge.max_failure_rate, counted over both processes' pairs, both
+    stop at the first step, together, instead of training on the other rewards alone."""
+    port = free_port()
+    result = recorded_launch(
+        tmp_path,
+        "reward=math+format+judge",
+        "judge=openai",
+        "judge.model=stub",
+        "judge.tokenizer=tiny",
+        "judge.retries=0",
+        f"judge.base_url=http://127.0.0.1:{port}/v1",
+        "eval.before=false",
+        "+trainer.extra.ddp_timeout=900",
+        timeout=300,
+    )
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    assert f"the judge at judge.base_url=http://127.0.0.1:{port}/v1 (judge.model=stub) failed to score" in output
+    assert output.count("more than judge.max_failure_rate=0.5") == 2, "each rank stops with the message"
+    assert_same_calls(tmp_path)
+    assert not (tmp_path / "run" / "metrics.jsonl").exists() or not logged_steps(tmp_path / "run")

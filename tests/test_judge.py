@@ -3,13 +3,15 @@ embedded GGUF, a stub that fails on purpose), the free-text mode (rubric parsing
 and what a failure does to the advantages."""
 
 import asyncio
+import copy
 import json
 import os
 
 import pytest
 from omegaconf import OmegaConf
 
-from grpo_exp.rewards.judge import build_judge, make_judge_reward
+from grpo_exp.errors import UserError
+from grpo_exp.rewards.judge import FailureBudget, build_judge, chat_prompt, make_judge_reward
 from grpo_exp.rewards.rubric import parse_rubric_reply, rubric_messages
 from grpo_exp.run.tracking import read_metrics
 from grpo_exp.text import prompt_text
@@ -53,8 +55,10 @@ def judge_settings(*overrides: str) -> dict:
     return OmegaConf.to_container(cfg.judge, resolve=True, enum_to_str=True)
 
 
-def judge_reward(*overrides: str):
-    cfg = compose_config(["reward=judge", *overrides])
+def judge_reward(*overrides: str, failure_budget: bool = False):
+    """The judge reward as a run builds it; without its failure budget unless asked (these tests count failures)."""
+    budget = [] if failure_budget else ["judge.max_failure_rate=1.0"]
+    cfg = compose_config(["reward=judge", *budget, *overrides])
     return make_judge_reward(build_judge(cfg.judge, cfg.cache_dir))
 
 
@@ -67,8 +71,10 @@ def score(reward, prompts: list[str], responses: list[str]) -> tuple[list, dict]
     return rewards, metrics
 
 
-def openai_reward(port: int, *overrides: str):
-    return judge_reward("judge=openai", f"judge.base_url=http://127.0.0.1:{port}/v1", *overrides)
+def openai_reward(port: int, *overrides: str, failure_budget: bool = False):
+    return judge_reward(
+        "judge=openai", f"judge.base_url=http://127.0.0.1:{port}/v1", *overrides, failure_budget=failure_budget
+    )
 
 
 TEXT = "judge.mode=text"  # the judge writes the rubric JSON
@@ -106,6 +112,45 @@ def test_refused_connection_gives_none():
     for mode in ("judge.mode=scores", TEXT):
         reward = openai_reward(free_port(), "judge.model=stub", "judge.tokenizer=tiny", "judge.retries=0", mode)
         assert score(reward, ["q"], ["a"])[0] == [None]
+
+
+def test_a_dead_endpoint_stops_the_run_with_the_endpoint_named():
+    port = free_port()
+    reward = openai_reward(port, "judge.model=stub", "judge.tokenizer=tiny", "judge.retries=0", failure_budget=True)
+    with pytest.raises(UserError, match=rf"judge.base_url=http://127.0.0.1:{port}/v1 \(judge.model=stub\) failed"):
+        score(reward, ["q1", "q2"], ["a", "b"])
+
+
+def test_the_failure_budget_counts_the_last_steps_of_every_process_together():
+    cfg = compose_config(["reward=judge", "judge.max_failure_rate=0.5", "judge.failure_window=2"]).judge
+    budget = FailureBudget(cfg)
+    budget.spend(0, 4)
+    budget.spend(4, 4)  # 4 of 8: at the limit, not past it
+    budget.spend(0, 4)  # the window: the last 2 steps
+    budget.spend(0, 0)  # everything from the cache: nothing asked
+    with pytest.raises(UserError, match="the local judge judge.model=smollm2_135m failed to score 4 of 4 answers"):
+        budget.spend(4, 4)
+    never = FailureBudget(compose_config(["reward=judge", "judge.max_failure_rate=1.0"]).judge)
+    for _ in range(3):
+        never.spend(8, 8)
+
+
+def test_judge_prompts_close_a_thinking_block_where_the_template_has_the_switch(tiny_policy):
+    """Qwen3's chat template opens a thinking block unless enable_thinking=false: the forced score skeleton would
+    land inside it. Templates without the switch ignore it."""
+    _, tokenizer = tiny_policy
+    qwen3_like = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n"
+        "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+    )
+    conversation = [{"role": "user", "content": "Rate this."}]
+    with_switch = copy.copy(tokenizer)
+    with_switch.chat_template = qwen3_like
+    assert chat_prompt(with_switch, conversation).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert chat_prompt(tokenizer, conversation) == tokenizer.apply_chat_template(
+        conversation, tokenize=False, add_generation_prompt=True
+    )
 
 
 def test_the_api_key_is_sent_but_never_stored(monkeypatch):

@@ -46,3 +46,15 @@ def map_over_processes(items: list, batch_size: int, work: Callable[[list, bool]
     gathered: list = [None] * processes
     dist.all_gather_object(gathered, results)
     return [result for share in gathered for result in share]
+
+
+def sum_over_processes(values: list[float]) -> list[float]:
+    """Element-wise sums over every process of the run (each passes as many values), on every process."""
+    rank, processes = process_layout()
+    if processes == 1:
+        return list(values)
+    import torch.distributed as dist
+
+    gathered: list = [None] * processes
+    dist.all_gather_object(gathered, list(values))
+    return [sum(column) for column in zip(*gathered, strict=True)]

@@ -344,6 +344,11 @@ class JudgeSchema:
     concurrency: int = knob(8, ge=1)  # requests in flight at once
     timeout: float = knob(30.0, gt=0.0)  # seconds per request
     response_format: StructuredOutput = StructuredOutput.json_schema
+    # Past this share of failed pairs (after retries) over the last failure_window training steps, every process's
+    # pairs together, the run stops with the judge named: a dead endpoint would otherwise leave the run training
+    # on the other rewards alone (a failed score takes its group's mean). 1.0: never stop.
+    max_failure_rate: float = knob(0.5, ge=0.0, le=1.0)
+    failure_window: int = knob(10, ge=1)
 
 
 @dataclass
