@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from grpo_exp.errors import UserError
-from grpo_exp.models import check_reachable, load_tokenizer, materialise_embedded, torch_dtype
+from grpo_exp.models import check_reachable, load_tokenizer, materialise_embedded, torch_dtype, trained_dtype
+from grpo_exp.run.resolve import resolve
 from grpo_exp.schema import DType
 from support.config import compose_config
 
@@ -52,3 +53,32 @@ def test_missing_gguf_package_or_file_is_a_user_error(tmp_path):
     cfg = compose_config(["model.gguf_file=other.gguf"])
     with pytest.raises(UserError, match="SmolLM2-135M-Instruct.Q4_1.gguf"):
         materialise_embedded(cfg.model, str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "weights"),
+    [
+        (["model.dtype=float32"], torch.float32),
+        (["model.dtype=bfloat16"], torch.float32),  # float32 master weights, bfloat16 compute (autocast)
+        (["model.dtype=bfloat16", "model.lora.enabled=true"], torch.bfloat16),  # frozen; peft's adapters: float32
+        (["model.dtype=float16", "model.lora.enabled=true"], torch.float16),
+    ],
+)
+def test_a_trained_policy_keeps_float32_weights_under_16_bit_compute(overrides, weights):
+    assert trained_dtype(compose_config(overrides).model) == weights
+
+
+def test_float16_full_fine_tuning_is_refused_with_the_fixes_named():
+    with pytest.raises(UserError, match=r"model.dtype=float16 .* use model.dtype=bfloat16 .*model.lora.enabled=true"):
+        trained_dtype(compose_config(["model.dtype=float16"]).model)
+
+
+def test_bfloat16_compute_trains_with_autocast_on_float32_weights(tmp_path):
+    def training(*overrides):
+        return resolve(compose_config(["model=tiny", "trainer=debug", *overrides]), processes=1, trainer_dir=tmp_path)
+
+    spec = training("model.dtype=bfloat16")
+    assert spec.policy_dtype == torch.float32 and spec.args.bf16
+    assert not training().args.bf16
+    evaluation = resolve(compose_config(["model=tiny", "model.dtype=bfloat16"]), processes=1)
+    assert evaluation.policy_dtype == torch.bfloat16, "evaluation alone loads the weights as model.dtype says"

@@ -7,8 +7,9 @@ import torch
 import yaml
 from transformers import AutoModelForCausalLM
 
+from grpo_exp.models import load_model, load_tokenizer
 from grpo_exp.run.tracking import read_metrics
-from support.config import TINY_RUN
+from support.config import TINY_RUN, compose_config
 from tests.helpers.cli import run_cli
 
 
@@ -129,3 +130,21 @@ def test_embedded_model_with_the_self_verification_task(tmp_path):
         assert 0.0 <= summary[f"heldout_verify_accuracy_{when}"] <= 1.0
         assert summary[f"heldout_verify_examples_{when}"] > 0
     assert "self-verification" in result.stdout
+
+
+@pytest.mark.e2e
+def test_a_bfloat16_policy_keeps_float32_master_weights_that_updates_below_bfloat16_precision_move(tmp_path):
+    """model.dtype=bfloat16 computes in bfloat16 (autocast) on float32 weights: at lr 1e-6 each AdamW update is
+    ~1e-6, far below bfloat16's precision at these weights' size, so 16-bit weights would not move at all."""
+    overrides = [*TINY_RUN, "model.dtype=bfloat16", "trainer.learning_rate=1e-6", "reward=math+format+length"]
+    result = run_cli(*overrides, "trainer.zero_variance_groups=keep", "logger=none", f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert all(m["grad_norm"] > 0 for m in read_metrics(tmp_path / "metrics.jsonl") if "grad_norm" in m)
+    cfg = compose_config(overrides)
+    start = load_model(cfg.model, load_tokenizer(cfg.model, cfg.cache_dir), cfg.cache_dir, cfg.trainer.seed)
+    trained = AutoModelForCausalLM.from_pretrained(tmp_path / "checkpoint-final")
+    name = "model.layers.0.mlp.down_proj.weight"
+    before, after = start.get_parameter(name), trained.get_parameter(name)
+    assert before.dtype == torch.bfloat16 and after.dtype == torch.float32
+    assert (after != before.float()).float().mean() > 0.5, "the updates moved the float32 weights"
+    assert (after.to(torch.bfloat16) == before).float().mean() > 0.9, "in bfloat16 they would have rounded away"

@@ -154,10 +154,34 @@ def materialise_tiny(model_cfg: DictConfig, tokenizer: PreTrainedTokenizerBase, 
     return target
 
 
-def load_model(model_cfg: DictConfig, tokenizer: PreTrainedTokenizerBase, cache_dir: str, seed: int):
-    """The policy model, in train-ready (non-quantized) form."""
+def trained_dtype(model_cfg: DictConfig) -> torch.dtype:
+    """The dtype a trained policy's weights load in. AdamW updating 16-bit weights rounds away the updates smaller
+    than their precision (bfloat16 keeps 8 bits: at lr 1e-6 most of them), so full fine-tuning in bfloat16 keeps
+    float32 weights, the optimizer's master copy, and computes in bfloat16 under autocast (mixed precision;
+    DeepSpeed and FSDP2 cast for their own bf16 modes). LoRA trains float32 adapters (peft) on 16-bit frozen
+    weights."""
+    compute = torch_dtype(model_cfg.dtype)
+    if compute == torch.float32 or model_cfg.lora.enabled:
+        return compute
+    if compute == torch.float16:
+        raise UserError(
+            "model.dtype=float16 would train float16 weights with no float32 master copy (small updates round "
+            "away) and no loss scaling: use model.dtype=bfloat16 (float32 master weights, bfloat16 compute), "
+            "float32, or model.lora.enabled=true"
+        )
+    return torch.float32
+
+
+def load_model(
+    model_cfg: DictConfig,
+    tokenizer: PreTrainedTokenizerBase,
+    cache_dir: str,
+    seed: int,
+    dtype: torch.dtype | None = None,
+):
+    """The policy model, in train-ready (non-quantized) form; in `dtype` (None: model.dtype's)."""
     log.info("Loading model %s", model_cfg.name)
-    dtype = torch_dtype(model_cfg.dtype)
+    dtype = dtype or torch_dtype(model_cfg.dtype)
     if model_cfg.source is ModelSource.tiny:
         source = materialise_tiny(model_cfg, tokenizer, cache_dir, seed)
     elif model_cfg.source is ModelSource.embedded:

@@ -110,7 +110,7 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
     set_seed(cfg.trainer.seed)
     train_set, heldout = load_splits(cfg.dataset)
     tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
-    model = load_model(cfg.model, tokenizer, cfg.cache_dir, cfg.trainer.seed)
+    model = load_model(cfg.model, tokenizer, cfg.cache_dir, cfg.trainer.seed, spec.policy_dtype)
 
     tags = [f"{k}:{v}" for k, v in choices.items()]
     run_id = attempt.record.get("wandb_id") if attempt else None

@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from grpo_exp.data import check_data_files
 from grpo_exp.errors import UserError
-from grpo_exp.models import check_reachable, torch_dtype
+from grpo_exp.models import check_reachable, torch_dtype, trained_dtype
 from grpo_exp.rewards.judge import check_judge
 from grpo_exp.rewards.registry import reward_weights, typed_components
 from grpo_exp.rollout.tools import check_tool_names
@@ -82,7 +82,8 @@ def resolve(cfg: DictConfig, processes: int | None = None, trainer_dir: Path | N
         cfg=cfg,
         components=components,
         processes=world_size() if processes is None else processes,
-        policy_dtype=torch_dtype(cfg.model.dtype),
+        # training: the weights' dtype (float32 master weights under bfloat16 compute); evaluation: model.dtype
+        policy_dtype=torch_dtype(cfg.model.dtype) if trainer_dir is None else trained_dtype(cfg.model),
         saved_config=saved_config,
     )
     check_verifier(spec)
@@ -97,7 +98,7 @@ def resolve(cfg: DictConfig, processes: int | None = None, trainer_dir: Path | N
     attempt = resolve_attempt(cfg.trainer.resume, Path(cfg.outputs_dir), saved_config)
     args = None
     if trainer_dir is not None:
-        bf16 = spec.policy_dtype == torch.bfloat16  # mixed precision for a bfloat16 policy
+        bf16 = torch_dtype(cfg.model.dtype) == torch.bfloat16  # bfloat16 compute: autocast (mixed precision)
         args = grpo_exp_config(
             cfg.trainer, trainer_dir, report_to(cfg.logger), spec.reward_weights, bf16, spec.processes
         )
