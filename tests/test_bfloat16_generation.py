@@ -160,7 +160,18 @@ def test_multi_turn_rollouts_are_refused_with_it():
         check_trainer(cfg.trainer, 1, multiturn=True, policy_dtype=torch.float32)
 
 
-@pytest.mark.parametrize("launch", ["ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_FSDP"])
+@pytest.mark.parametrize(
+    "launch",
+    [
+        "ACCELERATE_USE_DEEPSPEED",
+        pytest.param(
+            "ACCELERATE_USE_FSDP",
+            marks=pytest.mark.skipif(
+                not torch.cuda.is_available(), reason="without a GPU, FSDP itself is refused first (test_distributed)"
+            ),
+        ),
+    ],
+)
 def test_a_float32_policy_sharded_by_accelerate_launch_is_refused_before_it_loads(monkeypatch, launch):
     monkeypatch.setenv(launch, "true")  # as `accelerate launch` sets it for a DeepSpeed / FSDP config
     cfg = compose_config(["generation=transformers_bf16"])

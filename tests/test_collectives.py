@@ -176,3 +176,38 @@ def test_a_dead_judge_endpoint_stops_every_rank_at_the_same_step_with_the_endpoi
     assert output.count("more than judge.max_failure_rate=0.5") == 2, "each rank stops with the message"
     assert_same_calls(tmp_path)
     assert not (tmp_path / "run" / "metrics.jsonl").exists() or not logged_steps(tmp_path / "run")
+
+
+# Sharded training on CPU processes: DeepSpeed ZeRO (accelerate runs FSDP on GPUs only; see test_distributed.py).
+SPREAD = ["reward=math+format+length", "trainer.zero_variance_groups=keep", "trainer.max_steps=3"]
+EVAL_SHARES = ["dataset.eval_size=5", "eval.batch_size=2"]  # uneven shares: one process repeats a batch
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("config", ["zero2.yaml", "zero3.yaml"])
+def test_deepspeed_zero_on_two_cpu_processes_trains_evaluates_and_saves_as_ddp_does(tmp_path, config):
+    """The shipped ZeRO configs (2 processes, no mixed precision on CPU): ZeRO-3 partitions the parameters from
+    the start (zero.Init), so held-out evaluation before and after and the final save run on every process
+    together. Same gradients as DDP's, step by step, and the same calls on both processes."""
+    ddp = accelerate_launch(
+        *TINY_RUN, *SPREAD, *EVAL_SHARES, "logger=none", f"hydra.run.dir={tmp_path / 'ddp'}", accelerate_config=DDP
+    )
+    assert ddp.returncode == 0, ddp.stderr[-4000:]
+    zero = recorded_launch(
+        tmp_path / "zero",
+        *SPREAD,
+        *EVAL_SHARES,
+        accelerate_config=REPO_ROOT / "accelerate_configs" / config,
+        launch_args=("--num_processes", "2", "--mixed_precision", "no"),
+    )
+    assert zero.returncode == 0, zero.stderr[-4000:]
+    assert_same_calls(tmp_path / "zero")
+    run_dir = tmp_path / "zero" / "run"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["processes"] == 2 and "3.2M parameters" in summary["model"], summary["model"]
+    assert summary["heldout_accuracy_before"] is not None and summary["heldout_accuracy_after"] is not None
+    assert len((run_dir / "eval_after.jsonl").read_text().splitlines()) == 5
+    assert list((run_dir / "checkpoint-final").glob("*.safetensors"))
+    norms = [[m["grad_norm"] for m in logged_steps(d) if "grad_norm" in m] for d in (tmp_path / "ddp", run_dir)]
+    assert len(norms[0]) == 3 and norms[0] == pytest.approx(norms[1], rel=1e-4)
+    assert all(n > 0 for n in norms[0]), "groups with a spread: a real update"

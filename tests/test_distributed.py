@@ -174,3 +174,28 @@ def test_two_processes_evaluate_a_share_each_and_answer_as_one_process_does(tmp_
             assert samples[0] == samples[1]
     summary = json.loads((tmp_path / "two" / "summary.json").read_text())
     assert summary["processes"] == 2 and summary["heldout_accuracy_after"] is not None
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="accelerate runs FSDP on GPUs")
+def test_fsdp_on_cpu_processes_is_refused_since_accelerate_would_train_them_as_ddp(monkeypatch):
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    with pytest.raises(UserError, match=r"FSDP \(accelerate_configs/fsdp.yaml\) needs GPUs.*zero3.yaml"):
+        check_trainer(compose_config(TINY_RUN).trainer, 1, multiturn=False, policy_dtype=torch.float32)
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(torch.cuda.is_available(), reason="accelerate runs FSDP on GPUs")
+def test_the_fsdp_config_on_cpu_processes_stops_before_training_with_the_alternatives_named(tmp_path):
+    result = accelerate_launch(
+        *TINY_RUN,
+        "logger=none",
+        f"hydra.run.dir={tmp_path}",
+        accelerate_config=ACCELERATE_DIR / "fsdp.yaml",
+        launch_args=("--num_processes", "2", "--mixed_precision", "no"),
+        timeout=300,
+    )
+    assert result.returncode != 0
+    assert "FSDP (accelerate_configs/fsdp.yaml) needs GPUs" in result.stderr
+    # the message, not our stack trace (the launcher prints its own when a process fails)
+    assert f'File "{REPO_ROOT / "src"}' not in result.stderr
+    assert not (tmp_path / "metrics.jsonl").exists()

@@ -209,7 +209,8 @@ def lora_config(model_cfg: DictConfig):
 
 
 def describe(model_cfg: DictConfig, model) -> str:
-    millions = sum(p.numel() for p in model.parameters()) / 1e6
+    # DeepSpeed ZeRO-3 leaves each process a shard (numel ~0): ds_numel is the parameter's whole size
+    millions = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters()) / 1e6
     origin = {
         ModelSource.pretrained: model_cfg.name_or_path,
         ModelSource.embedded: f"{model_cfg.gguf_package}/{model_cfg.gguf_file}",

@@ -10,6 +10,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import torch
+from accelerate.utils import parse_flag_from_env
 from omegaconf import DictConfig, OmegaConf
 from trl import GRPOConfig
 
@@ -71,6 +72,17 @@ class GRPOExpConfig(GRPOConfig):
 RUN_KEYS = {"prompts_per_step", "keep_checkpoints", "resume"}
 
 
+def check_fsdp_device(fsdp: bool) -> None:
+    """accelerate turns FSDP on for GPU processes only: on CPU processes (gloo) it keeps its plugin and trains them
+    as DDP, unsharded, with no word (accelerate.state.AcceleratorState lists the GPU kinds that get FSDP)."""
+    if fsdp and not torch.cuda.is_available():
+        raise UserError(
+            "FSDP (accelerate_configs/fsdp.yaml) needs GPUs: accelerate runs CPU processes as plain DDP whatever the "
+            "config says. On this machine use accelerate_configs/ddp.yaml, or DeepSpeed ZeRO "
+            "(accelerate_configs/zero3.yaml --mixed_precision no), which shards CPU processes too"
+        )
+
+
 def check_trainer(trainer_cfg: DictConfig, processes: int, *, multiturn: bool, policy_dtype: torch.dtype) -> None:
     """Every rule on the trainer.* knobs, before any model loads: the checks GRPOConfig would make later, naming
     our keys, and grpo_exp's own (the schema's value checks, grpo_exp.schema.check_values, come first).
@@ -94,6 +106,7 @@ def check_trainer(trainer_cfg: DictConfig, processes: int, *, multiturn: bool, p
     )
     if extra.get("use_vllm"):
         check_vllm()
+    check_fsdp_device(fsdp=bool(parse_flag_from_env("ACCELERATE_USE_FSDP") or extra.get("fsdp")))
     check_zero_variance_groups(trainer_cfg.zero_variance_groups, processes)
     known = {f.name for f in dataclasses.fields(GRPOConfig)}
     for key, value in extra.items():
