@@ -116,10 +116,11 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
     run_id = attempt.record.get("wandb_id") if attempt else None
     tracker = Tracker(cfg.logger, run_dir, name, group, tags, {**resolved, "choices": choices}, run_id, enabled=main)
     console = ConsoleView()
-    measured: dict = {"benchmark": None, "before": None}
+    measured: dict = {"benchmark": None, "before": None, "seconds": 0.0}
 
     def before_training(policy) -> None:
         """On the model as it trains (its device; FSDP/ZeRO-3: sharded, every process evaluating a share)."""
+        started = time.perf_counter()
         if cfg.eval.verification_benchmark.enabled:  # from the initial policy, before any step
             measured["benchmark"] = verification_benchmark(
                 spec, policy, tokenizer, train_set, heldout, parts.verifier, run_dir
@@ -128,6 +129,7 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
         measured["before"], console.heldout_before = before, _accuracy(before)
         if main:
             write_record(run_dir, {"wandb_id": tracker.run_id, "heldout_before": before and asdict_light(before)})
+        measured["seconds"] = time.perf_counter() - started  # not training time
 
     failed = True
     try:
@@ -151,7 +153,7 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
         started = time.perf_counter()
         with interruptible(trainer):
             trainer.train(resume_from_checkpoint=str(attempt.checkpoint) if attempt else None)
-        train_seconds = time.perf_counter() - started
+        train_seconds = time.perf_counter() - started - measured["seconds"]
         before, after = measured["before"], None
         if cfg.eval.after:  # every process, on the model as trained (sharded under FSDP/ZeRO-3)
             after = measure_heldout(
