@@ -211,3 +211,20 @@ def test_deepspeed_zero_on_two_cpu_processes_trains_evaluates_and_saves_as_ddp_d
     norms = [[m["grad_norm"] for m in logged_steps(d) if "grad_norm" in m] for d in (tmp_path / "ddp", run_dir)]
     assert len(norms[0]) == 3 and norms[0] == pytest.approx(norms[1], rel=1e-4)
     assert all(n > 0 for n in norms[0]), "groups with a spread: a real update"
+
+
+@pytest.mark.e2e
+def test_multi_turn_evaluation_under_zero3_runs_on_the_gathered_weights(tmp_path):
+    """Evaluation generates on the policy as TRL does for its own generation: under ZeRO-3 with the weights gathered
+    once, so that trajectories of different numbers of turns on the two processes need no common forwards."""
+    result = recorded_launch(
+        tmp_path,
+        "rollout=multiturn",
+        *EVAL_SHARES,
+        accelerate_config=REPO_ROOT / "accelerate_configs" / "zero3.yaml",
+        launch_args=("--num_processes", "2", "--mixed_precision", "no"),
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert_same_calls(tmp_path)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["heldout_accuracy_after"] is not None and "heldout_rollout_turns_mean_after" in summary, sorted(summary)

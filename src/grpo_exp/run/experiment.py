@@ -41,7 +41,7 @@ from grpo_exp.run.resolve import RunSpec, resolve
 from grpo_exp.run.resume import Attempt, carry_history, is_complete, remove_checkpoints, write_record
 from grpo_exp.run.tracking import MetricsFileCallback, Tracker, run_identity
 from grpo_exp.trainer.config import ddp_timeout
-from grpo_exp.trainer.seam import as_rollout_func
+from grpo_exp.trainer.seam import as_rollout_func, policy_for_generation
 from grpo_exp.trainer.trainer import GRPOExpTrainer
 from grpo_exp.verification.selfverify import Candidate
 
@@ -118,14 +118,15 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
     console = ConsoleView()
     measured: dict = {"benchmark": None, "before": None, "seconds": 0.0}
 
-    def before_training(policy) -> None:
-        """On the model as it trains (its device; FSDP/ZeRO-3: sharded, every process evaluating a share)."""
+    def before_training() -> None:
+        """On the model where it trains (its device; every process evaluating a share)."""
         started = time.perf_counter()
-        if cfg.eval.verification_benchmark.enabled:  # from the initial policy, before any step
-            measured["benchmark"] = verification_benchmark(
-                spec, policy, tokenizer, train_set, heldout, parts.verifier, run_dir
-            )
-        before = heldout_before(policy, tokenizer, heldout, parts, spec, run_dir, attempt, measured["benchmark"])
+        with policy_for_generation(trainer) as policy:
+            if cfg.eval.verification_benchmark.enabled:  # from the initial policy, before any step
+                measured["benchmark"] = verification_benchmark(
+                    spec, policy, tokenizer, train_set, heldout, parts.verifier, run_dir
+                )
+            before = heldout_before(policy, tokenizer, heldout, parts, spec, run_dir, attempt, measured["benchmark"])
         measured["before"], console.heldout_before = before, _accuracy(before)
         if main:
             write_record(run_dir, {"wandb_id": tracker.run_id, "heldout_before": before and asdict_light(before)})
@@ -155,10 +156,11 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
             trainer.train(resume_from_checkpoint=str(attempt.checkpoint) if attempt else None)
         train_seconds = time.perf_counter() - started - measured["seconds"]
         before, after = measured["before"], None
-        if cfg.eval.after:  # every process, on the model as trained (sharded under FSDP/ZeRO-3)
-            after = measure_heldout(
-                trainer.model, tokenizer, heldout, parts, spec, run_dir, "after", measured["benchmark"]
-            )
+        if cfg.eval.after:  # every process, on the model where it trained
+            with policy_for_generation(trainer) as policy:
+                after = measure_heldout(
+                    policy, tokenizer, heldout, parts, spec, run_dir, "after", measured["benchmark"]
+                )
         checkpoint = run_dir / FINAL_CHECKPOINT_DIR if cfg.save_model else None
         if checkpoint:
             trainer.save_model(str(checkpoint))  # every rank: DeepSpeed/FSDP gather their shards here
@@ -248,16 +250,16 @@ def report_finished(attempt: Attempt, run_dir: Path) -> dict:
 
 
 class BeforeTraining(TrainerCallback):
-    """Calls `evaluate(model)` when training begins: the model is then where it trains (on its device, wrapped
-    or sharded by accelerate), so that every process can evaluate a share of the problems. The random state is
+    """Calls `evaluate()` when training begins: the model is then where it trains (on its device, wrapped or
+    sharded by accelerate), so that every process can evaluate a share of the problems. The random state is
     left as it was, so that an evaluation that samples changes nothing of training."""
 
     def __init__(self, evaluate):
         self.evaluate = evaluate
 
-    def on_train_begin(self, args, state, control, model=None, **kwargs):
+    def on_train_begin(self, args, state, control, **kwargs):
         with torch.random.fork_rng(devices=_accelerator_devices()):
-            self.evaluate(model)
+            self.evaluate()
 
 
 def _accelerator_devices() -> list[int]:

@@ -9,8 +9,8 @@ TRL_ATTRIBUTES, which tests/test_trl_contract.py checks against the installed TR
 - state it reads: `_logs` (the last generation batch, gathered), `_metrics` (the metric store),
   `_entropy_bonus_enabled`, `aux_loss_enabled`, `beta`, `top_entropy_quantile`, `use_vllm`,
   `args.use_transformers_paged`, `loss_type`, `multi_objective_aggregation`, `reward_func_names`, `reward_weights`,
-  `num_generations`, `generation_config`, `is_deepspeed_enabled` / `is_fsdp_enabled`, and for a custom rollout
-  `model_wrapped`, `generation_kwargs`;
+  `num_generations`, `generation_config`, `is_deepspeed_enabled` / `is_fsdp_enabled`, for a custom rollout
+  `model_wrapped`, `generation_kwargs`, and for evaluation `model_wrapped`, `args.ds3_gather_for_generation`;
 - TRL's fused LM head on the policy (`model(..., shift_labels=..., fused_lm_head=True)` -> `.log_probs`,
   `.entropy`), the layout of its generation batch (grpo_exp.trainer.trl_batch) and its reward aggregation
   (grpo_exp.trainer.scored_batch.aggregated_reward), which the contract and feature tests check by running TRL.
@@ -19,6 +19,7 @@ The trainer subclass (grpo_exp.trainer.trainer) sees hooks and a typed ScoredBat
 the public methods `generate_and_score`, `per_token_logps` and `last_rewards`.
 """
 
+import contextlib
 import functools
 
 import torch
@@ -316,6 +317,17 @@ class HookedGRPOTrainer(GRPOTrainer):
             advantages=torch.tensor(list(self._logs["advantages"]), dtype=torch.float32),
             lengths=self.accelerator.gather(policy_tokens.sum(dim=1)).float().cpu(),
         )
+
+
+@contextlib.contextmanager
+def policy_for_generation(trainer):
+    """The policy, ready to generate outside a training step (held-out evaluation): unwrapped as TRL unwraps it for
+    its own generation; under ZeRO-3 its parameters gathered once (trainer.extra.ds3_gather_for_generation), so
+    that generation makes no collective call per forward and every process may run its own number of them."""
+    with unwrap_model_for_generation(
+        trainer.model_wrapped, trainer.accelerator, gather_deepspeed3_params=trainer.args.ds3_gather_for_generation
+    ) as model:
+        yield model
 
 
 def as_rollout_func(rollout):
