@@ -191,6 +191,16 @@ def load_model(
     return AutoModelForCausalLM.from_pretrained(source, dtype=dtype, trust_remote_code=model_cfg.trust_remote_code)
 
 
+def load_frozen(model_cfg: DictConfig, tokenizer: PreTrainedTokenizerBase, cache_dir: str):
+    """A frozen model (the local judge, a frozen verifier) in eval mode, on this process's accelerator: GPU
+    LOCAL_RANK where there are GPUs (as accelerate places the policy), else the CPU. Each process holds its own
+    copy: serve a large one once instead (judge=openai, verifier.base_url)."""
+    model = load_model(model_cfg, tokenizer, cache_dir, seed=0).eval().requires_grad_(False)
+    if torch.cuda.is_available():
+        model.to(f"cuda:{int(os.environ.get('LOCAL_RANK', '0')) % torch.cuda.device_count()}")
+    return model
+
+
 def lora_config(model_cfg: DictConfig):
     """peft's LoraConfig when model.lora.enabled, else None (full fine-tuning)."""
     if not model_cfg.lora.enabled:

@@ -27,7 +27,7 @@ from omegaconf import DictConfig
 from grpo_exp.data_parallel import sum_over_processes
 from grpo_exp.errors import UserError
 from grpo_exp.generation import generate_completions
-from grpo_exp.models import check_reachable, load_model, load_tokenizer, model_option_config
+from grpo_exp.models import check_reachable, load_frozen, load_tokenizer, model_option_config
 from grpo_exp.rewards.rubric import (
     CRITERIA,
     REPLY_SCHEMA,
@@ -61,8 +61,7 @@ class LocalJudge:
         if self._model is None:
             log.info("Loading the judge model %s", self.cfg.model)
             self.tokenizer = load_tokenizer(self.model_cfg, self.cache_dir)
-            model = load_model(self.model_cfg, self.tokenizer, self.cache_dir, seed=0)
-            self._model = model.eval().requires_grad_(False)
+            self._model = load_frozen(self.model_cfg, self.tokenizer, self.cache_dir)
 
     async def score_tokens(self, conversations: list[list[dict]], groups: list[str]) -> list[list[float] | None]:
         """`groups`: the question each conversation judges; a group's shared opening is read once."""

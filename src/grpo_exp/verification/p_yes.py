@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from grpo_exp.data_parallel import map_over_processes
 from grpo_exp.errors import UserError
 from grpo_exp.generation import left_padded_eval
-from grpo_exp.models import check_reachable, load_model, load_tokenizer, model_option_config
+from grpo_exp.models import check_reachable, load_frozen, load_tokenizer, model_option_config
 from grpo_exp.schema import VerifierName, VerifierSchema
 
 
@@ -81,8 +81,7 @@ class PYesScorer:
             else model_option_config(self.cfg.model, "verifier.model")
         )
         tokenizer = load_tokenizer(model_cfg, self.cache_dir)
-        model = load_model(model_cfg, tokenizer, self.cache_dir, seed=0).eval().requires_grad_(False)
-        self.bind(model, tokenizer)
+        self.bind(load_frozen(model_cfg, tokenizer, self.cache_dir), tokenizer)
 
     def __call__(self, questions: list[str], answers: list[str]) -> list[float]:
         conversations = [question_messages(self.cfg.template, q, a) for q, a in zip(questions, answers, strict=True)]
