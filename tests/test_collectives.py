@@ -227,4 +227,6 @@ def test_multi_turn_evaluation_under_zero3_runs_on_the_gathered_weights(tmp_path
     assert result.returncode == 0, result.stderr[-4000:]
     assert_same_calls(tmp_path)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["heldout_accuracy_after"] is not None and "heldout_rollout_turns_mean_after" in summary, sorted(summary)
+    assert summary["heldout_accuracy_after"] is not None and "heldout_rollout_turns_mean_after" in summary, sorted(
+        summary
+    )

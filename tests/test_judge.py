@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 from grpo_exp.errors import UserError
 from grpo_exp.rewards.judge import FailureBudget, build_judge, chat_prompt, make_judge_reward
 from grpo_exp.rewards.rubric import parse_rubric_reply, rubric_messages
+from grpo_exp.run.resolve import resolve
 from grpo_exp.run.tracking import read_metrics
 from grpo_exp.text import prompt_text
 from support.config import TINY_RUN, compose_config
@@ -245,3 +246,30 @@ def test_tiny_training_with_the_local_judge_runs_end_to_end(tmp_path):
     # Even a random model scores every pair (score tokens), and the per-step judge statistics are logged.
     assert len(steps) == 2 and all(m["judge/failures"] == 0 and 0.2 <= m["rewards/judge/mean"] <= 1 for m in steps)
     assert all("judge/group_std" in m and "judge/auroc" in m and "rewards/judge/imputed" in m for m in steps)
+
+
+def _llama_config_dir(directory, **architecture):
+    """A model directory with its config only: the frozen-copies check reads no weights."""
+    from transformers import LlamaConfig
+
+    LlamaConfig(**architecture).save_pretrained(directory)
+    return directory
+
+
+def test_a_local_judge_too_big_for_a_copy_per_process_is_refused_before_anything_loads(tmp_path):
+    # Llama-3.1-405B's shape (~400B parameters, ~750 GiB in bfloat16): no machine here holds two copies
+    huge = _llama_config_dir(
+        tmp_path / "huge",
+        hidden_size=16384,
+        intermediate_size=53248,
+        num_hidden_layers=126,
+        num_attention_heads=128,
+        num_key_value_heads=8,
+        vocab_size=128256,
+    )
+    cfg = compose_config(["reward=math+judge", "judge=local", f"judge.model={huge}", "judge.dtype=bfloat16"])
+    with pytest.raises(UserError, match=rf"judge.model={huge} loads on every process \(\d+\.\d GiB in bfloat16\)"):
+        resolve(cfg, processes=2)
+    resolve(cfg, processes=1)  # one copy: the user's call (it may still not fit, as with any model)
+    small = _llama_config_dir(tmp_path / "small", hidden_size=64, intermediate_size=128, num_hidden_layers=2)
+    resolve(compose_config(["reward=math+judge", "judge=local", f"judge.model={small}"]), processes=2)

@@ -191,6 +191,32 @@ def load_model(
     return AutoModelForCausalLM.from_pretrained(source, dtype=dtype, trust_remote_code=model_cfg.trust_remote_code)
 
 
+def check_frozen_copies(model_cfg: DictConfig, key: str, processes: int) -> None:
+    """A frozen model loads once per process (load_frozen): refuse, before anything loads, one whose copies cannot
+    fit where they go (each process's GPU, else the node's memory, shared by its processes). Sized from its
+    architecture alone (no weights read); models given by directory or hub id only (the embedded ones are small)."""
+    if processes < 2 or model_cfg.source is not ModelSource.pretrained:
+        return
+    import psutil
+
+    config = AutoConfig.from_pretrained(model_cfg.name_or_path, trust_remote_code=model_cfg.trust_remote_code)
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config, dtype=torch_dtype(model_cfg.dtype))
+    size = sum(p.numel() * p.element_size() for p in skeleton.parameters())
+    if torch.cuda.is_available():
+        copies, available, where = 1, torch.cuda.mem_get_info()[0], "free on one GPU"
+    else:
+        copies = int(os.environ.get("LOCAL_WORLD_SIZE", processes))
+        available, where = psutil.virtual_memory().available, "of memory available on this machine"
+    if copies * size > available:
+        raise UserError(
+            f"{key}={model_cfg.name_or_path} loads on every process ({size / 2**30:.1f} GiB in "
+            f"{model_cfg.dtype.value}); {copies} copies need {copies * size / 2**30:.1f} GiB, more than the "
+            f"{available / 2**30:.1f} GiB {where}: serve it once (judge=openai behind vLLM, verifier.base_url), "
+            "or use a smaller model"
+        )
+
+
 def load_frozen(model_cfg: DictConfig, tokenizer: PreTrainedTokenizerBase, cache_dir: str):
     """A frozen model (the local judge, a frozen verifier) in eval mode, on this process's accelerator: GPU
     LOCAL_RANK where there are GPUs (as accelerate places the policy), else the CPU. Each process holds its own

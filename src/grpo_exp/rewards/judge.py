@@ -27,7 +27,7 @@ from omegaconf import DictConfig
 from grpo_exp.data_parallel import sum_over_processes
 from grpo_exp.errors import UserError
 from grpo_exp.generation import generate_completions
-from grpo_exp.models import check_reachable, load_frozen, load_tokenizer, model_option_config
+from grpo_exp.models import check_frozen_copies, check_reachable, load_frozen, load_tokenizer, model_option_config
 from grpo_exp.rewards.rubric import (
     CRITERIA,
     REPLY_SCHEMA,
@@ -238,9 +238,10 @@ class RubricJudge:
             self.cache.popitem(last=False)
 
 
-def check_judge(cfg: DictConfig) -> None:
+def check_judge(cfg: DictConfig, processes: int = 1) -> None:
     """What the schema cannot check of the judge (the resolve phase; no model is loaded, no request sent): an
-    endpoint's settings, and the model (or the endpoint's tokenizer, in scores mode) found."""
+    endpoint's settings, and the model (or the endpoint's tokenizer, in scores mode) found; a local judge's copies,
+    one per process, must fit."""
     if cfg.backend is JudgeBackend.openai:
         for key in ("model", "base_url"):
             if not cfg[key]:
@@ -248,7 +249,9 @@ def check_judge(cfg: DictConfig) -> None:
         if cfg.mode is JudgeMode.scores:
             check_reachable(OpenAIJudge(cfg, "").tokenizer_cfg)
         return
-    check_reachable(LocalJudge(cfg, "").model_cfg)
+    model_cfg = LocalJudge(cfg, "").model_cfg
+    check_reachable(model_cfg)
+    check_frozen_copies(model_cfg, "judge.model", processes)
 
 
 def build_judge(cfg: DictConfig, cache_dir: str) -> RubricJudge:

@@ -88,7 +88,7 @@ def resolve(cfg: DictConfig, processes: int | None = None, trainer_dir: Path | N
     )
     check_verifier(spec)
     if "judge" in spec.components:
-        check_judge(cfg.judge)
+        check_judge(cfg.judge, spec.processes)
     check_trainer(cfg.trainer, spec.processes, multiturn=spec.multiturn, policy_dtype=spec.policy_dtype)
     check_rollout(spec)
     if spec.selfverify is not None:
@@ -121,7 +121,7 @@ def check_verifier(spec: RunSpec) -> None:
             "verifier) or verifier=self (the policy); verifier=math_verify only gives labels"
         )
     if spec.needs_p_yes:
-        check_verifier_reachable(verifier)
+        check_verifier_reachable(verifier, spec.cfg.model, spec.processes)
 
 
 def check_rollout(spec: RunSpec) -> None:

@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from grpo_exp.data_parallel import map_over_processes
 from grpo_exp.errors import UserError
 from grpo_exp.generation import left_padded_eval
-from grpo_exp.models import check_reachable, load_frozen, load_tokenizer, model_option_config
+from grpo_exp.models import check_frozen_copies, check_reachable, load_frozen, load_tokenizer, model_option_config
 from grpo_exp.schema import VerifierName, VerifierSchema
 
 
@@ -126,11 +126,17 @@ class PYesScorer:
             return list(await asyncio.gather(*(one(c) for c in conversations)))
 
 
-def check_verifier_reachable(verifier_cfg: DictConfig) -> None:
+def check_verifier_reachable(verifier_cfg: DictConfig, policy_cfg: DictConfig, processes: int = 1) -> None:
     """A frozen verifier named by a model option, a directory or a hub id (not the initial policy, nor an endpoint)
-    must be found (the resolve phase)."""
-    if verifier_cfg.name is VerifierName.genrm and verifier_cfg.model != "initial_policy" and not verifier_cfg.base_url:
-        check_reachable(model_option_config(verifier_cfg.model, "verifier.model"))
+    must be found, and its copies (one per process; the initial policy's too) must fit (the resolve phase)."""
+    if verifier_cfg.name is not VerifierName.genrm or verifier_cfg.base_url:
+        return
+    if verifier_cfg.model == "initial_policy":
+        check_frozen_copies(policy_cfg, "verifier.model=initial_policy: model.name_or_path", processes)
+        return
+    model_cfg = model_option_config(verifier_cfg.model, "verifier.model")
+    check_reachable(model_cfg)
+    check_frozen_copies(model_cfg, "verifier.model", processes)
 
 
 def build_p_yes(verifier_cfg: DictConfig, policy_cfg: DictConfig, cache_dir: str) -> PYesScorer | None:
