@@ -35,6 +35,7 @@ FEATURES = {
         "eval.verification_benchmark.problems=4",
     ],
     "multi-turn rollout": ["rollout=multiturn"],
+    "validation every step, the best checkpoint": ["eval.every=1", "eval.every_problems=3"],
 }
 
 
@@ -179,7 +180,7 @@ def test_a_dead_judge_endpoint_stops_every_rank_at_the_same_step_with_the_endpoi
 
 
 # Sharded training on CPU processes: DeepSpeed ZeRO (accelerate runs FSDP on GPUs only; see test_distributed.py).
-SPREAD = ["reward=math+format+length", "trainer.zero_variance_groups=keep", "trainer.max_steps=3"]
+SPREAD = ["reward=math+format+length", "trainer.zero_variance_groups=keep", "trainer.max_steps=3", "eval.every=1"]
 EVAL_SHARES = ["dataset.eval_size=5", "eval.batch_size=2"]  # uneven shares: one process repeats a batch
 
 
@@ -208,6 +209,7 @@ def test_deepspeed_zero_on_two_cpu_processes_trains_evaluates_and_saves_as_ddp_d
     assert summary["heldout_accuracy_before"] is not None and summary["heldout_accuracy_after"] is not None
     assert len((run_dir / "eval_after.jsonl").read_text().splitlines()) == 5
     assert list((run_dir / "checkpoint-final").glob("*.safetensors"))
+    assert list((run_dir / "checkpoint-best").glob("*.safetensors")), "saved from the shards, every process together"
     norms = [[m["grad_norm"] for m in logged_steps(d) if "grad_norm" in m] for d in (tmp_path / "ddp", run_dir)]
     assert len(norms[0]) == 3 and norms[0] == pytest.approx(norms[1], rel=1e-4)
     assert all(n > 0 for n in norms[0]), "groups with a spread: a real update"

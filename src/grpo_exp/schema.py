@@ -493,6 +493,10 @@ class EvalSchema:
     samples: int = knob(4, ge=0)
     temperature: float = knob(1.0, gt=0.0)  # ...sampled at this temperature
     log_to_wandb: bool = False  # python -m grpo_exp.evaluate: also log the results as a W&B run (job type eval)
+    # Validation while training: greedy held-out accuracy every N steps (0: before and after only), logged as
+    # heldout/accuracy at that step; the best is kept as checkpoint-best (ties: the earlier step).
+    every: int = knob(0, ge=0)
+    every_problems: int | None = knob(None, ge=1)  # the first N held-out problems each time (null: all of them)
     verification_benchmark: VerificationBenchmarkSchema = field(default_factory=lambda: VerificationBenchmarkSchema())
 
 

@@ -36,6 +36,8 @@ def format_step(
         parts.append(f"kl {_number(logs['kl'], '.3g')}")
     if heldout_before is not None:
         parts.append(f"held-out before {heldout_before:.3f}")
+    if isinstance(logs.get("heldout/accuracy"), float):  # eval.every: this step's validation
+        parts.append(f"held-out now {logs['heldout/accuracy']:.3f}")
     if seconds_per_step is not None:
         eta = timedelta(seconds=round(seconds_per_step * max(max_steps - step, 0)))
         parts.append(f"{seconds_per_step:.2f} s/step, ETA {eta}")

@@ -40,6 +40,7 @@ from grpo_exp.run.report import build_summary, print_summary, write_summary
 from grpo_exp.run.resolve import RunSpec, resolve
 from grpo_exp.run.resume import Attempt, carry_history, is_complete, remove_checkpoints, write_record
 from grpo_exp.run.tracking import MetricsFileCallback, Tracker, run_identity
+from grpo_exp.run.validation import BEST_CHECKPOINT_DIR, PeriodicValidation, carry_best
 from grpo_exp.trainer.config import ddp_timeout
 from grpo_exp.trainer.seam import as_rollout_func, policy_for_generation
 from grpo_exp.trainer.trainer import GRPOExpTrainer
@@ -102,6 +103,7 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
         (run_dir / CONFIG_FILE).write_text(OmegaConf.to_yaml(resolved), encoding="utf-8")
         if attempt:
             carry_history(attempt, run_dir)
+            carry_best(attempt.run_dir, run_dir, attempt.step)
     if attempt and attempt.finished:
         return report_finished(attempt, run_dir)
     choices = {k: v for k, v in hydra_cfg.runtime.choices.items() if not k.startswith("hydra") and v}
@@ -132,6 +134,33 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
             write_record(run_dir, {"wandb_id": tracker.run_id, "heldout_before": before and asdict_light(before)})
         measured["seconds"] = time.perf_counter() - started  # not training time
 
+    def validate() -> float:
+        with policy_for_generation(trainer) as policy:
+            problems = heldout.select(range(min(cfg.eval.every_problems or len(heldout), len(heldout))))
+            result = heldout_accuracy(
+                policy,
+                tokenizer,
+                problems,
+                parts.verifier,
+                spec.eval_max_new_tokens,
+                cfg.eval.batch_size,
+                None,
+                parts.rollout,
+            )
+        return result.accuracy
+
+    validation = []
+    if cfg.eval.every:
+        validation.append(
+            PeriodicValidation(
+                cfg.eval.every,
+                validate,
+                record=lambda key, value: trainer.record_metric(key, value),
+                save_best=lambda directory: trainer.save_model(str(directory)),
+                run_dir=run_dir,
+            )
+        )
+
     failed = True
     try:
         trainer = GRPOExpTrainer(
@@ -144,7 +173,12 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
             args=spec.args,
             train_dataset=train_set,
             processing_class=tokenizer,
-            callbacks=[BeforeTraining(before_training), MetricsFileCallback(run_dir / METRICS_FILE), console],
+            callbacks=[
+                BeforeTraining(before_training),
+                *validation,
+                MetricsFileCallback(run_dir / METRICS_FILE),
+                console,
+            ],
             peft_config=lora_config(cfg.model),
             rollout_func=None if parts.rollout is None else as_rollout_func(parts.rollout),
         )
@@ -197,6 +231,13 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
             "per_device_train_batch_size": trainer.args.per_device_train_batch_size,
             "processes": trainer.accelerator.num_processes,
         }
+        if validation and validation[0].best:
+            best = validation[0].best
+            summary |= {
+                "best_step": best.step,
+                "best_heldout_accuracy": best.value,
+                "checkpoint_best": str(run_dir / BEST_CHECKPOINT_DIR),
+            }
         if attempt:  # this attempt trained the steps after the checkpoint only
             summary |= {
                 "resumed_from": str(attempt.checkpoint),

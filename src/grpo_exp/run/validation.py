@@ -1,0 +1,106 @@
+"""eval.every: held-out validation while training, and the best checkpoint it finds.
+
+Every eval.every steps the policy answers eval.every_problems held-out problems greedily (every process a share);
+the accuracy is logged at that step as heldout/accuracy, beside the training reward (metrics.jsonl, every
+tracker, the console). The best validation so far (ties: the earlier step) is saved as checkpoint-best, with
+best.json naming its step and value; a resumed run starts from its history.
+"""
+
+import json
+import logging
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import TrainerCallback
+
+from grpo_exp.errors import UserError
+from grpo_exp.run.distributed import is_main_process
+from grpo_exp.run.files import METRICS_FILE
+from grpo_exp.run.tracking import read_metrics
+
+log = logging.getLogger(__name__)
+
+BEST_CHECKPOINT_DIR = "checkpoint-best"
+BEST_FILE = "best.json"  # in checkpoint-best: the step and the value it was chosen by
+METRIC = "heldout/accuracy"
+
+
+@dataclass(frozen=True)
+class Best:
+    step: int
+    value: float
+
+
+def best_of(history: list[dict], metric: str = METRIC) -> Best | None:
+    """The best logged value of `metric` (ties: the earlier step); None when none was logged. Pure."""
+    best = None
+    for line in history:
+        value = line.get(metric)
+        if value is not None and value == value and (best is None or value > best.value):  # NaN never wins
+            best = Best(int(line["step"]), float(value))
+    return best
+
+
+def carry_best(previous_run: Path, run_dir: Path, up_to_step: int) -> None:
+    """A resumed run's checkpoint-best: the previous attempt's, when it was chosen at or before the step the run
+    resumes from (later steps are trained, and validated, again)."""
+    source = previous_run / BEST_CHECKPOINT_DIR
+    if not (source / BEST_FILE).is_file() or previous_run.resolve() == run_dir.resolve():
+        return
+    if json.loads((source / BEST_FILE).read_text())["step"] <= up_to_step:
+        shutil.copytree(source, run_dir / BEST_CHECKPOINT_DIR, dirs_exist_ok=True)
+
+
+class PeriodicValidation(TrainerCallback):
+    """Calls `validate()` (every process; returns the held-out accuracy) every `every` steps, hands the value to
+    `record(key, value)` (the trainer's metric store, logged at this step), and `save_best(directory)` on every
+    process when it beats the best so far."""
+
+    def __init__(
+        self,
+        every: int,
+        validate: Callable[[], float],
+        record: Callable[[str, float], None],
+        save_best: Callable[[Path], None],
+        run_dir: Path,
+    ):
+        self.every, self.validate, self.record, self.save_best, self.run_dir = (
+            every,
+            validate,
+            record,
+            save_best,
+            run_dir,
+        )
+        self.best: Best | None = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        """A resumed run's best so far, from the history carried into its metrics (read once every process has
+        passed a collective since the main process wrote it)."""
+        metrics = self.run_dir / METRICS_FILE
+        self.best = best_of(read_metrics(metrics)) if metrics.is_file() else None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step % self.every:
+            return
+        with torch.random.fork_rng(devices=list(range(torch.cuda.device_count()))):
+            accuracy = self.validate()
+        self.record(METRIC, accuracy)
+        if accuracy == accuracy and (self.best is None or accuracy > self.best.value):
+            self.best = Best(state.global_step, accuracy)
+            directory = self.run_dir / BEST_CHECKPOINT_DIR
+            self.save_best(directory)  # every process: DeepSpeed gathers its shards here
+            if is_main_process():
+                (directory / BEST_FILE).write_text(json.dumps({"step": self.best.step, METRIC: accuracy}))
+            log.info("Validation at step %d: held-out accuracy %.3f, the best so far", state.global_step, accuracy)
+
+
+def check_validation(eval_cfg, trainer_cfg) -> None:
+    """eval.every logs at a training step: one that TRL logs (trainer.logging_steps)."""
+    if eval_cfg.every and eval_cfg.every % trainer_cfg.logging_steps:
+        raise UserError(
+            f"eval.every={eval_cfg.every} validates at steps that trainer.logging_steps={trainer_cfg.logging_steps} "
+            "does not log: make eval.every a multiple of it"
+        )

@@ -1,0 +1,73 @@
+"""eval.every: held-out validation while training, and checkpoint-best."""
+
+import json
+import math
+
+import pytest
+
+from grpo_exp.errors import UserError
+from grpo_exp.run.tracking import read_metrics
+from grpo_exp.run.validation import Best, best_of, check_validation
+from support.config import TINY_RUN, compose_config
+from tests.helpers.cli import run_cli
+
+
+def test_the_best_validation_is_the_highest_and_ties_go_to_the_earlier_step():
+    history = [
+        {"step": 1, "reward": 0.1},
+        {"step": 2, "heldout/accuracy": 0.3},
+        {"step": 4, "heldout/accuracy": math.nan},
+        {"step": 6, "heldout/accuracy": 0.5},
+        {"step": 8, "heldout/accuracy": 0.5},
+        {"step": 10, "heldout/accuracy": 0.2},
+    ]
+    assert best_of(history) == Best(6, 0.5)
+    assert best_of([{"step": 1, "reward": 0.1}]) is None
+    assert best_of([{"step": 3, "heldout/accuracy": math.nan}]) is None
+
+
+def test_validation_must_fall_on_a_logged_step():
+    cfg = compose_config(["eval.every=3", "trainer.logging_steps=2"])
+    with pytest.raises(UserError, match=r"eval.every=3 .* trainer.logging_steps=2"):
+        check_validation(cfg.eval, cfg.trainer)
+    cfg = compose_config(["eval.every=4", "trainer.logging_steps=2"])
+    check_validation(cfg.eval, cfg.trainer)
+
+
+@pytest.mark.e2e
+def test_validation_every_step_is_logged_at_its_step_and_the_best_checkpoint_kept(tmp_path):
+    result = run_cli(
+        *TINY_RUN,
+        "eval.every=1",
+        "eval.every_problems=2",
+        "logger=none",
+        "eval.before=false",
+        f"hydra.run.dir={tmp_path}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    steps = {m["step"]: m for m in read_metrics(tmp_path / "metrics.jsonl") if "reward" in m}
+    assert sorted(steps) == [1, 2] and all("heldout/accuracy" in m for m in steps.values())
+    assert "held-out now" in result.stdout + result.stderr
+    best = json.loads((tmp_path / "checkpoint-best" / "best.json").read_text())
+    assert best["step"] == 1, "the random tiny model scores 0 at both steps: a tie goes to the earlier one"
+    assert list((tmp_path / "checkpoint-best").glob("*.safetensors"))
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["best_step"] == 1 and summary["checkpoint_best"].endswith("checkpoint-best")
+
+
+@pytest.mark.e2e
+def test_a_resumed_run_keeps_its_validation_history_and_its_best_checkpoint(tmp_path):
+    overrides = [*TINY_RUN, "eval.every=1", "eval.every_problems=2", "logger=none", "eval.before=false"]
+    first = run_cli(
+        *overrides, "trainer.save_steps=1", "trainer.keep_checkpoints=true", f"hydra.run.dir={tmp_path / 'a'}"
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    checkpoint = tmp_path / "a" / "trainer" / "checkpoint-2"  # the last one kept (save_total_limit)
+    resumed = run_cli(
+        *overrides, "trainer.max_steps=3", f"trainer.resume={checkpoint}", f"hydra.run.dir={tmp_path / 'b'}"
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    logged = [m["step"] for m in read_metrics(tmp_path / "b" / "metrics.jsonl") if "heldout/accuracy" in m]
+    assert logged == [1, 2, 3], "steps 1 and 2 carried from the first attempt, 3 validated now"
+    assert json.loads((tmp_path / "b" / "checkpoint-best" / "best.json").read_text())["step"] == 1
+    assert json.loads((tmp_path / "b" / "summary.json").read_text())["best_step"] == 1
