@@ -7,7 +7,14 @@ import pytest
 
 from grpo_exp.errors import UserError
 from grpo_exp.run.tracking import read_metrics
-from grpo_exp.run.validation import Best, best_of, check_validation
+from grpo_exp.run.validation import (
+    Best,
+    best_of,
+    check_validation,
+    noise,
+    stop_reason,
+    validations_without_improvement,
+)
 from support.config import TINY_RUN, compose_config
 from tests.helpers.cli import run_cli
 
@@ -32,6 +39,44 @@ def test_validation_must_fall_on_a_logged_step():
         check_validation(cfg.eval, cfg.trainer)
     cfg = compose_config(["eval.every=4", "trainer.logging_steps=2"])
     check_validation(cfg.eval, cfg.trainer)
+
+
+def test_gains_within_one_standard_error_do_not_reset_the_patience():
+    assert noise(0.5, 100) == pytest.approx(0.05)
+    assert 0 < noise(0.0, 100) < noise(0.5, 100), "0 correct still carries its uncertainty"
+    # on 100 problems: 0.40 -> 0.43 is within noise (~0.049), 0.40 -> 0.46 is not
+    assert validations_without_improvement([0.40, 0.43, 0.42], 100) == 2
+    assert validations_without_improvement([0.40, 0.43, 0.46], 100) == 0
+    assert validations_without_improvement([0.40, math.nan], 100) == 1
+    assert stop_reason([0.40, 0.43, 0.42], 100, patience=2, stop_at=None).startswith("no held-out improvement")
+    assert stop_reason([0.40, 0.43], 100, patience=2, stop_at=None) is None
+    assert "reached eval.stop_at=0.5" in stop_reason([0.2, 0.55], 100, patience=None, stop_at=0.5)
+
+
+def test_early_stopping_needs_validations():
+    for key, value in (("patience", 2), ("stop_at", 0.5)):
+        cfg = compose_config([f"eval.{key}={value}"])
+        with pytest.raises(UserError, match=rf"eval.{key}={value} stops on validations: set eval.every"):
+            check_validation(cfg.eval, cfg.trainer)
+
+
+@pytest.mark.e2e
+def test_training_stops_when_the_patience_is_spent(tmp_path):
+    result = run_cli(
+        *TINY_RUN,
+        "eval.every=1",
+        "eval.every_problems=2",
+        "eval.patience=1",
+        "trainer.max_steps=4",
+        "logger=none",
+        "eval.before=false",
+        f"hydra.run.dir={tmp_path}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    # the random tiny model scores 0 every time: step 2 brings no gain, and patience 1 is spent
+    assert summary["steps"] == 2 and summary["stopped_early"].startswith("step 2: no held-out improvement")
+    assert "Training stops early at step 2" in result.stdout + result.stderr
 
 
 @pytest.mark.e2e

@@ -497,6 +497,10 @@ class EvalSchema:
     # heldout/accuracy at that step; the best is kept as checkpoint-best (ties: the earlier step).
     every: int = knob(0, ge=0)
     every_problems: int | None = knob(None, ge=1)  # the first N held-out problems each time (null: all of them)
+    # Early stopping on those validations: after `patience` of them without a gain beyond one standard error of the
+    # best (smaller gains are noise), or once the accuracy reaches `stop_at` (null: never)
+    patience: int | None = knob(None, ge=1)
+    stop_at: float | None = knob(None, gt=0.0, le=1.0)
     verification_benchmark: VerificationBenchmarkSchema = field(default_factory=lambda: VerificationBenchmarkSchema())
 
 

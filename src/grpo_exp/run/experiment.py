@@ -134,9 +134,10 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
             write_record(run_dir, {"wandb_id": tracker.run_id, "heldout_before": before and asdict_light(before)})
         measured["seconds"] = time.perf_counter() - started  # not training time
 
+    problems = heldout.select(range(min(cfg.eval.every_problems or len(heldout), len(heldout))))
+
     def validate() -> float:
         with policy_for_generation(trainer) as policy:
-            problems = heldout.select(range(min(cfg.eval.every_problems or len(heldout), len(heldout))))
             result = heldout_accuracy(
                 policy,
                 tokenizer,
@@ -158,6 +159,9 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
                 record=lambda key, value: trainer.record_metric(key, value),
                 save_best=lambda directory: trainer.save_model(str(directory)),
                 run_dir=run_dir,
+                problems=len(problems),
+                patience=cfg.eval.patience,
+                stop_at=cfg.eval.stop_at,
             )
         )
 
@@ -237,6 +241,7 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
                 "best_step": best.step,
                 "best_heldout_accuracy": best.value,
                 "checkpoint_best": str(run_dir / BEST_CHECKPOINT_DIR),
+                "stopped_early": validation[0].stopped,
             }
         if attempt:  # this attempt trained the steps after the checkpoint only
             summary |= {

@@ -8,6 +8,7 @@ best.json naming its step and value; a resumed run starts from its history.
 
 import json
 import logging
+import math
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,6 +45,37 @@ def best_of(history: list[dict], metric: str = METRIC) -> Best | None:
     return best
 
 
+def noise(accuracy: float, problems: int) -> float:
+    """The binomial standard error of an accuracy measured on `problems` problems (Laplace-smoothed, so that 0 and 1
+    still carry their uncertainty). Pure."""
+    smoothed = (accuracy * problems + 1) / (problems + 2)
+    return math.sqrt(smoothed * (1 - smoothed) / problems)
+
+
+def validations_without_improvement(values: list[float], problems: int) -> int:
+    """How many validations since the last that beat the best before it by more than that best's noise (one
+    standard error): the patience spent. Smaller gains are within noise and do not reset it. Pure."""
+    reference, since = None, 0
+    for value in values:
+        if value == value and (reference is None or value > reference + noise(reference, problems)):
+            reference, since = value, 0
+        else:
+            since += 1
+    return since
+
+
+def stop_reason(values: list[float], problems: int, patience: int | None, stop_at: float | None) -> str | None:
+    """Why training should stop after these validations (eval.patience, eval.stop_at), or None. Pure."""
+    if stop_at is not None and values and values[-1] >= stop_at:
+        return f"held-out accuracy {values[-1]:.3f} reached eval.stop_at={stop_at}"
+    if patience is not None and validations_without_improvement(values, problems) >= patience:
+        return (
+            f"no held-out improvement beyond one standard error in eval.patience={patience} validations "
+            f"(best {max(v for v in values if v == v):.3f})"
+        )
+    return None
+
+
 def carry_best(previous_run: Path, run_dir: Path, up_to_step: int) -> None:
     """A resumed run's checkpoint-best: the previous attempt's, when it was chosen at or before the step the run
     resumes from (later steps are trained, and validated, again)."""
@@ -66,6 +98,9 @@ class PeriodicValidation(TrainerCallback):
         record: Callable[[str, float], None],
         save_best: Callable[[Path], None],
         run_dir: Path,
+        problems: int,
+        patience: int | None = None,
+        stop_at: float | None = None,
     ):
         self.every, self.validate, self.record, self.save_best, self.run_dir = (
             every,
@@ -74,13 +109,17 @@ class PeriodicValidation(TrainerCallback):
             save_best,
             run_dir,
         )
+        self.problems, self.patience, self.stop_at = problems, patience, stop_at
         self.best: Best | None = None
+        self.values: list[float] = []  # every validation of the run, a resumed one's earlier ones included
+        self.stopped: str | None = None  # why it stopped training early, if it did
 
     def on_train_begin(self, args, state, control, **kwargs):
         """A resumed run's best so far, from the history carried into its metrics (read once every process has
         passed a collective since the main process wrote it)."""
-        metrics = self.run_dir / METRICS_FILE
-        self.best = best_of(read_metrics(metrics)) if metrics.is_file() else None
+        history = read_metrics(self.run_dir / METRICS_FILE) if (self.run_dir / METRICS_FILE).is_file() else []
+        self.best = best_of(history)
+        self.values = [line[METRIC] for line in history if METRIC in line and line[METRIC] is not None]
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step % self.every:
@@ -95,10 +134,19 @@ class PeriodicValidation(TrainerCallback):
             if is_main_process():
                 (directory / BEST_FILE).write_text(json.dumps({"step": self.best.step, METRIC: accuracy}))
             log.info("Validation at step %d: held-out accuracy %.3f, the best so far", state.global_step, accuracy)
+        self.values.append(accuracy)
+        reason = stop_reason(self.values, self.problems, self.patience, self.stop_at)
+        if reason:  # the same on every process: the accuracy is gathered
+            self.stopped = f"step {state.global_step}: {reason}"
+            control.should_training_stop = True
+            log.warning("Training stops early at %s", self.stopped)
 
 
 def check_validation(eval_cfg, trainer_cfg) -> None:
     """eval.every logs at a training step: one that TRL logs (trainer.logging_steps)."""
+    for key in ("patience", "stop_at"):
+        if eval_cfg[key] is not None and not eval_cfg.every:
+            raise UserError(f"eval.{key}={eval_cfg[key]} stops on validations: set eval.every too")
     if eval_cfg.every and eval_cfg.every % trainer_cfg.logging_steps:
         raise UserError(
             f"eval.every={eval_cfg.every} validates at steps that trainer.logging_steps={trainer_cfg.logging_steps} "
