@@ -9,12 +9,16 @@ from grpo_exp.errors import UserError
 from grpo_exp.run.tracking import read_metrics
 from grpo_exp.run.validation import (
     Best,
+    PeriodicValidation,
     best_of,
     check_validation,
+    hacking_alarm,
     noise,
     stop_reason,
     validations_without_improvement,
 )
+from grpo_exp.schema import AlarmAction
+from grpo_exp.stats import accuracy_change_interval, slope_interval
 from support.config import TINY_RUN, compose_config
 from tests.helpers.cli import run_cli
 
@@ -116,3 +120,54 @@ def test_a_resumed_run_keeps_its_validation_history_and_its_best_checkpoint(tmp_
     assert logged == [1, 2, 3], "steps 1 and 2 carried from the first attempt, 3 validated now"
     assert json.loads((tmp_path / "b" / "checkpoint-best" / "best.json").read_text())["step"] == 1
     assert json.loads((tmp_path / "b" / "summary.json").read_text())["best_step"] == 1
+
+
+def test_the_slope_interval_of_a_clean_line_is_tight_and_of_noise_straddles_zero():
+    slope, low, high = slope_interval([1.0, 2.0, 3.0, 4.0], [0.1, 0.2, 0.3, 0.4])
+    assert slope == pytest.approx(0.1) and low == pytest.approx(0.1) and high == pytest.approx(0.1)
+    slope, low, high = slope_interval([1.0, 2.0, 3.0, 4.0, 5.0], [0.3, 0.1, 0.4, 0.1, 0.3])
+    assert low < 0 < high
+    assert all(math.isnan(v) for v in slope_interval([1.0, 2.0], [0.0, 1.0]))
+    change, low, high = accuracy_change_interval(0.25, 0.09, 100)
+    assert change == pytest.approx(-0.16) and low < high < 0
+
+
+# The P(Yes) loop measured in this project (issue 26): reward 0.393 -> 0.460 while held-out accuracy 0.25 -> 0.09.
+RISING = [(step, 0.39 + 0.0035 * step + 0.01 * (step % 3 == 0)) for step in range(1, 21)]
+
+
+def test_the_alarm_fires_when_the_reward_rises_while_accuracy_falls_beyond_noise():
+    fired = hacking_alarm(RISING, [(5, 0.25), (10, 0.17), (20, 0.09)], problems=100)
+    assert fired and "held-out accuracy fell 0.250 -> 0.090" in fired
+    assert hacking_alarm(RISING, [(5, 0.25), (10, 0.22)], problems=100) is None, "a drop within noise"
+    assert hacking_alarm(RISING, [(5, 0.25)], problems=100) is None, "one validation: no trend"
+    flat = [(step, 0.40 + 0.02 * (step % 2)) for step in range(1, 21)]
+    assert hacking_alarm(flat, [(5, 0.25), (20, 0.09)], problems=100) is None, "accuracy fell, the reward did not rise"
+
+
+@pytest.mark.parametrize("action", ["warn", "stop"])
+def test_the_alarm_is_recorded_once_and_stops_training_when_asked(tmp_path, action):
+    """The callback as training calls it, with the P(Yes) loop's numbers: validations 0.25, 0.17, 0.09."""
+    from transformers import TrainerControl, TrainerState
+
+    accuracies = iter([0.25, 0.17, 0.09])
+    recorded = []
+    callback = PeriodicValidation(
+        5,
+        validate=lambda: next(accuracies),
+        record=lambda key, value: recorded.append((key, value)),
+        save_best=lambda directory: directory.mkdir(parents=True, exist_ok=True),
+        run_dir=tmp_path,
+        problems=100,
+        alarm=AlarmAction(action),
+    )
+    state, control = TrainerState(), TrainerControl()
+    callback.on_train_begin(None, state, control)
+    for step in (5, 10, 15):
+        state.global_step = step
+        state.log_history = [{"step": s, "reward": r} for s, r in RISING if s <= step]
+        callback.on_step_end(None, state, control)
+    assert callback.alarm.startswith("step 15: the training reward rose")
+    assert recorded.count(("alarm/reward_hacking", 1.0)) == 1
+    assert control.should_training_stop == (action == "stop")
+    assert json.loads((tmp_path / "checkpoint-best" / "best.json").read_text())["step"] == 5

@@ -126,6 +126,12 @@ class StructuredOutput(Enum):
     none = "none"  # no structured output
 
 
+class AlarmAction(Enum):
+    off = "off"
+    warn = "warn"  # log it, say it on the console, record it in summary.json
+    stop = "stop"  # ...and stop training
+
+
 class JudgeMode(Enum):
     scores = "scores"  # the score tokens' probabilities at forced positions of the JSON skeleton: always a score
     text = "text"  # the judge writes the JSON, which is parsed (for endpoints without logprobs)
@@ -501,6 +507,9 @@ class EvalSchema:
     # best (smaller gains are noise), or once the accuracy reaches `stop_at` (null: never)
     patience: int | None = knob(None, ge=1)
     stop_at: float | None = knob(None, gt=0.0, le=1.0)
+    # The reward-hacking alarm, at each validation: the training reward rising (its slope since the first validation,
+    # 95% interval above 0) while held-out accuracy falls (first validation to latest, 95% interval below 0)
+    alarm: AlarmAction = AlarmAction.warn
     verification_benchmark: VerificationBenchmarkSchema = field(default_factory=lambda: VerificationBenchmarkSchema())
 
 

@@ -244,3 +244,28 @@ def score_statistics(scores: torch.Tensor, correct: torch.Tensor, prefix: str) -
         f"{prefix}/group_std": _nanmean(group_std(scores)),
         f"{prefix}/auroc": auroc(scores[both].tolist(), [bool(c) for c in correct[both].tolist()]),
     }
+
+
+def slope_interval(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
+    """The least-squares slope of ys on xs and its 95% interval (Student t, n - 2 degrees of freedom); NaNs with
+    fewer than 3 points or no spread in xs."""
+    from scipy.stats import t
+
+    n = len(xs)
+    mean_x, mean_y = (sum(xs) / n, sum(ys) / n) if n else (0.0, 0.0)
+    spread = sum((x - mean_x) ** 2 for x in xs)
+    if n < 3 or spread == 0:
+        return math.nan, math.nan, math.nan
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / spread
+    residual = sum((y - mean_y - slope * (x - mean_x)) ** 2 for x, y in zip(xs, ys, strict=True)) / (n - 2)
+    half = t.ppf(0.975, n - 2) * math.sqrt(residual / spread)
+    return slope, slope - half, slope + half
+
+
+def accuracy_change_interval(first: float, last: float, problems: int) -> tuple[float, float, float]:
+    """last - first, two accuracies each measured on `problems` problems, and its 95% interval (normal
+    approximation, Laplace-smoothed proportions so that 0 and 1 keep their uncertainty)."""
+    smoothed = [(p * problems + 1) / (problems + 2) for p in (first, last)]
+    error = math.sqrt(sum(p * (1 - p) for p in smoothed) / problems)
+    change = last - first
+    return change, change - 1.96 * error, change + 1.96 * error

@@ -162,6 +162,7 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
                 problems=len(problems),
                 patience=cfg.eval.patience,
                 stop_at=cfg.eval.stop_at,
+                alarm=cfg.eval.alarm,
             )
         )
 
@@ -242,6 +243,7 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
                 "best_heldout_accuracy": best.value,
                 "checkpoint_best": str(run_dir / BEST_CHECKPOINT_DIR),
                 "stopped_early": validation[0].stopped,
+                "alarm": validation[0].alarm,
             }
         if attempt:  # this attempt trained the steps after the checkpoint only
             summary |= {

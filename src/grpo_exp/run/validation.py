@@ -21,6 +21,8 @@ from grpo_exp.errors import UserError
 from grpo_exp.run.distributed import is_main_process
 from grpo_exp.run.files import METRICS_FILE
 from grpo_exp.run.tracking import read_metrics
+from grpo_exp.schema import AlarmAction
+from grpo_exp.stats import accuracy_change_interval, slope_interval
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +78,25 @@ def stop_reason(values: list[float], problems: int, patience: int | None, stop_a
     return None
 
 
+def hacking_alarm(rewards: list[tuple[int, float]], validations: list[tuple[int, float]], problems: int) -> str | None:
+    """The reward rising while held-out accuracy falls, each beyond its noise: the training reward's slope over the
+    steps since the first validation has a 95% interval above 0, and the accuracy's change from the first
+    validation to the latest has one below 0. `rewards`, `validations`: (step, value). None when silent. Pure."""
+    if len(validations) < 2:
+        return None
+    start = validations[0][0]
+    points = [(step, value) for step, value in rewards if step >= start and value == value]
+    slope, low, _ = slope_interval([float(s) for s, _ in points], [v for _, v in points])
+    (_, first), (_, last) = validations[0], validations[-1]
+    change, _, high = accuracy_change_interval(first, last, problems)
+    if low > 0 and high < 0:
+        return (
+            f"the training reward rose ({slope:+.4f} a step since step {start}, 95% interval from {low:+.4f}) while "
+            f"held-out accuracy fell {first:.3f} -> {last:.3f} ({change:+.3f}, 95% interval up to {high:+.3f})"
+        )
+    return None
+
+
 def carry_best(previous_run: Path, run_dir: Path, up_to_step: int) -> None:
     """A resumed run's checkpoint-best: the previous attempt's, when it was chosen at or before the step the run
     resumes from (later steps are trained, and validated, again)."""
@@ -101,6 +122,7 @@ class PeriodicValidation(TrainerCallback):
         problems: int,
         patience: int | None = None,
         stop_at: float | None = None,
+        alarm: AlarmAction = AlarmAction.warn,
     ):
         self.every, self.validate, self.record, self.save_best, self.run_dir = (
             every,
@@ -109,17 +131,22 @@ class PeriodicValidation(TrainerCallback):
             save_best,
             run_dir,
         )
-        self.problems, self.patience, self.stop_at = problems, patience, stop_at
+        self.problems, self.patience, self.stop_at, self.alarm_action = problems, patience, stop_at, alarm
         self.best: Best | None = None
-        self.values: list[float] = []  # every validation of the run, a resumed one's earlier ones included
+        self.validations: list[tuple[int, float]] = []  # (step, accuracy), a resumed run's earlier ones included
         self.stopped: str | None = None  # why it stopped training early, if it did
+        self.alarm: str | None = None  # the reward-hacking alarm, once it fired
+
+    @property
+    def values(self) -> list[float]:
+        return [value for _, value in self.validations]
 
     def on_train_begin(self, args, state, control, **kwargs):
         """A resumed run's best so far, from the history carried into its metrics (read once every process has
         passed a collective since the main process wrote it)."""
         history = read_metrics(self.run_dir / METRICS_FILE) if (self.run_dir / METRICS_FILE).is_file() else []
         self.best = best_of(history)
-        self.values = [line[METRIC] for line in history if METRIC in line and line[METRIC] is not None]
+        self.validations = [(line["step"], line[METRIC]) for line in history if line.get(METRIC) is not None]
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step % self.every:
@@ -134,12 +161,27 @@ class PeriodicValidation(TrainerCallback):
             if is_main_process():
                 (directory / BEST_FILE).write_text(json.dumps({"step": self.best.step, METRIC: accuracy}))
             log.info("Validation at step %d: held-out accuracy %.3f, the best so far", state.global_step, accuracy)
-        self.values.append(accuracy)
+        self.validations.append((state.global_step, accuracy))
+        self.check_alarm(state, control)
         reason = stop_reason(self.values, self.problems, self.patience, self.stop_at)
         if reason:  # the same on every process: the accuracy is gathered
             self.stopped = f"step {state.global_step}: {reason}"
             control.should_training_stop = True
             log.warning("Training stops early at %s", self.stopped)
+
+    def check_alarm(self, state, control) -> None:
+        """eval.alarm: warn (log, console, summary.json) or stop, the first time the alarm fires."""
+        if self.alarm_action is AlarmAction.off or self.alarm:
+            return
+        rewards = [(line["step"], line["reward"]) for line in state.log_history if line.get("reward") is not None]
+        found = hacking_alarm(rewards, self.validations, self.problems)
+        if found:  # the same on every process: the rewards TRL logs and the accuracy are gathered
+            self.alarm = f"step {state.global_step}: {found}"
+            self.record("alarm/reward_hacking", 1.0)
+            log.warning("Reward-hacking alarm at %s", self.alarm)
+            if self.alarm_action is AlarmAction.stop:
+                self.stopped = f"{self.alarm} (eval.alarm=stop)"
+                control.should_training_stop = True
 
 
 def check_validation(eval_cfg, trainer_cfg) -> None:
