@@ -37,24 +37,19 @@ def map_over_processes(items: list, batch_size: int, work: Callable[[list, bool]
     rank, processes = process_layout()
     if processes == 1:
         return work(items, True)
-    import torch.distributed as dist
+    from accelerate.utils import gather_object
 
     indices, batches = batches_of(len(items), batch_size, rank, processes)
     results = work([items[i] for i in indices], rank == 0) if len(indices) else []
     for _ in range(batches - math.ceil(len(indices) / batch_size)):  # the same forwards on every process
         work(items[:batch_size], False)
-    gathered: list = [None] * processes
-    dist.all_gather_object(gathered, results)
-    return [result for share in gathered for result in share]
+    return gather_object(results)  # every process's list, concatenated in rank order
 
 
 def sum_over_processes(values: list[float]) -> list[float]:
     """Element-wise sums over every process of the run (each passes as many values), on every process."""
-    rank, processes = process_layout()
-    if processes == 1:
+    if process_layout()[1] == 1:
         return list(values)
-    import torch.distributed as dist
+    from accelerate.utils import gather_object
 
-    gathered: list = [None] * processes
-    dist.all_gather_object(gathered, list(values))
-    return [sum(column) for column in zip(*gathered, strict=True)]
+    return [sum(column) for column in zip(*gather_object([list(values)]), strict=True)]
