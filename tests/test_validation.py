@@ -13,12 +13,11 @@ from grpo_exp.run.validation import (
     best_of,
     check_validation,
     hacking_alarm,
-    noise,
     stop_reason,
     validations_without_improvement,
 )
 from grpo_exp.schema import AlarmAction
-from grpo_exp.stats import accuracy_change_interval, slope_interval
+from grpo_exp.stats import accuracy_change_interval, accuracy_standard_error, slope_interval
 from support.config import TINY_RUN, compose_config
 from tests.helpers.cli import run_cli
 
@@ -46,8 +45,10 @@ def test_validation_must_fall_on_a_logged_step():
 
 
 def test_gains_within_one_standard_error_do_not_reset_the_patience():
-    assert noise(0.5, 100) == pytest.approx(0.05)
-    assert 0 < noise(0.0, 100) < noise(0.5, 100), "0 correct still carries its uncertainty"
+    assert accuracy_standard_error(0.5, 100) == pytest.approx(0.05)
+    assert 0 < accuracy_standard_error(0.0, 100) < accuracy_standard_error(0.5, 100), (
+        "0 correct still carries its uncertainty"
+    )
     # on 100 problems: 0.40 -> 0.43 is within noise (~0.049), 0.40 -> 0.46 is not
     assert validations_without_improvement([0.40, 0.43, 0.42], 100) == 2
     assert validations_without_improvement([0.40, 0.43, 0.46], 100) == 0

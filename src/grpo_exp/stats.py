@@ -262,10 +262,16 @@ def slope_interval(xs: list[float], ys: list[float]) -> tuple[float, float, floa
     return slope, slope - half, slope + half
 
 
+def accuracy_standard_error(accuracy: float, problems: int) -> float:
+    """The binomial standard error of an accuracy measured on `problems` problems (Laplace-smoothed, so that 0 and 1
+    still carry their uncertainty)."""
+    smoothed = (accuracy * problems + 1) / (problems + 2)
+    return math.sqrt(smoothed * (1 - smoothed) / problems)
+
+
 def accuracy_change_interval(first: float, last: float, problems: int) -> tuple[float, float, float]:
     """last - first, two accuracies each measured on `problems` problems, and its 95% interval (normal
-    approximation, Laplace-smoothed proportions so that 0 and 1 keep their uncertainty)."""
-    smoothed = [(p * problems + 1) / (problems + 2) for p in (first, last)]
-    error = math.sqrt(sum(p * (1 - p) for p in smoothed) / problems)
+    approximation; accuracy_standard_error's)."""
+    error = math.hypot(accuracy_standard_error(first, problems), accuracy_standard_error(last, problems))
     change = last - first
     return change, change - 1.96 * error, change + 1.96 * error

@@ -10,10 +10,9 @@ import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
-import torch
 from datasets import Dataset
 from omegaconf import DictConfig, OmegaConf
-from transformers import PrinterCallback, ProgressCallback, TrainerCallback, set_seed
+from transformers import PrinterCallback, ProgressCallback, set_seed
 
 from grpo_exp.data import load_splits
 from grpo_exp.models import describe, load_model, load_tokenizer, lora_config
@@ -40,7 +39,7 @@ from grpo_exp.run.report import build_summary, print_summary, write_summary
 from grpo_exp.run.resolve import RunSpec, resolve
 from grpo_exp.run.resume import Attempt, carry_history, is_complete, remove_checkpoints, write_record
 from grpo_exp.run.tracking import MetricsFileCallback, Tracker, run_identity
-from grpo_exp.run.validation import BEST_CHECKPOINT_DIR, PeriodicValidation, carry_best
+from grpo_exp.run.validation import BEST_CHECKPOINT_DIR, BeforeTraining, PeriodicValidation, carry_best
 from grpo_exp.trainer.config import ddp_timeout
 from grpo_exp.trainer.seam import as_rollout_func, policy_for_generation
 from grpo_exp.trainer.trainer import GRPOExpTrainer
@@ -295,23 +294,6 @@ def report_finished(attempt: Attempt, run_dir: Path) -> dict:
         log.info("trainer.resume=auto: this run already finished in %s; nothing to train", attempt.run_dir)
         print_summary(summary)
     return summary
-
-
-class BeforeTraining(TrainerCallback):
-    """Calls `evaluate()` when training begins: the model is then where it trains (on its device, wrapped or
-    sharded by accelerate), so that every process can evaluate a share of the problems. The random state is
-    left as it was, so that an evaluation that samples changes nothing of training."""
-
-    def __init__(self, evaluate):
-        self.evaluate = evaluate
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        with torch.random.fork_rng(devices=_accelerator_devices()):
-            self.evaluate()
-
-
-def _accelerator_devices() -> list[int]:
-    return list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
 
 
 @contextmanager

@@ -8,9 +8,9 @@ best.json naming its step and value; a resumed run starts from its history.
 
 import json
 import logging
-import math
 import shutil
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +22,7 @@ from grpo_exp.run.distributed import is_main_process
 from grpo_exp.run.files import METRICS_FILE
 from grpo_exp.run.tracking import read_metrics
 from grpo_exp.schema import AlarmAction
-from grpo_exp.stats import accuracy_change_interval, slope_interval
+from grpo_exp.stats import accuracy_change_interval, accuracy_standard_error, slope_interval
 
 log = logging.getLogger(__name__)
 
@@ -47,19 +47,12 @@ def best_of(history: list[dict], metric: str = METRIC) -> Best | None:
     return best
 
 
-def noise(accuracy: float, problems: int) -> float:
-    """The binomial standard error of an accuracy measured on `problems` problems (Laplace-smoothed, so that 0 and 1
-    still carry their uncertainty). Pure."""
-    smoothed = (accuracy * problems + 1) / (problems + 2)
-    return math.sqrt(smoothed * (1 - smoothed) / problems)
-
-
 def validations_without_improvement(values: list[float], problems: int) -> int:
     """How many validations since the last that beat the best before it by more than that best's noise (one
     standard error): the patience spent. Smaller gains are within noise and do not reset it. Pure."""
     reference, since = None, 0
     for value in values:
-        if value == value and (reference is None or value > reference + noise(reference, problems)):
+        if value == value and (reference is None or value > reference + accuracy_standard_error(reference, problems)):
             reference, since = value, 0
         else:
             since += 1
@@ -107,6 +100,26 @@ def carry_best(previous_run: Path, run_dir: Path, up_to_step: int) -> None:
         shutil.copytree(source, run_dir / BEST_CHECKPOINT_DIR, dirs_exist_ok=True)
 
 
+@contextmanager
+def untouched_rng():
+    """Evaluation inside training (which may sample) leaves the random state as it was: training goes on exactly
+    as without it."""
+    with torch.random.fork_rng(devices=list(range(torch.cuda.device_count()))):
+        yield
+
+
+class BeforeTraining(TrainerCallback):
+    """Calls `evaluate()` when training begins: the model is then where it trains (on its device, wrapped or
+    sharded by accelerate), so that every process can evaluate a share of the problems."""
+
+    def __init__(self, evaluate: Callable[[], None]):
+        self.evaluate = evaluate
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        with untouched_rng():
+            self.evaluate()
+
+
 class PeriodicValidation(TrainerCallback):
     """Calls `validate()` (every process; returns the held-out accuracy) every `every` steps, hands the value to
     `record(key, value)` (the trainer's metric store, logged at this step), and `save_best(directory)` on every
@@ -124,14 +137,9 @@ class PeriodicValidation(TrainerCallback):
         stop_at: float | None = None,
         alarm: AlarmAction = AlarmAction.warn,
     ):
-        self.every, self.validate, self.record, self.save_best, self.run_dir = (
-            every,
-            validate,
-            record,
-            save_best,
-            run_dir,
-        )
-        self.problems, self.patience, self.stop_at, self.alarm_action = problems, patience, stop_at, alarm
+        self.every, self.validate, self.record, self.save_best = every, validate, record, save_best
+        self.run_dir, self.problems = run_dir, problems
+        self.patience, self.stop_at, self.alarm_action = patience, stop_at, alarm
         self.best: Best | None = None
         self.validations: list[tuple[int, float]] = []  # (step, accuracy), a resumed run's earlier ones included
         self.stopped: str | None = None  # why it stopped training early, if it did
@@ -151,7 +159,7 @@ class PeriodicValidation(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step % self.every:
             return
-        with torch.random.fork_rng(devices=list(range(torch.cuda.device_count()))):
+        with untouched_rng():
             accuracy = self.validate()
         self.record(METRIC, accuracy)
         if accuracy == accuracy and (self.best is None or accuracy > self.best.value):
