@@ -61,6 +61,11 @@ def llama_judge_overrides(port: int) -> list[str]:
     ]
 
 
+def stub_judge_overrides(port: int) -> list[str]:
+    """judge=openai pointed at stub_server(mode, port), the tiny model's tokenizer rendering its chat template."""
+    return ["judge=openai", "judge.model=stub", "judge.tokenizer=tiny", f"judge.base_url=http://127.0.0.1:{port}/v1"]
+
+
 def llama_cpp_server(port: int):
     """llama.cpp's OpenAI-compatible server (llama-cpp-python[server]) on the embedded SmolLM2 GGUF."""
     directory, file = gguf_location(compose_config().model)

@@ -8,7 +8,7 @@ import pytest
 
 from grpo_exp.paths import REPO_ROOT
 from support.config import TINY_RUN
-from support.servers import free_port, stub_server
+from support.servers import free_port, stub_judge_overrides, stub_server
 from tests.helpers.cli import accelerate_launch, logged_steps
 from tests.helpers.recorder import mismatch, read_records
 
@@ -84,10 +84,7 @@ def test_with_the_judge_every_rank_makes_the_same_collective_calls(tmp_path):
         result = recorded_launch(
             tmp_path,
             "reward=math+format+judge",
-            "judge=openai",
-            "judge.model=stub",
-            "judge.tokenizer=tiny",
-            f"judge.base_url=http://127.0.0.1:{port}/v1",
+            *stub_judge_overrides(port),
         )
     assert result.returncode == 0, result.stderr[-4000:]
     assert_same_calls(tmp_path)
@@ -162,11 +159,8 @@ def test_a_dead_judge_endpoint_stops_every_rank_at_the_same_step_with_the_endpoi
     result = recorded_launch(
         tmp_path,
         "reward=math+format+judge",
-        "judge=openai",
-        "judge.model=stub",
-        "judge.tokenizer=tiny",
+        *stub_judge_overrides(port),  # nothing listens on the port
         "judge.retries=0",
-        f"judge.base_url=http://127.0.0.1:{port}/v1",
         "eval.before=false",
         "+trainer.extra.ddp_timeout=900",
         timeout=300,

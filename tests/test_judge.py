@@ -17,7 +17,7 @@ from grpo_exp.run.resolve import resolve
 from grpo_exp.run.tracking import read_metrics
 from grpo_exp.text import prompt_text
 from support.config import TINY_RUN, compose_config
-from support.servers import LLAMA_ALIAS, free_port, llama_cpp_server, stub_server
+from support.servers import LLAMA_ALIAS, free_port, llama_cpp_server, stub_judge_overrides, stub_server
 from tests.helpers.cli import run_cli
 
 
@@ -204,10 +204,7 @@ def test_tiny_training_with_math_format_judge_learns_from_the_judge_and_never_st
         result = run_cli(
             *TINY_RUN,
             "reward=math+format+judge",
-            "judge=openai",
-            "judge.model=stub",
-            "judge.tokenizer=tiny",
-            f"judge.base_url=http://127.0.0.1:{port}/v1",
+            *stub_judge_overrides(port),
             "judge.api_key_env=GRPO_EXP_TEST_KEY",
             "logger=wandb",
             "eval.before=false",

@@ -19,7 +19,7 @@ from grpo_exp.stats import impute_group_means, score_statistics
 from grpo_exp.trainer.config import grpo_exp_config
 from grpo_exp.trainer.scored_batch import aggregated_reward
 from support.config import TINY_RUN, compose_config
-from support.servers import free_port, llama_cpp_server, llama_judge_overrides, stub_server
+from support.servers import free_port, llama_cpp_server, llama_judge_overrides, stub_judge_overrides, stub_server
 from tests.helpers.tiny_trainer import PLAIN_TRL, Recording, knob_overrides
 
 
@@ -115,10 +115,7 @@ def openai_judge(port: int, *overrides: str) -> RubricJudge:
     cfg = compose_config(
         [
             "reward=judge",
-            "judge=openai",
-            "judge.model=stub",
-            "judge.tokenizer=tiny",
-            f"judge.base_url=http://127.0.0.1:{port}/v1",
+            *stub_judge_overrides(port),
             *overrides,
         ]
     )
