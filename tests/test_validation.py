@@ -17,7 +17,13 @@ from grpo_exp.run.validation import (
     validations_without_improvement,
 )
 from grpo_exp.schema import AlarmAction
-from grpo_exp.stats import accuracy_change_interval, accuracy_standard_error, slope_interval
+from grpo_exp.stats import (
+    accuracy_change_interval,
+    accuracy_standard_error,
+    auroc_change_interval,
+    auroc_standard_error,
+    slope_interval,
+)
 from support.config import TINY_RUN, compose_config
 from tests.helpers.cli import run_cli
 
@@ -58,10 +64,14 @@ def test_gains_within_one_standard_error_do_not_reset_the_patience():
     assert "reached eval.stop_at=0.5" in stop_reason([0.2, 0.55], 100, patience=None, stop_at=0.5)
 
 
-def test_early_stopping_needs_validations():
-    for key, value in (("patience", 2), ("stop_at", 0.5)):
+def test_early_stopping_and_sampling_need_validations():
+    for key, value, role in (
+        ("patience", 2, "stops on"),
+        ("stop_at", 0.5, "stops on"),
+        ("every_samples", 4, "samples at"),
+    ):
         cfg = compose_config([f"eval.{key}={value}"])
-        with pytest.raises(UserError, match=rf"eval.{key}={value} stops on validations: set eval.every"):
+        with pytest.raises(UserError, match=rf"eval.{key}={value} {role} validations: set eval.every"):
             check_validation(cfg.eval, cfg.trainer)
 
 
@@ -79,9 +89,10 @@ def test_training_stops_when_the_patience_is_spent(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
-    # the random tiny model scores 0 every time: step 2 brings no gain, and patience 1 is spent
-    assert summary["steps"] == 2 and summary["stopped_early"].startswith("step 2: no held-out improvement")
-    assert "Training stops early at step 2" in result.stdout + result.stderr
+    # the random tiny model scores 0 every time: step 1 brings no gain over the initial model (step 0), and
+    # patience 1 is spent
+    assert summary["steps"] == 1 and summary["stopped_early"].startswith("step 1: no held-out improvement")
+    assert "Training stops early at step 1" in result.stdout + result.stderr
 
 
 @pytest.mark.e2e
@@ -95,14 +106,17 @@ def test_validation_every_step_is_logged_at_its_step_and_the_best_checkpoint_kep
         f"hydra.run.dir={tmp_path}",
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    steps = {m["step"]: m for m in read_metrics(tmp_path / "metrics.jsonl") if "reward" in m}
+    metrics = read_metrics(tmp_path / "metrics.jsonl")
+    steps = {m["step"]: m for m in metrics if "reward" in m}
     assert sorted(steps) == [1, 2] and all("heldout/accuracy" in m for m in steps.values())
+    initial = [m for m in metrics if m["step"] == 0]
+    assert len(initial) == 1 and "heldout/accuracy" in initial[0], "the initial model, validated at step 0"
     assert "held-out now" in result.stdout + result.stderr
     best = json.loads((tmp_path / "checkpoint-best" / "best.json").read_text())
-    assert best["step"] == 1, "the random tiny model scores 0 at both steps: a tie goes to the earlier one"
+    assert best["step"] == 0, "the random tiny model scores 0 at every step: a tie goes to the earliest, the initial"
     assert list((tmp_path / "checkpoint-best").glob("*.safetensors"))
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["best_step"] == 1 and summary["checkpoint_best"].endswith("checkpoint-best")
+    assert summary["best_step"] == 0 and summary["checkpoint_best"].endswith("checkpoint-best")
 
 
 @pytest.mark.e2e
@@ -118,9 +132,9 @@ def test_a_resumed_run_keeps_its_validation_history_and_its_best_checkpoint(tmp_
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     logged = [m["step"] for m in read_metrics(tmp_path / "b" / "metrics.jsonl") if "heldout/accuracy" in m]
-    assert logged == [1, 2, 3], "steps 1 and 2 carried from the first attempt, 3 validated now"
-    assert json.loads((tmp_path / "b" / "checkpoint-best" / "best.json").read_text())["step"] == 1
-    assert json.loads((tmp_path / "b" / "summary.json").read_text())["best_step"] == 1
+    assert logged == [0, 1, 2, 3], "steps 0 to 2 carried from the first attempt (step 0 not validated again), 3 now"
+    assert json.loads((tmp_path / "b" / "checkpoint-best" / "best.json").read_text())["step"] == 0
+    assert json.loads((tmp_path / "b" / "summary.json").read_text())["best_step"] == 0
 
 
 def test_the_slope_interval_of_a_clean_line_is_tight_and_of_noise_straddles_zero():
@@ -137,38 +151,100 @@ def test_the_slope_interval_of_a_clean_line_is_tight_and_of_noise_straddles_zero
 RISING = [(step, 0.39 + 0.0035 * step + 0.01 * (step % 3 == 0)) for step in range(1, 21)]
 
 
-def test_the_alarm_fires_when_the_reward_rises_while_accuracy_falls_beyond_noise():
-    fired = hacking_alarm(RISING, [(5, 0.25), (10, 0.17), (20, 0.09)], problems=100)
-    assert fired and "held-out accuracy fell 0.250 -> 0.090" in fired
-    assert hacking_alarm(RISING, [(5, 0.25), (10, 0.22)], problems=100) is None, "a drop within noise"
-    assert hacking_alarm(RISING, [(5, 0.25)], problems=100) is None, "one validation: no trend"
+def validations(*points: tuple[int, float], **extra: list[float]) -> list[tuple[int, dict[str, float]]]:
+    """(step, metrics) as PeriodicValidation keeps them: accuracy, and other held-out metrics by name."""
+    return [
+        (step, {"heldout/accuracy": accuracy, **{f"heldout/{k.replace('_', '/')}": v[i] for k, v in extra.items()}})
+        for i, (step, accuracy) in enumerate(points)
+    ]
+
+
+def test_the_alarm_fires_when_the_reward_holds_or_rises_while_accuracy_falls_beyond_noise():
+    fired = hacking_alarm(RISING, validations((0, 0.25), (10, 0.17), (20, 0.09)), problems=100)
+    assert fired and fired.startswith("the training reward rose") and "held-out accuracy fell 0.250 -> 0.090" in fired
+    assert hacking_alarm(RISING, validations((0, 0.25), (10, 0.22)), problems=100) is None, "a drop within noise"
+    assert hacking_alarm(RISING, validations((0, 0.25)), problems=100) is None, "one validation: no trend"
     flat = [(step, 0.40 + 0.02 * (step % 2)) for step in range(1, 21)]
-    assert hacking_alarm(flat, [(5, 0.25), (20, 0.09)], problems=100) is None, "accuracy fell, the reward did not rise"
+    held = hacking_alarm(flat, validations((0, 0.25), (20, 0.09)), problems=100)
+    assert held and held.startswith("the training reward held"), "a reward that holds while accuracy falls"
+    falling = [(step, 0.50 - 0.01 * step) for step in range(1, 21)]
+    assert hacking_alarm(falling, validations((0, 0.25), (20, 0.09)), problems=100) is None, "both fell: a collapse"
+    assert hacking_alarm(RISING[:2], validations((0, 0.25), (2, 0.05)), problems=100) is None, "2 steps: no trend"
+
+
+def test_the_alarm_fires_when_a_learned_component_agrees_less_with_the_labels():
+    """Accuracy steady at 0.5 of 100 problems; the confidence component's held-out AUROC 0.85 -> 0.55."""
+    points = validations((0, 0.5), (10, 0.5), confidence_auroc=[0.85, 0.55])
+    fired = hacking_alarm(RISING, points, problems=100, learned=("confidence",))
+    assert fired and "confidence agrees less with the verifier's labels: held-out AUROC 0.850 -> 0.550" in fired
+    assert hacking_alarm(RISING, points, problems=100) is None, "not a learned component of this mix"
+    noise = validations((0, 0.5), (10, 0.5), confidence_auroc=[0.85, 0.78])
+    assert hacking_alarm(RISING, noise, problems=100, learned=("confidence",)) is None, "a drop within noise"
+
+
+def test_the_auroc_standard_error_is_hanley_and_mcneils():
+    # A = 0.8, 10 positives, 10 negatives: Q1 = 0.8 / 1.2, Q2 = 1.28 / 1.8;
+    # variance = (0.16 + 9 (Q1 - 0.64) + 9 (Q2 - 0.64)) / 100 = (0.16 + 0.24 + 0.64) / 100
+    assert auroc_standard_error(0.8, 10, 10) == pytest.approx(math.sqrt(0.0104), rel=1e-3)
+    assert math.isnan(auroc_standard_error(0.8, 0, 10))
+    change, low, high = auroc_change_interval((0.8, 10, 10), (0.8, 10, 10))
+    assert change == 0 and low == pytest.approx(-1.96 * math.sqrt(2 * 0.0104), rel=1e-3) and high == -low
 
 
 @pytest.mark.parametrize("action", ["warn", "stop"])
 def test_the_alarm_is_recorded_once_and_stops_training_when_asked(tmp_path, action):
-    """The callback as training calls it, with the P(Yes) loop's numbers: validations 0.25, 0.17, 0.09."""
+    """The callback as training calls it, with the P(Yes) loop's numbers: the initial model 0.25 (step 0), then
+    0.24, 0.17, 0.09. checkpoint-best stays the initial model's."""
     from transformers import TrainerControl, TrainerState
 
-    accuracies = iter([0.25, 0.17, 0.09])
-    recorded = []
+    accuracies = iter([0.25, 0.24, 0.17, 0.09])
+    recorded, logged, saved = [], [], []
     callback = PeriodicValidation(
         5,
-        validate=lambda: next(accuracies),
+        validate=lambda: {"heldout/accuracy": next(accuracies)},
         record=lambda key, value: recorded.append((key, value)),
-        save_best=lambda directory: directory.mkdir(parents=True, exist_ok=True),
+        log_now=logged.append,
+        save_best=lambda directory: (saved.append(directory), directory.mkdir(parents=True, exist_ok=True)),
         run_dir=tmp_path,
         problems=100,
         alarm=AlarmAction(action),
     )
     state, control = TrainerState(), TrainerControl()
     callback.on_train_begin(None, state, control)
+    assert logged == [{"heldout/accuracy": 0.25}] and len(saved) == 1, "the initial model: logged at step 0, kept"
     for step in (5, 10, 15):
         state.global_step = step
         state.log_history = [{"step": s, "reward": r} for s, r in RISING if s <= step]
         callback.on_step_end(None, state, control)
+        if control.should_training_stop:
+            break
     assert callback.alarm.startswith("step 15: the training reward rose")
     assert recorded.count(("alarm/reward_hacking", 1.0)) == 1
     assert control.should_training_stop == (action == "stop")
-    assert json.loads((tmp_path / "checkpoint-best" / "best.json").read_text())["step"] == 5
+    assert json.loads((tmp_path / "checkpoint-best" / "best.json").read_text())["step"] == 0
+    assert len(saved) == 1, "no later validation beat the initial model"
+
+
+@pytest.mark.e2e
+def test_validation_measures_the_learned_components_and_pass_at_k(tmp_path):
+    """The confidence component (a frozen generative verifier) scored on the held-out answers at each validation,
+    the initial model's included, and pass@k / maj@k from eval.every_samples sampled answers."""
+    result = run_cli(
+        *TINY_RUN,
+        "reward=math+confidence",
+        "verifier=genrm",
+        "verifier.model=tiny",
+        "reward.components.confidence.show=solution",  # the random tiny model never writes a final answer
+        "eval.every=1",
+        "eval.every_problems=3",
+        "eval.every_samples=2",
+        "logger=none",
+        f"hydra.run.dir={tmp_path}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    validated = {m["step"]: m for m in read_metrics(tmp_path / "metrics.jsonl") if "heldout/accuracy" in m}
+    assert sorted(validated) == [0, 1, 2]
+    for metrics in validated.values():
+        assert 0 < metrics["heldout/confidence/mean"] < 1
+        assert "heldout/confidence/auroc" in metrics  # NaN -> null: the random model is never right
+        assert {"heldout/pass@1", "heldout/pass@2", "heldout/maj@2"} <= set(metrics)

@@ -53,3 +53,13 @@ def sum_over_processes(values: list[float]) -> list[float]:
     from accelerate.utils import gather_object
 
     return [sum(column) for column in zip(*gather_object([list(values)]), strict=True)]
+
+
+def from_main_process(compute: Callable[[], object]) -> object:
+    """`compute()` on the main process alone (a judge's requests: once), its result on every process."""
+    rank, processes = process_layout()
+    if processes == 1:
+        return compute()
+    from accelerate.utils import broadcast_object_list
+
+    return broadcast_object_list([compute() if rank == 0 else None])[0]

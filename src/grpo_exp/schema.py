@@ -503,12 +503,15 @@ class EvalSchema:
     # heldout/accuracy at that step; the best is kept as checkpoint-best (ties: the earlier step).
     every: int = knob(0, ge=0)
     every_problems: int | None = knob(None, ge=1)  # the first N held-out problems each time (null: all of them)
+    # k sampled answers per problem at each validation too, for heldout/pass@1..k and heldout/maj@k (0: greedy only)
+    every_samples: int = knob(0, ge=0)
     # Early stopping on those validations: after `patience` of them without a gain beyond one standard error of the
     # best (smaller gains are noise), or once the accuracy reaches `stop_at` (null: never)
     patience: int | None = knob(None, ge=1)
     stop_at: float | None = knob(None, gt=0.0, le=1.0)
-    # The reward-hacking alarm, at each validation: the training reward rising (its slope since the first validation,
-    # 95% interval above 0) while held-out accuracy falls (first validation to latest, 95% interval below 0)
+    # The reward-hacking alarm, at each validation: the training reward not falling (its slope since step 0 has a 95%
+    # interval reaching above 0) while held-out accuracy falls (step 0 to latest, 95% interval below 0) or a learned
+    # component's held-out AUROC falls (likewise): warn | stop | off
     alarm: AlarmAction = AlarmAction.warn
     verification_benchmark: VerificationBenchmarkSchema = field(default_factory=lambda: VerificationBenchmarkSchema())
 

@@ -275,3 +275,21 @@ def accuracy_change_interval(first: float, last: float, problems: int) -> tuple[
     error = math.hypot(accuracy_standard_error(first, problems), accuracy_standard_error(last, problems))
     change = last - first
     return change, change - 1.96 * error, change + 1.96 * error
+
+
+def auroc_standard_error(area: float, positives: int, negatives: int) -> float:
+    """The standard error of an AUROC from `positives` and `negatives` samples (Hanley & McNeil 1982, Radiology
+    143:29-36: the exponential approximation of its two variance terms); NaN without both classes."""
+    if positives < 1 or negatives < 1:
+        return math.nan
+    q1, q2 = area / (2 - area), 2 * area**2 / (1 + area)
+    variance = area * (1 - area) + (positives - 1) * (q1 - area**2) + (negatives - 1) * (q2 - area**2)
+    return math.sqrt(max(variance, 0.0) / (positives * negatives))
+
+
+def auroc_change_interval(first: tuple[float, int, int], last: tuple[float, int, int]) -> tuple[float, float, float]:
+    """The change of an AUROC measured twice on independent samples, each (area, positives, negatives), and its 95%
+    interval (normal approximation, Hanley & McNeil's standard errors); NaNs where either lacks a class."""
+    error = math.hypot(auroc_standard_error(*first), auroc_standard_error(*last))
+    change = last[0] - first[0]
+    return change, change - 1.96 * error, change + 1.96 * error

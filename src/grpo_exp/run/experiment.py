@@ -33,6 +33,9 @@ from grpo_exp.run.heldout import (
     benchmark_statistics,
     heldout_accuracy,
     judge_statistics,
+    learned_components,
+    sampled_metrics,
+    validation_metrics,
     verification_benchmark,
 )
 from grpo_exp.run.report import build_summary, print_summary, write_summary
@@ -82,7 +85,7 @@ def measure_heldout(
     if not is_main_process():  # the judge's requests and the files: once
         return result
     if parts.judge is not None:
-        result.judge = judge_statistics(parts.judge, result)
+        result.judge = judge_statistics(parts.judge, result.samples)
         log.info("Held-out judge %s training: %s", when, {k: round(v, 3) for k, v in result.judge.items()})
     with (run_dir / eval_file(when)).open("w", encoding="utf-8") as f:
         f.writelines(json.dumps(sample) + "\n" for sample in result.samples)
@@ -135,7 +138,7 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
 
     problems = heldout.select(range(min(cfg.eval.every_problems or len(heldout), len(heldout))))
 
-    def validate() -> float:
+    def validate() -> dict[str, float]:
         with policy_for_generation(trainer) as policy:
             result = heldout_accuracy(
                 policy,
@@ -147,7 +150,30 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
                 None,
                 parts.rollout,
             )
-        return result.accuracy
+            metrics = validation_metrics(result.samples, parts)
+            if cfg.eval.every_samples:
+                sampled = sampled_metrics(
+                    policy,
+                    tokenizer,
+                    problems,
+                    parts.verifier,
+                    cfg.eval.every_samples,
+                    cfg.eval.temperature,
+                    spec.eval_max_new_tokens,
+                    cfg.eval.batch_size,
+                    parts.rollout,
+                )
+                metrics |= {f"heldout/{key}": value for key, value in sampled.items()}
+        return metrics
+
+    def initial() -> dict[str, float]:
+        """The initial model's validation: the answers of the evaluation before training to these problems, when
+        it ran (greedy: the same answers, up to the padding of a last, partial batch), scored as validations are."""
+        before = measured["before"]
+        if before is None or cfg.eval.every_samples:
+            return validate()
+        with policy_for_generation(trainer):  # verifier=self scores with the policy
+            return validation_metrics(before.samples[: len(problems)], parts)
 
     validation = []
     if cfg.eval.every:
@@ -156,12 +182,15 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
                 cfg.eval.every,
                 validate,
                 record=lambda key, value: trainer.record_metric(key, value),
+                log_now=lambda metrics: trainer.log(dict(metrics)),
                 save_best=lambda directory: trainer.save_model(str(directory)),
                 run_dir=run_dir,
                 problems=len(problems),
                 patience=cfg.eval.patience,
                 stop_at=cfg.eval.stop_at,
                 alarm=cfg.eval.alarm,
+                learned=learned_components(parts),
+                initial=initial,
             )
         )
 

@@ -15,16 +15,18 @@ import torch
 from datasets import Dataset
 
 from grpo_exp.data import unseen_problems
-from grpo_exp.data_parallel import map_over_processes
+from grpo_exp.data_parallel import from_main_process, map_over_processes
 from grpo_exp.generation import generate_completions
 from grpo_exp.rewards.judge import RubricJudge
 from grpo_exp.rollout.flow import trajectory_statistics
 from grpo_exp.rollout.multiturn import MultiTurnRollout, greedy_generation
+from grpo_exp.run.build import RunParts
 from grpo_exp.run.distributed import is_main_process
 from grpo_exp.run.files import BENCHMARK_FILE
 from grpo_exp.run.resolve import RunSpec
 from grpo_exp.stats import correctness_stats, final_answer, label_values, majority_vote_accuracy, score_statistics
 from grpo_exp.text import prompt_text
+from grpo_exp.trainer.trainer import GRADED_COMPONENTS
 from grpo_exp.verification.benchmark import (
     benchmark_key,
     build_benchmark,
@@ -32,6 +34,7 @@ from grpo_exp.verification.benchmark import (
     save_benchmark,
     score_benchmark,
 )
+from grpo_exp.verification.p_yes import PYesScorer
 from grpo_exp.verification.rule import Verifier
 from grpo_exp.verification.selfverify import Candidate
 
@@ -131,15 +134,59 @@ def sampled_metrics(
     return stats | {f"maj@{samples}": majority_vote_accuracy(answers, correct)}
 
 
-def judge_statistics(judge: RubricJudge, result: EvalResult) -> dict[str, float]:
-    """The judge's scores of the held-out answers: their mean, failures, and AUROC against correctness."""
-    pairs = [(prompt_text(s["prompt"]), s["completion"]) for s in result.samples]
+def judge_statistics(judge: RubricJudge, samples: list[dict]) -> dict[str, float]:
+    """The judge's scores of held-out answers (heldout_accuracy's samples): their mean, failures, and AUROC against
+    correctness."""
+    pairs = [(prompt_text(s["prompt"]), s["completion"]) for s in samples]
     rewards, counters = asyncio.run(judge.score(pairs))
     scores = torch.tensor([math.nan if r is None else r for r in rewards]).view(-1, 1)
-    correct = torch.tensor(label_values([s["correct"] for s in result.samples]))
-    stats = score_statistics(scores, correct.view(-1, 1), "judge")
+    stats = score_statistics(scores, _labels(samples), "judge")
     stats.pop("judge/group_std")  # one answer per problem: no group
     return stats | {"judge/failures": counters["judge/failures"]}
+
+
+def validation_metrics(samples: list[dict], parts: RunParts) -> dict[str, float]:
+    """A validation's metrics from heldout_accuracy's samples, the same on every process: heldout/accuracy, and the
+    mean and AUROC against the verifier's labels of each learned reward component of the mix (judge, confidence),
+    as heldout/<name>/mean and heldout/<name>/auroc."""
+    scored = [s["correct"] for s in samples if s["correct"] is not None]
+    stats = {"accuracy": sum(scored) / len(scored) if scored else math.nan}
+    confidence = next((f for f in parts.reward_funcs if f.__name__ == "confidence"), None)
+    if confidence is not None:
+        stats |= _confidence_statistics(confidence, parts.p_yes, samples)
+    if parts.judge is not None:  # asked once, by the main process
+        judged = from_main_process(lambda: judge_statistics(parts.judge, samples))
+        stats |= {key: value for key, value in judged.items() if key != "judge/failures"}
+    return {f"heldout/{key}": value for key, value in stats.items()}
+
+
+def learned_components(parts: RunParts) -> tuple[str, ...]:
+    """The learned components of the reward mix: those whose agreement with the verifier's labels can drift."""
+    return tuple(func.__name__ for func in parts.reward_funcs if func.__name__ in GRADED_COMPONENTS)
+
+
+def _confidence_statistics(reward_func, p_yes: PYesScorer, samples: list[dict]) -> dict[str, float]:
+    """The confidence reward of the answers, as training computes it, every process scoring a share."""
+    texts = [s["completion"] for s in samples]
+    split, p_yes.split = p_yes.split, True
+    try:
+        rewards = reward_func(
+            prompts=[s["prompt"] for s in samples],
+            completions=[[{"role": "assistant", "content": text}] for text in texts],
+            final_turn=texts,  # a multi-turn rollout's reward reads the final turn
+            question=[s["question"] for s in samples],
+            solution=[s["solution"] for s in samples],
+        )
+    finally:
+        p_yes.split = split
+    scores = torch.tensor([math.nan if r is None else r for r in rewards]).view(-1, 1)
+    stats = score_statistics(scores, _labels(samples), "confidence")
+    stats.pop("confidence/group_std")
+    return stats
+
+
+def _labels(samples: list[dict]) -> torch.Tensor:
+    return torch.tensor(label_values([s["correct"] for s in samples])).view(-1, 1)
 
 
 def verification_benchmark(

@@ -22,7 +22,7 @@ from grpo_exp.run.distributed import is_main_process
 from grpo_exp.run.files import METRICS_FILE
 from grpo_exp.run.tracking import read_metrics
 from grpo_exp.schema import AlarmAction
-from grpo_exp.stats import accuracy_change_interval, accuracy_standard_error, slope_interval
+from grpo_exp.stats import accuracy_change_interval, accuracy_standard_error, auroc_change_interval, slope_interval
 
 log = logging.getLogger(__name__)
 
@@ -71,23 +71,63 @@ def stop_reason(values: list[float], problems: int, patience: int | None, stop_a
     return None
 
 
-def hacking_alarm(rewards: list[tuple[int, float]], validations: list[tuple[int, float]], problems: int) -> str | None:
-    """The reward rising while held-out accuracy falls, each beyond its noise: the training reward's slope over the
-    steps since the first validation has a 95% interval above 0, and the accuracy's change from the first
-    validation to the latest has one below 0. `rewards`, `validations`: (step, value). None when silent. Pure."""
+def hacking_alarm(
+    rewards: list[tuple[int, float]],
+    validations: list[tuple[int, dict[str, float]]],
+    problems: int,
+    learned: tuple[str, ...] = (),
+) -> str | None:
+    """The reward and the truth parting ways, each beyond its noise. It fires when the training reward did not fall
+    (its least-squares slope over the steps after the first validation has a 95% interval reaching above 0) while
+
+    - held-out accuracy fell: its change from the first validation (the initial model's, at step 0) to the latest
+      has a 95% interval below 0; or
+    - a learned component (`learned`: judge, confidence) agrees less with the verifier's labels: its held-out AUROC
+      (heldout/<name>/auroc) fell, its change having a 95% interval below 0.
+
+    "Did not fall" rather than "rose": a reward that holds while the accuracy falls has already come apart from it
+    (the P(Yes) loop: the reward rises in steps, its slope is above noise only late). `rewards`: (step, value);
+    `validations`: (step, metrics), METRIC in each. None when silent. Pure."""
     if len(validations) < 2:
         return None
     start = validations[0][0]
-    points = [(step, value) for step, value in rewards if step >= start and value == value]
-    slope, low, _ = slope_interval([float(s) for s, _ in points], [v for _, v in points])
-    (_, first), (_, last) = validations[0], validations[-1]
-    change, _, high = accuracy_change_interval(first, last, problems)
-    if low > 0 and high < 0:
-        return (
-            f"the training reward rose ({slope:+.4f} a step since step {start}, 95% interval from {low:+.4f}) while "
-            f"held-out accuracy fell {first:.3f} -> {last:.3f} ({change:+.3f}, 95% interval up to {high:+.3f})"
+    points = [(step, value) for step, value in rewards if step > start and value == value]
+    slope, low, high = slope_interval([float(s) for s, _ in points], [v for _, v in points])
+    if not high > 0:  # the reward fell (or too few steps to tell): the policy is not being paid for it
+        return None
+    first, last = validations[0][1], validations[-1][1]
+    findings = []
+    change, _, upper = accuracy_change_interval(first[METRIC], last[METRIC], problems)
+    if upper < 0:
+        findings.append(
+            f"held-out accuracy fell {first[METRIC]:.3f} -> {last[METRIC]:.3f} ({change:+.3f}, 95% interval up to "
+            f"{upper:+.3f})"
         )
-    return None
+    for name in learned:
+        before, now = first.get(f"heldout/{name}/auroc"), last.get(f"heldout/{name}/auroc")
+        if before is None or now is None or before != before or now != now:
+            continue
+        change, _, upper = auroc_change_interval(
+            (before, *labelled(first[METRIC], problems)), (now, *labelled(last[METRIC], problems))
+        )
+        if upper < 0:
+            findings.append(
+                f"{name} agrees less with the verifier's labels: held-out AUROC {before:.3f} -> {now:.3f} "
+                f"({change:+.3f}, 95% interval up to {upper:+.3f})"
+            )
+    if not findings:
+        return None
+    trend = "rose" if low > 0 else "held"
+    return (
+        f"the training reward {trend} ({slope:+.4f} a step since step {start}, 95% interval {low:+.4f} to "
+        f"{high:+.4f}) while " + "; and ".join(findings)
+    )
+
+
+def labelled(accuracy: float, problems: int) -> tuple[int, int]:
+    """(correct, wrong) answers of a validation, from its accuracy on `problems` problems."""
+    correct = round(accuracy * problems)
+    return correct, problems - correct
 
 
 def carry_best(previous_run: Path, run_dir: Path, up_to_step: int) -> None:
@@ -121,55 +161,74 @@ class BeforeTraining(TrainerCallback):
 
 
 class PeriodicValidation(TrainerCallback):
-    """Calls `validate()` (every process; returns the held-out accuracy) every `every` steps, hands the value to
-    `record(key, value)` (the trainer's metric store, logged at this step), and `save_best(directory)` on every
-    process when it beats the best so far."""
+    """Validates with `validate()` (every process; returns metrics, METRIC among them, the same on every process):
+    the initial model when training begins (step 0, unless a resumed run carries it), then every `every` steps.
+    Each validation's metrics go to `log_now(metrics)` at step 0 (there is no training step to log them with) and
+    to `record(key, value)` later (the trainer's metric store, logged at that step); `save_best(directory)` runs on
+    every process when a validation beats the best so far, the initial model included: checkpoint-best is never
+    worse than where training started."""
 
     def __init__(
         self,
         every: int,
-        validate: Callable[[], float],
+        validate: Callable[[], dict[str, float]],
         record: Callable[[str, float], None],
+        log_now: Callable[[dict[str, float]], None],
         save_best: Callable[[Path], None],
         run_dir: Path,
         problems: int,
         patience: int | None = None,
         stop_at: float | None = None,
         alarm: AlarmAction = AlarmAction.warn,
+        learned: tuple[str, ...] = (),
+        initial: Callable[[], dict[str, float]] | None = None,
     ):
-        self.every, self.validate, self.record, self.save_best = every, validate, record, save_best
-        self.run_dir, self.problems = run_dir, problems
+        """initial: the initial model's metrics when already measured (the evaluation before training, on these
+        problems); else validate() measures them."""
+        self.every, self.validate, self.record, self.log_now, self.save_best = (
+            every,
+            validate,
+            record,
+            log_now,
+            save_best,
+        )
+        self.run_dir, self.problems, self.learned = run_dir, problems, learned
         self.patience, self.stop_at, self.alarm_action = patience, stop_at, alarm
+        self.initial = initial or validate
         self.best: Best | None = None
-        self.validations: list[tuple[int, float]] = []  # (step, accuracy), a resumed run's earlier ones included
+        # (step, metrics), a resumed run's earlier ones included
+        self.validations: list[tuple[int, dict[str, float]]] = []
         self.stopped: str | None = None  # why it stopped training early, if it did
         self.alarm: str | None = None  # the reward-hacking alarm, once it fired
 
     @property
     def values(self) -> list[float]:
-        return [value for _, value in self.validations]
+        return [metrics[METRIC] for _, metrics in self.validations]
 
     def on_train_begin(self, args, state, control, **kwargs):
-        """A resumed run's best so far, from the history carried into its metrics (read once every process has
-        passed a collective since the main process wrote it)."""
+        """A resumed run's history (carried into its metrics; read once every process has passed a collective since
+        the main process wrote it); else the initial model's validation, at step 0."""
         history = read_metrics(self.run_dir / METRICS_FILE) if (self.run_dir / METRICS_FILE).is_file() else []
         self.best = best_of(history)
-        self.validations = [(line["step"], line[METRIC]) for line in history if line.get(METRIC) is not None]
+        self.validations = [
+            (line["step"], {key: value for key, value in line.items() if key.startswith("heldout/")})
+            for line in history
+            if line.get(METRIC) is not None
+        ]
+        if not self.validations:
+            with untouched_rng():
+                metrics = self.initial()
+            self.log_now(metrics)
+            self.keep(state.global_step, metrics)
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step % self.every:
             return
         with untouched_rng():
-            accuracy = self.validate()
-        self.record(METRIC, accuracy)
-        if accuracy == accuracy and (self.best is None or accuracy > self.best.value):
-            self.best = Best(state.global_step, accuracy)
-            directory = self.run_dir / BEST_CHECKPOINT_DIR
-            self.save_best(directory)  # every process: DeepSpeed gathers its shards here
-            if is_main_process():
-                (directory / BEST_FILE).write_text(json.dumps({"step": self.best.step, METRIC: accuracy}))
-            log.info("Validation at step %d: held-out accuracy %.3f, the best so far", state.global_step, accuracy)
-        self.validations.append((state.global_step, accuracy))
+            metrics = self.validate()
+        for key, value in metrics.items():
+            self.record(key, value)
+        self.keep(state.global_step, metrics)
         self.check_alarm(state, control)
         reason = stop_reason(self.values, self.problems, self.patience, self.stop_at)
         if reason:  # the same on every process: the accuracy is gathered
@@ -177,13 +236,25 @@ class PeriodicValidation(TrainerCallback):
             control.should_training_stop = True
             log.warning("Training stops early at %s", self.stopped)
 
+    def keep(self, step: int, metrics: dict[str, float]) -> None:
+        """The validation in the history, and the model as checkpoint-best when it is the best so far."""
+        accuracy = metrics[METRIC]
+        if accuracy == accuracy and (self.best is None or accuracy > self.best.value):
+            self.best = Best(step, accuracy)
+            directory = self.run_dir / BEST_CHECKPOINT_DIR
+            self.save_best(directory)  # every process: DeepSpeed gathers its shards here
+            if is_main_process():
+                (directory / BEST_FILE).write_text(json.dumps({"step": step, METRIC: accuracy}))
+            log.info("Validation at step %d: held-out accuracy %.3f, the best so far", step, accuracy)
+        self.validations.append((step, metrics))
+
     def check_alarm(self, state, control) -> None:
         """eval.alarm: warn (log, console, summary.json) or stop, the first time the alarm fires."""
         if self.alarm_action is AlarmAction.off or self.alarm:
             return
         rewards = [(line["step"], line["reward"]) for line in state.log_history if line.get("reward") is not None]
-        found = hacking_alarm(rewards, self.validations, self.problems)
-        if found:  # the same on every process: the rewards TRL logs and the accuracy are gathered
+        found = hacking_alarm(rewards, self.validations, self.problems, self.learned)
+        if found:  # the same on every process: the rewards TRL logs and the validations are gathered
             self.alarm = f"step {state.global_step}: {found}"
             self.record("alarm/reward_hacking", 1.0)
             log.warning("Reward-hacking alarm at %s", self.alarm)
@@ -194,9 +265,9 @@ class PeriodicValidation(TrainerCallback):
 
 def check_validation(eval_cfg, trainer_cfg) -> None:
     """eval.every logs at a training step: one that TRL logs (trainer.logging_steps)."""
-    for key in ("patience", "stop_at"):
-        if eval_cfg[key] is not None and not eval_cfg.every:
-            raise UserError(f"eval.{key}={eval_cfg[key]} stops on validations: set eval.every too")
+    for key, role in (("patience", "stops on"), ("stop_at", "stops on"), ("every_samples", "samples at")):
+        if eval_cfg[key] and not eval_cfg.every:
+            raise UserError(f"eval.{key}={eval_cfg[key]} {role} validations: set eval.every too")
     if eval_cfg.every and eval_cfg.every % trainer_cfg.logging_steps:
         raise UserError(
             f"eval.every={eval_cfg.every} validates at steps that trainer.logging_steps={trainer_cfg.logging_steps} "
