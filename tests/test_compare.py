@@ -1,13 +1,19 @@
-"""The compare tool and its notebook, on a small real multirun of the tiny model made here."""
+"""The compare tool and its notebook, on a small real multirun of the tiny model made here; its statistics across
+seeds on run directories written here with known numbers."""
 
+import csv
 import json
+import math
+from pathlib import Path
 
 import nbformat
 import pytest
+import yaml
 from nbclient import NotebookClient
 
 from grpo_exp.compare import main as compare_main
 from grpo_exp.paths import REPO_ROOT
+from grpo_exp.run.files import METRICS_FILE, STATUS_FILE, SUMMARY_FILE
 from tests.helpers.cli import run_cli
 
 
@@ -96,3 +102,114 @@ def test_the_time_to_accuracy_benchmark_runs_each_arm_and_continues_where_it_sto
     printed = capsys.readouterr().out
     assert "1 runs of the current settings are kept, 1 of other settings are ignored" in printed
     assert "seed 1 best" in printed and "seed 1 trl" not in printed  # the changed arm alone is measured again
+
+
+# ---- across seeds, on run directories with known numbers --------------------------------------------------------
+
+T_2 = 4.302653  # Student t, 97.5% quantile, 2 degrees of freedom (3 seeds or pairs): from a table
+T_1 = 12.706205  # ... 1 degree of freedom (2 seeds or pairs)
+# Held-out accuracy after training, by beta and seed. beta=0.0: mean 0.6, sample sd 0.1. beta=0.04 minus beta=0.0,
+# seed by seed: 0.05, 0.10, 0.15: mean 0.10, sample sd 0.05.
+AFTER = {"0.0": {42: 0.50, 43: 0.60, 44: 0.70}, "0.04": {42: 0.55, 43: 0.70, 44: 0.85}}
+
+
+def write_run(directory: Path, overrides: list[str], after: float) -> None:
+    """The files compare reads, as a finished run writes them: Hydra's overrides, the summary, the metrics (4 steps,
+    validations at steps 2 and 4 with eval.every=2) and a sweep job's status."""
+    (directory / ".hydra").mkdir(parents=True)
+    (directory / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    summary = {
+        "steps": 4,
+        "train_seconds": 100.0,
+        "heldout_accuracy_before": 0.4,
+        "heldout_accuracy_after": after,
+        "best_step": 4,
+        "best_heldout_accuracy": after,
+    }
+    (directory / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
+    steps = [{"step": step, "reward": 0.1 * step, "step_time": 25.0} for step in range(1, 5)]
+    steps[1]["heldout/accuracy"], steps[3]["heldout/accuracy"] = after - 0.1, after
+    (directory / METRICS_FILE).write_text("".join(json.dumps(line) + "\n" for line in steps))
+    (directory / STATUS_FILE).write_text(json.dumps({"status": "finished"}))
+
+
+def write_sweep(sweep: Path, after: dict[str, dict[int, float]]) -> Path:
+    """A multirun over trainer.seed x trainer.beta (Hydra's job order: the first key varies slowest)."""
+    jobs = [(seed, beta) for seed in (42, 43, 44) for beta in after if seed in after[beta]]
+    for number, (seed, beta) in enumerate(jobs):
+        write_run(sweep / str(number), [f"trainer.seed={seed}", f"trainer.beta={beta}"], after[beta][seed])
+    return sweep
+
+
+def read_rows(path: Path, result: str) -> list[dict]:
+    return [row for row in csv.DictReader(path.open()) if row["result"] == result]
+
+
+def test_compare_reports_means_over_seeds_and_differences_paired_by_seed(tmp_path, capsys):
+    sweep = write_sweep(tmp_path, AFTER)
+    assert compare_main([str(sweep)]) == 0
+    printed = capsys.readouterr().out
+    zero, high = read_rows(sweep / "compare" / "settings.csv", "held-out after")
+    assert zero["setting"] == "trainer.beta=0.0" and zero["seeds"] == "3"
+    half = T_2 * 0.1 / math.sqrt(3)  # 0.2484
+    assert float(zero["mean"]) == pytest.approx(0.6)
+    assert float(zero["95% low"]) == pytest.approx(0.6 - half) and float(zero["95% high"]) == pytest.approx(0.6 + half)
+    assert float(high["mean"]) == pytest.approx(0.7)
+    [paired] = read_rows(sweep / "compare" / "paired.csv", "held-out after")
+    half = T_2 * 0.05 / math.sqrt(3)  # 0.1242
+    assert (paired["setting"], paired["baseline"], paired["pairs"]) == ("trainer.beta=0.04", "trainer.beta=0.0", "3")
+    assert float(paired["mean difference"]) == pytest.approx(0.10)
+    assert float(paired["95% low"]) == pytest.approx(0.10 - half) and float(paired["95% high"]) == pytest.approx(
+        0.10 + half
+    )
+    assert paired["note"] == ""
+    assert (
+        "| trainer.beta=0.04 | trainer.beta=0.0 | held-out after | 3 | 0.100 | -0.024 | 0.224 |  |"
+        in (sweep / "compare" / "paired.md").read_text().splitlines()
+    )
+    assert "0.352" in printed and "0.848" in printed  # beta=0.0's interval, printed
+    assert "paired by seed: setting - baseline (trainer.beta=0.0)" in printed
+    plot = sweep / "compare" / "heldout_by_setting.png"
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_seed_in_one_setting_only_is_left_out_of_the_pairing(tmp_path):
+    sweep = write_sweep(tmp_path, {"0.0": AFTER["0.0"], "0.04": {42: 0.55, 43: 0.70}})  # no seed 44 at beta=0.04
+    assert compare_main([str(sweep), "--baseline", "trainer.beta=0.0"]) == 0
+    [paired] = read_rows(sweep / "compare" / "paired.csv", "held-out after")
+    half = T_1 * math.sqrt(0.5 * 0.05**2) / math.sqrt(2)  # differences 0.05, 0.10: sample sd 0.0354
+    assert paired["pairs"] == "2" and float(paired["mean difference"]) == pytest.approx(0.075)
+    assert float(paired["95% low"]) == pytest.approx(0.075 - half)
+    assert paired["note"] == "left out, in one setting only: seed 44"
+    means = read_rows(sweep / "compare" / "settings.csv", "held-out after")
+    assert [row["seeds"] for row in means] == ["3", "2"]  # the means keep every seed a setting has
+
+
+def test_a_single_seed_setting_has_a_mean_and_no_interval(tmp_path, capsys):
+    sweep = write_sweep(tmp_path, {**AFTER, "0.1": {43: 0.9}})
+    assert compare_main([str(sweep), "--baseline", "trainer.beta=0.1"]) == 0
+    printed = capsys.readouterr().out
+    single = next(row for row in read_rows(sweep / "compare" / "settings.csv", "held-out after") if row["seeds"] == "1")
+    assert single["setting"] == "trainer.beta=0.1" and float(single["mean"]) == 0.9
+    assert math.isnan(float(single["95% low"])) and single["note"] == "1 seed: no interval"
+    for paired in read_rows(sweep / "compare" / "paired.csv", "held-out after"):  # against beta=0.1: seed 43 only
+        assert paired["pairs"] == "1" and paired["note"].startswith("1 pair: no interval; left out")
+    assert "1 seed: no interval" in printed and "baseline (trainer.beta=0.1)" in printed
+
+
+def test_a_baseline_that_names_no_setting_is_refused_with_the_settings_there_are(tmp_path, capsys):
+    sweep = write_sweep(tmp_path, AFTER)
+    with pytest.raises(SystemExit):
+        compare_main([str(sweep), "--baseline", "trainer.beta=0.5"])
+    error = capsys.readouterr().err
+    assert "--baseline: 'trainer.beta=0.5' is none of the settings: trainer.beta=0.0 | trainer.beta=0.04" in error
+    assert not (sweep / "compare").exists()  # refused before anything was written
+
+
+def test_the_compare_command_line_across_seeds(tmp_path):
+    sweep = write_sweep(tmp_path, AFTER)
+    result = run_cli(str(sweep), "--baseline", "trainer.beta=0.04", module="grpo_exp.compare", timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "mean over seeds per setting" in result.stdout and "baseline (trainer.beta=0.04)" in result.stdout
+    for name in ("settings.csv", "settings.md", "paired.csv", "paired.md", "heldout_by_setting.png"):
+        assert (sweep / "compare" / name).is_file()

@@ -13,7 +13,9 @@ from grpo_exp.stats import (
     group_statistics,
     length_by_correctness,
     majority_vote_accuracy,
+    mean_interval,
     ngram_overlap,
+    paired_differences,
     pass_at_k,
     reward_spread,
 )
@@ -103,3 +105,23 @@ def test_group_statistics_composes_everything():
     assert stats["groups/format/group_mean/mean"] == pytest.approx(0.1)
     assert stats["groups/pass@2"] == 0.5 and stats["groups/maj@k"] == 0.5
     assert stats["completions/length_correct"] == 5.0
+
+
+def test_mean_interval_is_student_t_over_the_values():
+    # 1, 2, 3: mean 2, sample sd 1; t(97.5%, 2 df) = 4.3027 (a table): half-width 4.3027 / sqrt(3) = 2.4841
+    mean, low, high = mean_interval([1.0, 2.0, 3.0])
+    assert mean == 2.0 and low == pytest.approx(2 - 2.4841, abs=1e-4) and high == pytest.approx(2 + 2.4841, abs=1e-4)
+    # 0.5, 0.7: sample sd 0.1414; t(95%, 1 df) = 6.3138: half-width 6.3138 * 0.1414 / sqrt(2) = 0.6314
+    assert mean_interval([0.5, 0.7], level=0.90)[2] == pytest.approx(0.6 + 0.6314, abs=1e-4)
+    assert mean_interval([0.4, 0.4]) == (0.4, 0.4, 0.4)  # no spread: nothing to be unsure of
+
+
+def test_mean_interval_of_one_value_has_no_interval_and_of_none_no_mean():
+    mean, low, high = mean_interval([0.7])
+    assert mean == 0.7 and math.isnan(low) and math.isnan(high)
+    assert all(math.isnan(x) for x in mean_interval([]))
+
+
+def test_paired_differences_keep_the_keys_both_have():
+    assert paired_differences({"42": 0.5, "43": 0.6, "44": 0.7}, {"43": 0.7, "42": 0.55}) == pytest.approx([0.05, 0.1])
+    assert paired_differences({"42": 0.5}, {"43": 0.7}) == []

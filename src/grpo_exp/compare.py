@@ -4,13 +4,28 @@ Prints a table (the swept parameters as columns; final and best reward, held-out
 step time), writes it as CSV and Markdown, and plots the main curves coloured by the swept parameters
 (PNG). Reads the run directories grpo_exp writes (no W&B needed); with `--wandb ENTITY/PROJECT/GROUP`
 and network access, reads the same from the W&B API instead.
+
+Across seeds: finished runs that differ only in trainer.seed form a setting. Per setting and result, the mean over
+seeds with its 95% Student-t interval (settings.csv/.md); per other setting, its difference from the baseline
+setting (`--baseline`, default the first), paired by seed, with its mean and 95% interval (paired.csv/.md); the
+held-out accuracy per setting over training (heldout_by_setting.png).
 """
 
 import argparse
 import sys
 from pathlib import Path
 
-from grpo_exp.run.comparison import compare, discover_runs, print_failures, print_table, runs_from_wandb
+from rich.console import Console
+
+from grpo_exp.run.comparison import (
+    Comparison,
+    UnknownSetting,
+    compare_runs,
+    discover_runs,
+    print_failures,
+    print_table,
+    runs_from_wandb,
+)
 from grpo_exp.run.files import METRICS_FILE
 
 
@@ -19,6 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("paths", nargs="*", type=Path, help="a multirun directory, or run directories")
     parser.add_argument("--wandb", metavar="ENTITY/PROJECT/GROUP", help="read the runs of a W&B group instead")
     parser.add_argument("--out", type=Path, help="where the tables and plots go (default: <first path>/compare)")
+    parser.add_argument(
+        "--baseline",
+        metavar="KEY=VALUE[,KEY=VALUE]",
+        help="the setting the others are compared with, seed by seed (default: the first), e.g. trainer.beta=0.0",
+    )
     args = parser.parse_args(argv)
     if not args.paths and not args.wandb:
         parser.error("give a multirun directory, run directories, or --wandb ENTITY/PROJECT/GROUP")
@@ -29,11 +49,25 @@ def main(argv: list[str] | None = None) -> int:
     if not runs:
         parser.error(f"no grpo_exp runs (directories with {METRICS_FILE}) under {', '.join(map(str, args.paths))}")
     out_dir = args.out or (args.paths[0] / "compare" if args.paths else Path("compare"))
-    rows, written = compare(runs, out_dir)
-    print_table(rows)
+    try:
+        result = compare_runs(runs, out_dir, args.baseline)
+    except UnknownSetting as err:  # nothing was written
+        parser.error(f"--baseline: {err}")
+    print_comparison(result)
     print_failures(runs)
-    print(f"Wrote {len(written)} files to {out_dir}: " + ", ".join(p.name for p in written))
+    print(f"Wrote {len(result.written)} files to {out_dir}: " + ", ".join(p.name for p in result.written))
     return 0
+
+
+def print_comparison(result: Comparison, console: Console | None = None) -> None:
+    console = console or Console(width=160)
+    print_table(result.rows, console)
+    print_table(result.means, console, title="mean over seeds per setting (95% Student-t interval)")
+    if result.paired:
+        title = f"paired by seed: setting - baseline ({result.baseline.name}), mean difference (95% Student-t interval)"
+        print_table(result.paired, console, title=title)
+    elif result.baseline:
+        console.print(f"One setting ({result.baseline.name}): no paired differences.")
 
 
 if __name__ == "__main__":

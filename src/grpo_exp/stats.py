@@ -293,3 +293,26 @@ def auroc_change_interval(first: tuple[float, int, int], last: tuple[float, int,
     error = math.hypot(auroc_standard_error(*first), auroc_standard_error(*last))
     change = last[0] - first[0]
     return change, change - 1.96 * error, change + 1.96 * error
+
+
+def mean_interval(values: list[float], level: float = 0.95) -> tuple[float, float, float]:
+    """The mean of values (one per seed, say) and its interval (Student t, n - 1 degrees of freedom: a handful of
+    seeds is far from the normal limit). The interval is NaN with fewer than 2 values (one value has no spread
+    to estimate), and everything is NaN with none."""
+    from scipy.stats import t
+
+    n = len(values)
+    if n == 0:
+        return math.nan, math.nan, math.nan
+    mean = sum(values) / n
+    if n < 2:
+        return mean, math.nan, math.nan
+    sample_sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = t.ppf((1 + level) / 2, n - 1) * sample_sd / math.sqrt(n)
+    return mean, mean - half, mean + half
+
+
+def paired_differences(baseline: dict, other: dict) -> list[float]:
+    """other[key] - baseline[key] for the keys (seeds, say) both have, in baseline's order: the differences a
+    paired comparison rests on (a key in one of them only has nothing to pair with)."""
+    return [other[key] - baseline[key] for key in baseline if key in other]

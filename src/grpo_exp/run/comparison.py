@@ -13,8 +13,25 @@ from rich.table import Table
 from grpo_exp.run.files import METRICS_FILE, STATUS_FILE
 from grpo_exp.run.report import quarter_means
 from grpo_exp.run.tracking import read_metrics
+from grpo_exp.run.validation import METRIC as HELDOUT
+from grpo_exp.stats import mean_interval, paired_differences
 
 CURVES = ["reward", "groups/pass@1", "groups/reward/frac_zero_std", "kl", "advantages/mean_abs", "entropy"]
+SEED = "trainer.seed"
+# The comparison table's columns that are a run's results (numbers), as opposed to its settings: the columns
+# averaged over seeds and compared between settings.
+RESULTS = [
+    "steps",
+    "final reward",
+    "best reward",
+    "held-out before",
+    "held-out after",
+    "best held-out",
+    "pass@k",
+    "final kl",
+    "s/step",
+    "train s",
+]
 
 
 @dataclass
@@ -73,8 +90,12 @@ def swept_parameters(runs: list[Run]) -> list[str]:
     return [k for k in keys if len({run.overrides.get(k, "(default)") for run in runs}) > 1]
 
 
+def _is_number(value) -> bool:
+    return isinstance(value, int | float) and not math.isnan(value)
+
+
 def _series(run: Run, key: str) -> list[tuple[int, float]]:
-    return [(m["step"], m[key]) for m in run.metrics if isinstance(m.get(key), int | float) and not math.isnan(m[key])]
+    return [(m["step"], m[key]) for m in run.metrics if _is_number(m.get(key))]
 
 
 def _largest_pass_key(run: Run) -> str | None:
@@ -98,10 +119,12 @@ def comparison_rows(runs: list[Run], swept: list[str]) -> list[dict]:
             "best reward": max(rewards) if rewards else math.nan,
             "held-out before": run.summary.get("heldout_accuracy_before"),
             "held-out after": run.summary.get("heldout_accuracy_after"),
+            "best held-out": run.summary.get("best_heldout_accuracy"),  # eval.every's best validation
             "pass@k": quarter_means([v for _, v in _series(run, pass_key)])[1] if pass_key else math.nan,
             "k": int(pass_key.split("@")[1]) if pass_key else None,
             "final kl": kl[-1] if kl else math.nan,
             "s/step": sum(step_times) / len(step_times) if step_times else math.nan,
+            "train s": run.summary.get("train_seconds"),
         }
         rows.append(row)
     return rows
@@ -114,6 +137,8 @@ def _cell(value) -> str:
 
 
 def print_table(rows: list[dict], console: Console | None = None, title: str = "grpo_exp runs") -> None:
+    if not rows:
+        return
     table = Table(title=title)
     for column in rows[0]:
         table.add_column(column, overflow="fold")
@@ -128,8 +153,11 @@ def print_failures(runs: list[Run], console: Console | None = None) -> None:
             (console or Console(width=160)).print(f"[red]failed[/red] {run.name}: {run.status.get('error', '?')}")
 
 
-def write_tables(rows: list[dict], out_dir: Path) -> list[Path]:
-    csv_path, md_path = out_dir / "comparison.csv", out_dir / "comparison.md"
+def write_tables(rows: list[dict], out_dir: Path, name: str = "comparison") -> list[Path]:
+    """<name>.csv and <name>.md (nothing for no rows)."""
+    if not rows:
+        return []
+    csv_path, md_path = out_dir / f"{name}.csv", out_dir / f"{name}.md"
     with csv_path.open("w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
@@ -144,13 +172,25 @@ def label(run: Run, swept: list[str]) -> str:
     return ", ".join(f"{k.split('.')[-1]}={run.overrides.get(k, '(default)')}" for k in swept) or Path(run.name).name
 
 
-def plot_curves(runs: list[Run], swept: list[str], out_dir: Path) -> list[Path]:
-    """One PNG per main curve, a line per run, coloured by the swept parameters."""
+def _pyplot():
     import matplotlib
 
-    matplotlib.use("Agg")
+    matplotlib.use("Agg")  # files only: no display needed
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    _pyplot().close(fig)
+    return path
+
+
+def plot_curves(runs: list[Run], swept: list[str], out_dir: Path) -> list[Path]:
+    """One PNG per main curve, a line per run, coloured by the swept parameters."""
+    plt = _pyplot()
     colours = plt.get_cmap("viridis")
     written = []
     for key in CURVES:
@@ -168,11 +208,7 @@ def plot_curves(runs: list[Run], swept: list[str], out_dir: Path) -> list[Path]:
         ax.set_title(key)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-        path = out_dir / f"{key.replace('/', '_').replace('@', '_at_')}.png"
-        fig.tight_layout()
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        written.append(path)
+        written.append(_save(fig, out_dir / f"{key.replace('/', '_').replace('@', '_at_')}.png"))
     return written
 
 
@@ -194,8 +230,187 @@ def runs_from_wandb(path: str) -> list[Run]:
     return runs
 
 
-def compare(runs: list[Run], out_dir: Path) -> tuple[list[dict], list[Path]]:
+# ---- across seeds: the runs that differ only in trainer.seed form a setting -------------------------------------
+
+
+@dataclass
+class Setting:
+    values: dict[str, str]  # its values of the swept keys other than trainer.seed
+    runs: list[Run] = field(default_factory=list)
+    rows: list[dict] = field(default_factory=list)  # the runs' rows of the comparison table
+
+    @property
+    def name(self) -> str:
+        return ",".join(f"{key}={value}" for key, value in self.values.items()) or "all runs"
+
+    @property
+    def seeds(self) -> list[str]:
+        return [run.overrides.get(SEED, "(default)") for run in self.runs]
+
+    def results(self, column: str) -> dict[str, float]:
+        """seed -> that run's value in the column; runs without one are left out. Keyed by seed for the pairing
+        (a seed run twice in a setting counts once: its last run)."""
+        return {seed: row[column] for seed, row in zip(self.seeds, self.rows, strict=True) if _is_number(row[column])}
+
+
+def settings(runs: list[Run], rows: list[dict], swept: list[str]) -> list[Setting]:
+    """The finished runs (and their rows) grouped by their overrides without trainer.seed, in the order they first
+    appear; a failed or unfinished run's numbers are partial, so they are left out. Runs with the same overrides agree
+    on every key but the seed, so the swept keys alone tell settings apart."""
+    keys = [key for key in swept if key != SEED]
+    grouped: dict[tuple, Setting] = {}
+    for run, row in zip(runs, rows, strict=True):
+        if run.state != "finished":
+            continue
+        values = {key: run.overrides.get(key, "(default)") for key in keys}
+        setting = grouped.setdefault(tuple(values.items()), Setting(values))
+        setting.runs.append(run)
+        setting.rows.append(row)
+    return list(grouped.values())
+
+
+class UnknownSetting(ValueError):
+    """A baseline that names none of the settings."""
+
+
+def pick_baseline(candidates: list[Setting], choice: str | None) -> Setting | None:
+    """The setting named by `choice` (its key=value pairs, comma-separated, in any order); without one, the first
+    (None when there is none). UnknownSetting, naming the settings there are when none matches."""
+    if choice is None:
+        return candidates[0] if candidates else None
+    wanted = _parse_overrides(choice.split(","))
+    for setting in candidates:
+        if setting.values == wanted:
+            return setting
+    names = " | ".join(setting.name for setting in candidates) or "none (no finished runs)"
+    raise UnknownSetting(f"{choice!r} is none of the settings: {names}")
+
+
+def _estimate(label: str, values: list[float], unit: str) -> dict:
+    """The mean of values (under `label`) and its 95% interval as table columns; the note says why one is missing."""
+    mean, low, high = mean_interval(values)
+    note = {0: f"no {unit}s", 1: f"1 {unit}: no interval"}.get(len(values), "")
+    return {label: mean, "95% low": low, "95% high": high, "note": note}
+
+
+def seed_means(groups: list[Setting]) -> list[dict]:
+    """A row per setting and result: the mean over its seeds and the 95% Student-t interval."""
+    table = []
+    for setting in groups:
+        for column in RESULTS:
+            values = list(setting.results(column).values())
+            if values:  # a result no run of the setting has (best held-out without eval.every): no row
+                table.append(
+                    {"setting": setting.name, "result": column, "seeds": len(values)}
+                    | _estimate("mean", values, "seed")
+                )
+    return table
+
+
+def paired_table(groups: list[Setting], baseline: Setting) -> list[dict]:
+    """A row per other setting and result: its difference from the baseline, seed by seed (the same seed in both:
+    the seed's own luck cancels), the mean difference and its 95% interval. Seeds with a value in one setting only
+    are left out; the note names them."""
+    table = []
+    for setting in groups:
+        if setting is baseline:
+            continue
+        for column in RESULTS:
+            theirs, mine = baseline.results(column), setting.results(column)
+            if not theirs or not mine:
+                continue
+            differences = paired_differences(theirs, mine)
+            row = {"setting": setting.name, "baseline": baseline.name, "result": column, "pairs": len(differences)}
+            row |= _estimate("mean difference", differences, "pair")
+            unpaired = [seed for seed in {**theirs, **mine} if (seed in theirs) != (seed in mine)]
+            if unpaired:
+                left_out = f"left out, in one setting only: seed {', '.join(unpaired)}"
+                row["note"] = "; ".join(filter(None, [row["note"], left_out]))
+            table.append(row)
+    return table
+
+
+def _mean_band(series: list[list[tuple[int, float]]]) -> tuple[list, list, list, list]:
+    """Steps, and at each the mean over the series with a value there and its 95% interval (low, high)."""
+    by_step: dict[int, list[float]] = {}
+    for points in series:
+        for step, value in points:
+            by_step.setdefault(step, []).append(value)
+    steps = sorted(by_step)
+    estimates = [mean_interval(by_step[step]) for step in steps]
+    return steps, [e[0] for e in estimates], [e[1] for e in estimates], [e[2] for e in estimates]
+
+
+def _before_after(run: Run) -> list[tuple[int, float]]:
+    """Held-out accuracy before training (at step 0) and after it (at its last step), where measured."""
+    last = run.summary.get("steps") or max((m["step"] for m in run.metrics), default=0)
+    points = [(0, run.summary.get("heldout_accuracy_before")), (last, run.summary.get("heldout_accuracy_after"))]
+    return [(step, value) for step, value in points if _is_number(value)]
+
+
+def plot_heldout(groups: list[Setting], out_dir: Path) -> list[Path]:
+    """heldout_by_setting.png: held-out accuracy over training per setting, the mean over seeds with its 95%
+    interval: the eval.every validations as a line and band, before and after training as squares with bars
+    (apart: they are measured on all held-out problems, validations on eval.every_problems)."""
+    validations = [[_series(run, HELDOUT) for run in setting.runs] for setting in groups]
+    ends = [[_before_after(run) for run in setting.runs] for setting in groups]
+    if not any(points for series in validations + ends for points in series):
+        return []
+    plt = _pyplot()
+    colours = plt.get_cmap("tab10")
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for index, setting in enumerate(groups):
+        colour = colours(index % 10)
+        seeds = len(set(setting.seeds))
+        steps, mean, low, high = _mean_band(validations[index])
+        tag = f"{seeds} seeds" if seeds > 1 else "1 seed: no interval"
+        ax.plot(steps, mean, marker="o", markersize=3, color=colour, label=f"{setting.name} ({tag})")
+        ax.fill_between(steps, low, high, color=colour, alpha=0.2)
+        steps, mean, low, _ = _mean_band(ends[index])
+        ax.errorbar(
+            steps, mean, yerr=[m - lo for m, lo in zip(mean, low, strict=True)], fmt="s", capsize=3, color=colour
+        )
+    ax.xaxis.get_major_locator().set_params(integer=True)  # steps
+    ax.set_xlabel("training step")
+    ax.set_ylabel("held-out accuracy")
+    ax.set_title(
+        "held-out accuracy: mean over seeds, 95% Student-t interval (band, bars)\nsquares: before and after training",
+        fontsize=9,
+    )
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return [_save(fig, out_dir / "heldout_by_setting.png")]
+
+
+@dataclass
+class Comparison:
+    rows: list[dict]  # a row per run
+    means: list[dict]  # a row per setting and result: the mean over seeds
+    paired: list[dict]  # a row per other setting and result: the paired difference from the baseline
+    baseline: Setting | None  # None: no finished runs
+    written: list[Path]
+
+
+def compare_runs(runs: list[Run], out_dir: Path, baseline: str | None = None) -> Comparison:
+    """The table of the runs, the settings' means over seeds and their paired differences from the baseline
+    (written as CSV and Markdown), and the plots. UnknownSetting, before anything is written, for a bad baseline."""
     swept = swept_parameters(runs)
     rows = comparison_rows(runs, swept)
+    groups = settings(runs, rows, swept)
+    reference = pick_baseline(groups, baseline)
+    means, paired = seed_means(groups), paired_table(groups, reference) if reference else []
     out_dir.mkdir(parents=True, exist_ok=True)
-    return rows, write_tables(rows, out_dir) + plot_curves(runs, swept, out_dir)
+    written = [
+        *write_tables(rows, out_dir),
+        *write_tables(means, out_dir, "settings"),
+        *write_tables(paired, out_dir, "paired"),
+        *plot_curves(runs, swept, out_dir),
+        *plot_heldout(groups, out_dir),
+    ]
+    return Comparison(rows, means, paired, reference, written)
+
+
+def compare(runs: list[Run], out_dir: Path) -> tuple[list[dict], list[Path]]:
+    """compare_runs' table and files (the baseline: the first setting)."""
+    result = compare_runs(runs, out_dir)
+    return result.rows, result.written
