@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 ARGS ?=
 
-.PHONY: install train test test-fast bench learning-curve lint clean
+.PHONY: install browser train test test-fast bench learning-curve lint clean
 
 install: $(VENV)/.installed
 
@@ -17,10 +17,26 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $@
 
+# The trackio dashboard test opens the dashboard in a real headless browser: Debian's Chromium, installed once
+# (through sudo when not root). Without apt (or when the install fails) it says why and the test skips, saying why.
+BROWSERS := chromium chromium-browser google-chrome google-chrome-stable
+browser:
+	@if (for b in $(BROWSERS); do command -v $$b >/dev/null 2>&1 && exit 0; done; exit 1); then \
+		:; \
+	elif ! command -v apt-get >/dev/null 2>&1; then \
+		echo "make browser: no Chromium and no apt-get here: the trackio dashboard test will skip"; \
+	else \
+		sudo=$$([ "$$(id -u)" = 0 ] || echo "sudo -n"); \
+		echo "make browser: installing chromium (apt-get) for the trackio dashboard test"; \
+		$$sudo apt-get install -y -qq chromium >/dev/null 2>&1 \
+			|| { $$sudo apt-get update -qq && $$sudo apt-get install -y -qq chromium >/dev/null; } \
+			|| echo "make browser: could not install chromium: the trackio dashboard test will skip"; \
+	fi
+
 train: install  ## the default experiment: GRPO on the embedded SmolLM2-135M, offline arithmetic (~11 min on 2 cores)
 	$(PY) -m grpo_exp.train $(ARGS)
 
-test: install  ## the whole suite, slow tests included (the CI command)
+test: install browser  ## the whole suite, slow tests included (the CI command)
 	$(PY) -m ruff check src support tests benchmarks
 	$(PY) -m ruff format --check src support tests benchmarks
 	$(PY) -m pytest $(ARGS)

@@ -10,10 +10,12 @@ def test_redact_masks_secrets_but_keeps_env_var_names():
     config = {
         "judge": {"api_key": "sk-123", "api_key_env": "OPENAI_API_KEY", "nested": [{"token": "t"}]},
         "x": 1,
+        "logger": {"tracking_uri": "https://me:pw@mlflow.example/x", "other": "http://host:5000/a@b"},
     }
     assert redact(config) == {
         "judge": {"api_key": REDACTED, "api_key_env": "OPENAI_API_KEY", "nested": [{"token": REDACTED}]},
         "x": 1,
+        "logger": {"tracking_uri": f"https://{REDACTED}@mlflow.example/x", "other": "http://host:5000/a@b"},
     }
 
 
@@ -23,6 +25,14 @@ def test_run_name_comes_from_the_overrides():
     )
     assert run_name(["+experiment=foo"]) == "experiment=foo"
     assert run_name([]) == "defaults"
+
+
+def test_a_run_name_never_carries_a_secret():
+    """The name goes to every tracker: a secret-looking key keeps its name, not its value."""
+    assert run_name(["+trainer.extra.hub_token=hf_abc", "judge.api_key_env=MY_KEY", "trainer.beta=0.04"]) == (
+        f"trainer.extra.hub_token={REDACTED},judge.api_key_env=MY_KEY,trainer.beta=0.04"
+    )
+    assert run_name(["judge.base_url=http://me:pw@judge:8000/v1"]) == f"judge.base_url=http://{REDACTED}@judge:8000/v1"
 
 
 class State:
@@ -62,6 +72,7 @@ def test_swept_keys_come_from_sweep_syntax_and_sweeper_params():
 def test_an_offline_wandb_run_is_created_and_finished_even_on_failure(tmp_path, monkeypatch):
     import wandb
 
+    from grpo_exp.run.trackers import active
     from grpo_exp.run.tracking import Tracker
     from grpo_exp.schema import LoggerBackend, WandbMode
 
@@ -75,6 +86,7 @@ def test_an_offline_wandb_run_is_created_and_finished_even_on_failure(tmp_path, 
     config = {"judge": {"api_key": "sk-do-not-log"}, "trainer": {"beta": 0.04}}
     tracker = Tracker(logger, tmp_path, "trainer.beta=0.04", "sweep-1", ["model:tiny"], config)
     assert tracker.mode == "offline" and wandb.run is not None
+    assert active() is tracker.run  # where the trainer sends its histograms and sample tables
     assert wandb.run.config["judge"]["api_key"] == REDACTED and wandb.run.config["trainer"]["beta"] == 0.04
     assert tracker.identity() == {
         "wandb_id": wandb.run.id,
@@ -84,5 +96,5 @@ def test_an_offline_wandb_run_is_created_and_finished_even_on_failure(tmp_path, 
     }
     assert tracker.sync_command().startswith("wandb sync ")
     tracker.finish(failed=True)
-    assert wandb.run is None
+    assert wandb.run is None and active() is None
     assert list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))

@@ -144,6 +144,9 @@ class JudgeBackend(Enum):
 
 class LoggerBackend(Enum):
     wandb = "wandb"
+    trackio = "trackio"  # a local SQLite store per project ($TRACKIO_DIR), `trackio show` dashboard
+    tensorboard = "tensorboard"  # event files under <run dir>/tensorboard/
+    mlflow = "mlflow"  # logger.tracking_uri: a local store (SQLite) or a tracking server
     none = "none"
 
 
@@ -527,10 +530,13 @@ class StatsSchema:
 @dataclass
 class LoggerSchema:
     backend: LoggerBackend = LoggerBackend.wandb
-    project: str = "grpo_exp"
-    entity: str | None = None
-    mode: WandbMode = WandbMode.auto  # auto: online with WANDB_API_KEY (or `wandb login`), offline otherwise
+    project: str = "grpo_exp"  # W&B and trackio project; MLflow experiment (a sweep's: <project>/<sweep dir>)
+    entity: str | None = None  # W&B only
+    mode: WandbMode = WandbMode.auto  # W&B; auto: online with WANDB_API_KEY (or `wandb login`), offline otherwise
     tags: list[str] = field(default_factory=list)
+    # MLflow only: a URI (sqlite:///..., http://host:5000) or a directory, which becomes a local store there
+    # (mlflow.db and artifacts/); conf/logger/mlflow.yaml: $MLFLOW_TRACKING_URI, else <outputs_dir>/mlflow
+    tracking_uri: str | None = None
 
 
 @dataclass

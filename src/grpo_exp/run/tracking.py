@@ -1,9 +1,10 @@
-"""Experiment tracking: W&B run identity and lifecycle, and a local metrics file readable without W&B."""
+"""Experiment tracking: a run's identity (name, sweep group, redacted config), the tracker run of a training job
+(logger=wandb | trackio | tensorboard | mlflow: grpo_exp.run.trackers), and a local metrics file readable without
+any of them."""
 
 import json
 import logging
-import netrc
-import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -12,18 +13,21 @@ from hydra.types import RunMode
 from omegaconf import OmegaConf
 from transformers import TrainerCallback
 
+from grpo_exp.run import trackers
 from grpo_exp.schema import LoggerBackend, WandbMode
 
 log = logging.getLogger(__name__)
 
 SECRET_MARKERS = ("api_key", "apikey", "token", "secret", "password")
 REDACTED = "***redacted***"
+URL_CREDENTIALS = re.compile(r"(\w+://)[^/@\s]+:[^/@\s]*@")  # user:password@ of a URL
 # Overrides that say where or how a run is kept, not what it is: left out of its name.
 BOOKKEEPING = ("hydra.", "outputs_dir=", "trainer.resume=")
 
 
 def redact(node: Any) -> Any:
-    """A copy of a config container with secret-looking values masked (`*_env` keys name a variable: kept)."""
+    """A copy of a config container with secret-looking values masked (`*_env` keys name a variable: kept), and
+    the credentials of any URL (scheme://user:password@host) too."""
     if isinstance(node, dict):
         return {
             key: REDACTED
@@ -33,6 +37,8 @@ def redact(node: Any) -> Any:
         }
     if isinstance(node, list):
         return [redact(value) for value in node]
+    if isinstance(node, str):
+        return URL_CREDENTIALS.sub(rf"\1{REDACTED}@", node)
     return node
 
 
@@ -42,11 +48,17 @@ def _is_secret_key(key: Any) -> bool:
 
 
 def run_name(task_overrides: list[str], swept: set[str] | None = None) -> str:
-    """A run is named by what differs: in a sweep, its values of the swept keys; else its overrides."""
+    """A run is named by what differs: in a sweep, its values of the swept keys; else its overrides (a secret's
+    value masked: the name goes to every tracker)."""
     overrides = [o.lstrip("+~") for o in task_overrides if not o.lstrip("+~").startswith(BOOKKEEPING)]
     if swept:
         overrides = [o for o in overrides if o.split("=", 1)[0] in swept]
-    return ",".join(overrides) or "defaults"
+    return ",".join(redact(_mask_secret(o)) for o in overrides) or "defaults"
+
+
+def _mask_secret(override: str) -> str:
+    key, equals, _ = override.partition("=")
+    return f"{key}={REDACTED}" if equals and _is_secret_key(key.rsplit(".", 1)[-1]) else override
 
 
 def swept_keys(sweep_overrides: list[str], sweeper_params: dict | None = None) -> set[str]:
@@ -56,7 +68,8 @@ def swept_keys(sweep_overrides: list[str], sweeper_params: dict | None = None) -
 
 
 def run_identity(hydra_cfg) -> tuple[str, str | None]:
-    """(W&B run name, W&B group): a sweep is one group, named after its directory; its runs by what differs."""
+    """(run name, group) for every tracker: a sweep is one group, named after its directory; its runs by what
+    differs."""
     task = list(hydra_cfg.overrides.task)
     if hydra_cfg.mode != RunMode.MULTIRUN:
         return run_name(task), None
@@ -74,21 +87,6 @@ def run_identity(hydra_cfg) -> tuple[str, str | None]:
     except ValueError:
         group = sweep_dir.as_posix()
     return run_name(task, swept), group[-128:]
-
-
-def has_wandb_credentials() -> bool:
-    if os.environ.get("WANDB_API_KEY"):
-        return True
-    try:
-        return netrc.netrc().authenticators("api.wandb.ai") is not None
-    except (FileNotFoundError, netrc.NetrcParseError):
-        return False
-
-
-def resolve_wandb_mode(mode: WandbMode) -> str:
-    if mode is WandbMode.auto:
-        return "online" if has_wandb_credentials() else "offline"
-    return mode.value
 
 
 class MetricsFileCallback(TrainerCallback):
@@ -115,14 +113,16 @@ def read_metrics(path: Path) -> list[dict]:
 
 
 def report_to(logger_cfg) -> str:
-    """The `report_to` of TRL's config: its W&B callback logs into the run the Tracker opened."""
+    """The `report_to` of TRL's config: its callback for the backend logs into the run the Tracker opens."""
     if logger_cfg.backend is LoggerBackend.none or logger_cfg.mode is WandbMode.disabled:
         return "none"
-    return "wandb"
+    trackers.require(logger_cfg.backend)
+    return logger_cfg.backend.value
 
 
 class Tracker:
-    """The W&B run of one training job (a no-op with logger=none)."""
+    """The tracker run of one job (logger=wandb | trackio | tensorboard | mlflow; a no-op with logger=none): opened
+    with the run's name, sweep group, tags and redacted config, given the summary, finished even on failure."""
 
     def __init__(
         self,
@@ -136,53 +136,47 @@ class Tracker:
         enabled: bool = True,
         job_type: str = "train",
     ):
-        """run_id: an earlier attempt's run, continued (resumed) rather than duplicated. enabled=False on all
-        but the main process of a multi-process run."""
-        self.run = None
-        self.mode = "disabled"
+        """run_id: an earlier attempt's run, continued (resumed) rather than duplicated where the backend can.
+        enabled=False on all but the main process of a multi-process run."""
+        self.run: trackers.TrackerRun | None = None
         if report_to(logger_cfg) == "none" or not enabled:
             return
-        import wandb
-
-        self.mode = resolve_wandb_mode(logger_cfg.mode)
-        os.environ.setdefault("WANDB_SILENT", "true")
-        self.run = wandb.init(
-            project=logger_cfg.project,
-            entity=logger_cfg.entity,
+        info = trackers.RunInfo(
             name=name,
             group=group,
-            job_type=job_type,
             tags=[*logger_cfg.tags, *tags],
             config=redact(config),
-            mode=self.mode,
-            dir=str(run_dir),
-            id=run_id,
-            resume="allow" if run_id else None,
+            run_dir=run_dir,
+            run_id=run_id,
+            job_type=job_type,
         )
-        log.info("W&B run %s (%s mode) in %s", name, self.mode, self.run_path)
+        self.run = trackers.open_run(logger_cfg, info)
+        log.info("%s", self.run.where())
+
+    @property
+    def mode(self) -> str:
+        return "disabled" if self.run is None else self.run.mode
 
     @property
     def run_id(self) -> str | None:
-        return None if self.run is None else self.run.id
+        return None if self.run is None else self.run.run_id
 
     @property
     def run_path(self) -> Path | None:
-        return None if self.run is None else Path(self.run.dir).parent
+        """The W&B run's directory (what summary.json calls `wandb`)."""
+        return None if self.run is None else self.run.run_path
 
     def identity(self) -> dict:
-        """The run's name and group as W&B recorded them (read back from the run, not from our arguments)."""
-        if self.run is None:
-            return {}
-        run = self.run
-        return {"wandb_id": run.id, "wandb_name": run.name, "wandb_group": run.group, "wandb_job_type": run.job_type}
+        """The run's name and group as the tracker recorded them (read back from the run where it can be)."""
+        return {} if self.run is None else self.run.identity()
 
     def summary(self, values: dict) -> None:
         if self.run is not None:
-            self.run.summary.update(values)
+            self.run.summary(values)
 
     def sync_command(self) -> str | None:
-        return f"wandb sync {self.run_path}" if self.run is not None and self.mode == "offline" else None
+        return None if self.run is None else self.run.sync_command()
 
     def finish(self, failed: bool) -> None:
         if self.run is not None:
-            self.run.finish(exit_code=1 if failed else 0)
+            trackers.close_run(self.run, failed)

@@ -5,9 +5,9 @@ TRL's sampling and loss are untouched; through the seam (grpo_exp.trainer.seam):
   verification prompts built from recent on-policy samples (grpo_exp.verification.task), per the schedule;
 - after scoring, the ScoredBatch (prompts, completions, per-component rewards, advantages) is summarised per
   group by grpo_exp.stats; the scalars join TRL's own metrics (averaged and logged each logging step, reaching
-  W&B and metrics.jsonl alike). Histograms of the per-group reward go to W&B, and every `stats.table_every`
-  steps a few whole groups go to a W&B table and samples.jsonl. Labelled generation samples feed the
-  self-verification buffer.
+  the tracker through TRL's report_to and metrics.jsonl alike). Histograms of the per-group reward go to the
+  tracker (grpo_exp.run.trackers: each backend takes what it can), and every `stats.table_every` steps a few whole
+  groups go to its table and to samples.jsonl. Labelled generation samples feed the self-verification buffer.
 """
 
 import json
@@ -20,6 +20,7 @@ from accelerate.utils import gather_object
 
 from grpo_exp.generation import generate_completions
 from grpo_exp.rollout.flow import broadcast_to_turns, trajectory_statistics
+from grpo_exp.run import trackers
 from grpo_exp.stats import group_statistics, group_std, label_values, score_statistics
 from grpo_exp.text import completion_text
 from grpo_exp.trainer.scored_batch import ScoredBatch
@@ -48,6 +49,7 @@ class GRPOExpTrainer(HookedGRPOTrainer):
         self.stats_cfg = stats_cfg
         self.samples_path = samples_path
         self.selfverify = selfverify
+        trackers.attach(self)  # TRL's report_to callback logs into the tracker run of this job (its name, group)
 
     @property
     def wants_scored_batch(self) -> bool:
@@ -167,20 +169,19 @@ class GRPOExpTrainer(HookedGRPOTrainer):
             self.temperature,
         )
 
-    # ---- sampled groups: W&B histograms and tables, samples.jsonl ------------------------------------------
+    # ---- sampled groups: the tracker's histograms and tables, samples.jsonl -------------------------------
 
     def _log_groups(self, step: int, batch: ScoredBatch, correct: torch.Tensor) -> None:
-        import wandb
-
         size, texts, total = batch.group_size, batch.texts, batch.total
-        grouped_total = batch.grouped(total)
-        if wandb.run is not None:
-            wandb.log(
+        tracker = trackers.active()
+        if tracker is not None:
+            grouped_total = batch.grouped(total)
+            tracker.log_histograms(
+                step,
                 {
-                    "groups/reward_mean_hist": wandb.Histogram(_histogram_values(torch.nanmean(grouped_total, dim=1))),
-                    "groups/reward_std_hist": wandb.Histogram(_histogram_values(group_std(grouped_total))),
-                    "train/global_step": step,
-                }
+                    "groups/reward_mean_hist": _histogram_values(torch.nanmean(grouped_total, dim=1)),
+                    "groups/reward_std_hist": _histogram_values(group_std(grouped_total)),
+                },
             )
         if (step - 1) % self.stats_cfg.table_every:
             return
@@ -204,10 +205,8 @@ class GRPOExpTrainer(HookedGRPOTrainer):
                 )
         with self.samples_path.open("a", encoding="utf-8") as f:
             f.writelines(json.dumps(row) + "\n" for row in rows)
-        if wandb.run is not None and rows:
-            columns = list(rows[0])
-            table = wandb.Table(columns=columns, data=[[_cell(row[c]) for c in columns] for row in rows])
-            wandb.log({"groups/samples": table, "train/global_step": step})
+        if tracker is not None and rows:
+            tracker.log_table(step, "groups/samples", rows)
 
 
 def _trajectory_columns(batch: ScoredBatch) -> list[dict]:
@@ -231,10 +230,6 @@ def _trajectory_columns(batch: ScoredBatch) -> list[dict]:
 def _histogram_values(values: torch.Tensor):
     """Rounded: values a few ulps apart (float noise) make numpy refuse 64 bins over that range."""
     return torch.round(values.nan_to_num(), decimals=6).numpy()
-
-
-def _cell(value):
-    return json.dumps(value) if isinstance(value, list) else value
 
 
 def _float(value: torch.Tensor) -> float | None:

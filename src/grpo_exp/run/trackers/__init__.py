@@ -1,0 +1,55 @@
+"""Experiment trackers (logger=wandb | trackio | tensorboard | mlflow), one module per backend behind TrackerRun.
+
+A run opens with grpo_exp's identity (named by what differs, grouped by sweep, redacted config, tags); TRL's
+`report_to` callback is attached to it (`attach`); grpo_exp's own histograms and sample tables reach it through
+`active()`; the Tracker (grpo_exp.run.tracking) adds the summary and finishes it."""
+
+import importlib
+import importlib.util
+
+from grpo_exp.errors import UserError
+from grpo_exp.run.trackers.base import RunInfo, TrackerRun, active, set_active
+from grpo_exp.schema import LoggerBackend
+
+__all__ = ["RunInfo", "TrackerRun", "active", "attach", "close_run", "open_run", "require"]
+
+# backend: (its module here, its class, the module it imports, the package that provides it)
+BACKENDS = {
+    LoggerBackend.wandb: ("wandb_run", "WandbRun", "wandb", "wandb"),
+    LoggerBackend.trackio: ("trackio_run", "TrackioRun", "trackio", "trackio"),
+    LoggerBackend.tensorboard: ("tensorboard_run", "TensorBoardRun", "tensorboard", "tensorboard"),
+    LoggerBackend.mlflow: ("mlflow_run", "MlflowRun", "mlflow", "mlflow-skinny"),
+}
+
+
+def require(backend: LoggerBackend) -> None:
+    """Before any model loads: the backend's library is installed, or one message saying how to get it."""
+    _, _, module, package = BACKENDS[backend]
+    if importlib.util.find_spec(module) is None:
+        raise UserError(
+            f"logger={backend.value} needs {module}: pip install {package} (or pip install -e '.[trackers]')"
+        )
+
+
+def open_run(logger_cfg, info: RunInfo) -> TrackerRun:
+    """Open the run and make it this process's active one."""
+    require(logger_cfg.backend)
+    module, name, _, _ = BACKENDS[logger_cfg.backend]
+    kind = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    run = kind(logger_cfg, info)
+    set_active(run)
+    return run
+
+
+def close_run(run: TrackerRun, failed: bool) -> None:
+    try:
+        run.finish(failed)
+    finally:
+        set_active(None)
+
+
+def attach(trainer) -> None:
+    """The trainer's report_to callback logs into the active run (a no-op without one)."""
+    run = active()
+    if run is not None:
+        run.attach(trainer)
