@@ -52,6 +52,7 @@ bench: install  ## benchmarks (ratios side by side in one run; ~1.5 h, most of i
 	$(PY) -m benchmarks.tool_protocol
 	$(PY) -m benchmarks.overhead
 	$(PY) -m benchmarks.decode
+	$(PY) -m benchmarks.heldout_eval
 	$(PY) -m benchmarks.time_to_accuracy
 
 # What the default experiment learns: 3 seeds of `make train`, then held-out accuracy (mean, spread) and a figure.

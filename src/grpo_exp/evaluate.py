@@ -89,7 +89,15 @@ def main(argv: list[str] | None = None) -> dict:
     model = load_model(cfg.model, tokenizer, cfg.cache_dir, cfg.trainer.seed)
     max_new_tokens = spec.eval_max_new_tokens
     greedy = heldout_accuracy(
-        model, tokenizer, heldout, verifier, max_new_tokens, cfg.eval.batch_size, "greedy", rollout
+        model,
+        tokenizer,
+        heldout,
+        verifier,
+        max_new_tokens,
+        cfg.eval.batch_size,
+        "greedy",
+        rollout,
+        prepacked=cfg.eval.prepacked,
     )
     results = {
         "model": cfg.model.name_or_path or cfg.model.name,

@@ -498,6 +498,9 @@ class EvalSchema:
     after: bool = True  # ...and after
     batch_size: int = knob(16, ge=1)
     max_new_tokens: int | None = knob(None, ge=1)  # null: the trainer's max_completion_length
+    # Greedy held-out answers on CPU from the policy's oneDNN-prepacked float32 copy (the training sampler's): the
+    # same answers, measured, several times faster; where it cannot serve, generate() on the policy (false: always)
+    prepacked: bool = True
     # `python -m grpo_exp.evaluate` only: k sampled completions per problem for pass@k and maj@k (0: greedy only)...
     samples: int = knob(4, ge=0)
     temperature: float = knob(1.0, gt=0.0)  # ...sampled at this temperature

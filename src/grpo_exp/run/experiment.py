@@ -68,7 +68,15 @@ def measure_heldout(
     verifier, rollout, cfg = parts.verifier, parts.rollout, spec.cfg
     max_new_tokens = spec.eval_max_new_tokens
     result = heldout_accuracy(
-        model, tokenizer, heldout, verifier, max_new_tokens, cfg.eval.batch_size, f"held-out eval ({when})", rollout
+        model,
+        tokenizer,
+        heldout,
+        verifier,
+        max_new_tokens,
+        cfg.eval.batch_size,
+        f"held-out eval ({when})",
+        rollout,
+        prepacked=cfg.eval.prepacked,
     )
     log.info("Held-out accuracy %s training: %.3f (%d/%d)", when, result.accuracy, result.correct, result.scored)
     if result.rollout:
@@ -149,6 +157,7 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
                 cfg.eval.batch_size,
                 None,
                 parts.rollout,
+                prepacked=cfg.eval.prepacked,
             )
             metrics = validation_metrics(result.samples, parts)
             if cfg.eval.every_samples:

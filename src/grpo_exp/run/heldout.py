@@ -23,6 +23,7 @@ from grpo_exp.rollout.multiturn import MultiTurnRollout, greedy_generation
 from grpo_exp.run.build import RunParts
 from grpo_exp.run.distributed import is_main_process
 from grpo_exp.run.files import BENCHMARK_FILE
+from grpo_exp.run.prepacked_eval import greedy_completions
 from grpo_exp.run.resolve import RunSpec
 from grpo_exp.stats import correctness_stats, final_answer, label_values, majority_vote_accuracy, score_statistics
 from grpo_exp.text import prompt_text
@@ -61,15 +62,21 @@ def answer(
     desc: str | None,
     temperature: float = 0.0,
     rollout: MultiTurnRollout | None = None,
+    prepacked: bool = False,
 ) -> tuple[list[str], list[dict]]:
     """The texts that hold each prompt's answer, and per-prompt details: one completion each, or with a
     multi-turn rollout each trajectory's final turn (details: the trajectory, its turns and tool calls).
-    Under several processes, each answers its share of the prompts (grpo_exp.data_parallel)."""
+    Under several processes, each answers its share of the prompts (grpo_exp.data_parallel). prepacked: greedy
+    answers from the policy's prepacked copy where it can serve (grpo_exp.run.prepacked_eval)."""
 
     def work(share: list, main: bool) -> list[tuple[str, dict]]:
         shown = desc if main else None
         if rollout is None:
-            texts = generate_completions(model, tokenizer, share, max_new_tokens, batch_size, shown, temperature)
+            texts = None
+            if prepacked and temperature == 0:
+                texts = greedy_completions(model, tokenizer, share, max_new_tokens, batch_size, shown)
+            if texts is None:
+                texts = generate_completions(model, tokenizer, share, max_new_tokens, batch_size, shown, temperature)
             return [(text, {}) for text in texts]
         generation = greedy_generation(tokenizer)
         if temperature > 0:
@@ -93,9 +100,13 @@ def heldout_accuracy(
     batch_size: int,
     desc: str,
     rollout: MultiTurnRollout | None = None,
+    prepacked: bool = False,
 ) -> EvalResult:
     """Greedy accuracy; with a multi-turn rollout, of each trajectory's final answer (the tools in reach)."""
-    completions, details = answer(model, tokenizer, dataset["prompt"], max_new_tokens, batch_size, desc, 0.0, rollout)
+    prompts = dataset["prompt"]
+    completions, details = answer(
+        model, tokenizer, prompts, max_new_tokens, batch_size, desc, 0.0, rollout, prepacked=prepacked
+    )
     labels = verifier(completions, dataset["solution"])
     stats = {}
     if rollout is not None:

@@ -145,8 +145,9 @@ class SamplingCopy:
         self.synced_step: int | None = None
 
     @torch.no_grad()
-    def sync(self, policy: torch.nn.Module, step: int) -> None:
-        if step == self.synced_step:
+    def sync(self, policy: torch.nn.Module, step: int | None) -> None:
+        """The policy's weights, unless already synced at this training step (step None: always)."""
+        if step is not None and step == self.synced_step:
             return
         sources = dict(policy.named_parameters())
         for name, target in self.copy.named_parameters():

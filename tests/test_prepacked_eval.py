@@ -1,0 +1,60 @@
+"""eval.prepacked: greedy held-out answers from the policy's prepacked float32 copy, the same as generate()'s."""
+
+import pytest
+import torch
+
+from grpo_exp.run.prepacked_eval import greedy_completions, prepack_refusal
+from grpo_exp.trainer.sampling_copy import can_prepack
+from support.config import resolved_config
+
+needs_onednn = pytest.mark.skipif(not can_prepack(), reason="this torch build cannot prepack float32 weights (oneDNN)")
+
+
+def questions(count: int) -> list:
+    return [[{"role": "user", "content": f"What is {i} + {2 * i + 1}? Answer in a word."}] for i in range(count)]
+
+
+@needs_onednn
+def test_the_tiny_model_answers_the_same_from_its_prepacked_copy_and_follows_its_training(tiny_policy):
+    from grpo_exp.generation import generate_completions
+
+    model, tokenizer = tiny_policy
+    prompts = questions(5)
+    expected = generate_completions(model, tokenizer, prompts, 12, 2, None)
+    assert greedy_completions(model, tokenizer, prompts, 12, 2, None) == expected, "batches of 2, one of them partial"
+    with torch.no_grad():  # the weights move (a training step): the copy follows them
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.05)
+    moved = generate_completions(model, tokenizer, prompts, 12, 2, None)
+    assert moved != expected
+    assert greedy_completions(model, tokenizer, prompts, 12, 2, None) == moved
+
+
+def test_the_copy_serves_only_float32_weights_on_cpu(tiny_policy):
+    model, _ = tiny_policy
+    assert prepack_refusal(model) in (None, "this torch build has no oneDNN (mkldnn)")
+    half = type(model)(model.config).to(torch.bfloat16)
+    assert prepack_refusal(half) == "the policy's weights are not all float32"
+
+
+@pytest.mark.slow
+@needs_onednn
+def test_the_embedded_model_answers_the_100_default_problems_the_same_from_its_prepacked_copy():
+    """The default experiment's held-out evaluation, both ways: identical completions, problem by problem."""
+    from grpo_exp.data import load_splits
+    from grpo_exp.models import load_model, load_tokenizer
+    from grpo_exp.run.heldout import heldout_accuracy
+    from grpo_exp.verification.rule import math_verify_verifier
+
+    spec = resolved_config([])
+    cfg = spec.cfg
+    _, heldout = load_splits(cfg.dataset)
+    tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
+    model = load_model(cfg.model, tokenizer, cfg.cache_dir, cfg.trainer.seed, spec.policy_dtype)
+    assert len(heldout) == 100
+    args = (model, tokenizer, heldout, math_verify_verifier(), spec.eval_max_new_tokens, cfg.eval.batch_size, None)
+    today, prepacked = heldout_accuracy(*args, prepacked=False), heldout_accuracy(*args, prepacked=True)
+    answers = zip(today.samples, prepacked.samples, strict=True)
+    differing = [i for i, (a, b) in enumerate(answers) if a["completion"] != b["completion"]]
+    assert differing == [], f"problems answered differently: {differing}"
+    assert prepacked.accuracy == today.accuracy
