@@ -43,6 +43,7 @@ from grpo_exp.run.resolve import RunSpec, resolve
 from grpo_exp.run.resume import Attempt, carry_history, is_complete, remove_checkpoints, write_record
 from grpo_exp.run.tracking import MetricsFileCallback, Tracker, run_identity
 from grpo_exp.run.validation import BEST_CHECKPOINT_DIR, BeforeTraining, PeriodicValidation, carry_best
+from grpo_exp.run.wandb_offline import RECORD_KEY, segments_so_far, sync_command
 from grpo_exp.trainer.config import ddp_timeout
 from grpo_exp.trainer.seam import as_rollout_func, policy_for_generation
 from grpo_exp.trainer.trainer import GRPOExpTrainer
@@ -127,6 +128,9 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
     tags = [f"{k}:{v}" for k, v in choices.items()]
     run_id = attempt.record.get("wandb_id") if attempt else None
     tracker = Tracker(cfg.logger, run_dir, name, group, tags, {**resolved, "choices": choices}, run_id, enabled=main)
+    # An offline W&B run continued here: every attempt's segment, oldest first (`wandb sync` needs them all).
+    offline = tracker.run_path if tracker.mode == "offline" else None
+    wandb_segments = segments_so_far(attempt, offline, run_id) if main else []
     console = ConsoleView()
     measured: dict = {"benchmark": None, "before": None, "seconds": 0.0}
 
@@ -141,7 +145,8 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
             before = heldout_before(policy, tokenizer, heldout, parts, spec, run_dir, attempt, measured["benchmark"])
         measured["before"], console.heldout_before = before, _accuracy(before)
         if main:
-            write_record(run_dir, {"wandb_id": tracker.run_id, "heldout_before": before and asdict_light(before)})
+            record = {"wandb_id": tracker.run_id, RECORD_KEY: wandb_segments}
+            write_record(run_dir, record | {"heldout_before": before and asdict_light(before)})
         measured["seconds"] = time.perf_counter() - started  # not training time
 
     problems = heldout.select(range(min(cfg.eval.every_problems or len(heldout), len(heldout))))
@@ -263,7 +268,7 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
                     "checkpoint": checkpoint,
                     "wandb": tracker.run_path,
                 },
-                wandb_sync=tracker.sync_command(),
+                wandb_sync=sync_command(wandb_segments) if offline else None,
             )
             | tracker.identity()
         )
