@@ -9,6 +9,7 @@ best.json naming its step and value; a resumed run starts from its history.
 import json
 import logging
 import shutil
+import time
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -224,8 +225,11 @@ class PeriodicValidation(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step % self.every:
             return
+        started = time.perf_counter()
         with untouched_rng():
             metrics = self.validate()
+        # what validating costs, beside the step's own time (step_time): eval.every's overhead, measured in the run
+        metrics = {**metrics, "timing/validation_s": time.perf_counter() - started}
         for key, value in metrics.items():
             self.record(key, value)
         self.keep(state.global_step, metrics)
