@@ -228,7 +228,8 @@ def test_the_alarm_is_recorded_once_and_stops_training_when_asked(tmp_path, acti
 @pytest.mark.e2e
 def test_validation_measures_the_learned_components_and_pass_at_k(tmp_path):
     """The confidence component (a frozen generative verifier) scored on the held-out answers at each validation,
-    the initial model's included, and pass@k / maj@k from eval.every_samples sampled answers."""
+    the initial model's included, and pass@k / maj@k from eval.every_samples sampled answers; the last validation
+    answers for the evaluation after training."""
     result = run_cli(
         *TINY_RUN,
         "reward=math+confidence",
@@ -236,7 +237,6 @@ def test_validation_measures_the_learned_components_and_pass_at_k(tmp_path):
         "verifier.model=tiny",
         "reward.components.confidence.show=solution",  # the random tiny model never writes a final answer
         "eval.every=1",
-        "eval.every_problems=3",
         "eval.every_samples=2",
         "logger=none",
         f"hydra.run.dir={tmp_path}",
@@ -248,3 +248,7 @@ def test_validation_measures_the_learned_components_and_pass_at_k(tmp_path):
         assert 0 < metrics["heldout/confidence/mean"] < 1
         assert "heldout/confidence/auroc" in metrics  # NaN -> null: the random model is never right
         assert {"heldout/pass@1", "heldout/pass@2", "heldout/maj@2"} <= set(metrics)
+    # the evaluation after training takes the last validation's answers (all 4 held-out problems, the same model)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["heldout_accuracy_after"] == validated[2]["heldout/accuracy"]
+    assert len((tmp_path / "eval_after.jsonl").read_text().splitlines()) == 4

@@ -61,14 +61,16 @@ def measure_heldout(
     run_dir: Path,
     when: str,
     benchmark: list[Candidate] | None = None,
+    answered: EvalResult | None = None,
 ):
     """Greedy held-out accuracy (with the tools, for rollout=multiturn); with self-verification or the judge on,
     their held-out measures too, and the verification benchmark when it is on. Every problem's completion and
     label go to eval_<when>.jsonl. Every process calls it: each answers a share of the problems (the main process
-    alone asks the judge and writes)."""
+    alone asks the judge and writes). answered: the same model's greedy answers to all of `heldout`, already
+    measured (a validation at the last step), taken instead of answering again."""
     verifier, rollout, cfg = parts.verifier, parts.rollout, spec.cfg
     max_new_tokens = spec.eval_max_new_tokens
-    result = heldout_accuracy(
+    result = answered or heldout_accuracy(
         model,
         tokenizer,
         heldout,
@@ -151,6 +153,8 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
 
     problems = heldout.select(range(min(cfg.eval.every_problems or len(heldout), len(heldout))))
 
+    last_validation: dict = {}  # its step and greedy answers: the evaluation after training takes them when it can
+
     def validate() -> dict[str, float]:
         with policy_for_generation(trainer) as policy:
             result = heldout_accuracy(
@@ -165,6 +169,7 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
                 prepacked=cfg.eval.prepacked,
             )
             metrics = validation_metrics(result.samples, parts)
+            last_validation.update(step=trainer.state.global_step, answers=result)
             if cfg.eval.every_samples:
                 sampled = sampled_metrics(
                     policy,
@@ -238,9 +243,19 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
         train_seconds = time.perf_counter() - started - measured["seconds"]
         before, after = measured["before"], None
         if cfg.eval.after:  # every process, on the model where it trained
+            # a validation at the last step, on every held-out problem, has answered already
+            validated = last_validation.get("step") == trainer.state.global_step and len(problems) == len(heldout)
             with policy_for_generation(trainer) as policy:
                 after = measure_heldout(
-                    policy, tokenizer, heldout, parts, spec, run_dir, "after", measured["benchmark"]
+                    policy,
+                    tokenizer,
+                    heldout,
+                    parts,
+                    spec,
+                    run_dir,
+                    "after",
+                    measured["benchmark"],
+                    answered=last_validation["answers"] if validated else None,
                 )
         checkpoint = run_dir / FINAL_CHECKPOINT_DIR if cfg.save_model else None
         if checkpoint:
