@@ -117,6 +117,10 @@ def test_validation_every_step_is_logged_at_its_step_and_the_best_checkpoint_kep
     assert list((tmp_path / "checkpoint-best").glob("*.safetensors"))
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["best_step"] == 0 and summary["checkpoint_best"].endswith("checkpoint-best")
+    # `evaluate` takes the best checkpoint with the run's own config, and writes beside it
+    evaluated = run_cli(str(tmp_path / "checkpoint-best"), "eval.samples=0", module="grpo_exp.evaluate")
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert json.loads((tmp_path / "checkpoint-best" / "evaluation.json").read_text())["problems"] == 4
 
 
 @pytest.mark.e2e

@@ -28,12 +28,14 @@ from grpo_exp.run.files import BENCHMARK_FILE, EVALUATION_FILE, FINAL_CHECKPOINT
 from grpo_exp.run.heldout import benchmark_statistics, heldout_accuracy, sampled_metrics, verification_benchmark
 from grpo_exp.run.resolve import resolve
 from grpo_exp.run.tracking import Tracker
+from grpo_exp.run.validation import BEST_CHECKPOINT_DIR
 from grpo_exp.schema import register_schemas
 from grpo_exp.verification.benchmark import load_benchmark
 
 EPILOG = """\
 The first argument may be a grpo_exp run directory (its config is re-composed and its checkpoint-final
-evaluated) or a model checkpoint directory; every other argument is a Hydra override of the training
+evaluated), one of its checkpoints (<run dir>/checkpoint-best: the best validation's model, with the run's config;
+results in that directory), or a model checkpoint directory; every other argument is a Hydra override of the training
 config (dataset=..., eval.samples=..., eval.temperature=..., eval.batch_size=..., eval.log_to_wandb=true,
 eval.verification_benchmark.enabled=true: the model's P(Yes) on the verification benchmark, a run directory's
 own set when it has one).
@@ -58,10 +60,12 @@ def resolve_source(argv: list[str]) -> tuple[list[str], Path | None]:
     if not argv or "=" in argv[0]:
         return argv, None
     source, overrides = Path(argv[0]), argv[1:]
-    if (source / ".hydra" / "overrides.yaml").is_file() and (source / FINAL_CHECKPOINT_DIR).is_dir():
-        # Re-compose the run's own config (its overrides), then point the model at its final checkpoint.
-        run_overrides = yaml.safe_load((source / ".hydra" / "overrides.yaml").read_text()) or []
-        checkpoint = source / FINAL_CHECKPOINT_DIR
+    run_dir, checkpoint = source, source / FINAL_CHECKPOINT_DIR
+    if source.name in (FINAL_CHECKPOINT_DIR, BEST_CHECKPOINT_DIR) and (source.parent / ".hydra").is_dir():
+        run_dir, checkpoint = source.parent, source  # a run's own checkpoint: evaluated with the run's config
+    if (run_dir / ".hydra" / "overrides.yaml").is_file() and checkpoint.is_dir():
+        # Re-compose the run's own config (its overrides), then point the model at the checkpoint.
+        run_overrides = yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text()) or []
         kept = [o for o in run_overrides if not o.lstrip("+~").startswith("hydra.")]
     elif (source / "config.json").is_file():
         checkpoint, kept = source, []
