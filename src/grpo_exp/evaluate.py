@@ -25,7 +25,7 @@ from grpo_exp.models import load_model, load_tokenizer
 from grpo_exp.paths import CONF_DIR
 from grpo_exp.run.build import build_parts
 from grpo_exp.run.files import BENCHMARK_FILE, EVALUATION_FILE, FINAL_CHECKPOINT_DIR
-from grpo_exp.run.heldout import benchmark_statistics, heldout_accuracy, sampled_metrics, verification_benchmark
+from grpo_exp.run.heldout import benchmark_statistics, run_heldout_accuracy, sampled_metrics, verification_benchmark
 from grpo_exp.run.resolve import resolve
 from grpo_exp.run.tracking import Tracker
 from grpo_exp.run.validation import BEST_CHECKPOINT_DIR
@@ -92,17 +92,7 @@ def main(argv: list[str] | None = None) -> dict:
     tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
     model = load_model(cfg.model, tokenizer, cfg.cache_dir, cfg.trainer.seed)
     max_new_tokens = spec.eval_max_new_tokens
-    greedy = heldout_accuracy(
-        model,
-        tokenizer,
-        heldout,
-        verifier,
-        max_new_tokens,
-        cfg.eval.batch_size,
-        "greedy",
-        rollout,
-        prepacked=cfg.eval.prepacked,
-    )
+    greedy = run_heldout_accuracy(model, tokenizer, heldout, spec, parts, "greedy")
     results = {
         "model": cfg.model.name_or_path or cfg.model.name,
         "dataset": cfg.dataset.name,

@@ -31,9 +31,9 @@ from grpo_exp.run.files import (
 from grpo_exp.run.heldout import (
     EvalResult,
     benchmark_statistics,
-    heldout_accuracy,
     judge_statistics,
     learned_components,
+    run_heldout_accuracy,
     sampled_metrics,
     validation_metrics,
     verification_benchmark,
@@ -68,19 +68,8 @@ def measure_heldout(
     label go to eval_<when>.jsonl. Every process calls it: each answers a share of the problems (the main process
     alone asks the judge and writes). answered: the same model's greedy answers to all of `heldout`, already
     measured (a validation at the last step), taken instead of answering again."""
-    verifier, rollout, cfg = parts.verifier, parts.rollout, spec.cfg
-    max_new_tokens = spec.eval_max_new_tokens
-    result = answered or heldout_accuracy(
-        model,
-        tokenizer,
-        heldout,
-        verifier,
-        max_new_tokens,
-        cfg.eval.batch_size,
-        f"held-out eval ({when})",
-        rollout,
-        prepacked=cfg.eval.prepacked,
-    )
+    cfg, max_new_tokens = spec.cfg, spec.eval_max_new_tokens
+    result = answered or run_heldout_accuracy(model, tokenizer, heldout, spec, parts, f"held-out eval ({when})")
     log.info("Held-out accuracy %s training: %.3f (%d/%d)", when, result.accuracy, result.correct, result.scored)
     if result.rollout:
         log.info("Held-out trajectories %s training: %s", when, {k: round(v, 3) for k, v in result.rollout.items()})
@@ -157,17 +146,7 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
 
     def validate() -> dict[str, float]:
         with policy_for_generation(trainer) as policy:
-            result = heldout_accuracy(
-                policy,
-                tokenizer,
-                problems,
-                parts.verifier,
-                spec.eval_max_new_tokens,
-                cfg.eval.batch_size,
-                None,
-                parts.rollout,
-                prepacked=cfg.eval.prepacked,
-            )
+            result = run_heldout_accuracy(policy, tokenizer, problems, spec, parts, None)
             metrics = validation_metrics(result.samples, parts)
             last_validation.update(step=trainer.state.global_step, answers=result)
             if cfg.eval.every_samples:

@@ -122,6 +122,23 @@ def heldout_accuracy(
     return EvalResult(correct / len(scored) if scored else float("nan"), correct, len(scored), samples, rollout=stats)
 
 
+def run_heldout_accuracy(model, tokenizer, dataset: Dataset, spec: RunSpec, parts: RunParts, desc: str | None):
+    """heldout_accuracy with the run's own settings: its verifier and rollout, eval.batch_size, eval.prepacked and
+    the held-out answers' length."""
+    eval_cfg = spec.cfg.eval
+    return heldout_accuracy(
+        model,
+        tokenizer,
+        dataset,
+        parts.verifier,
+        spec.eval_max_new_tokens,
+        eval_cfg.batch_size,
+        desc,
+        parts.rollout,
+        prepacked=eval_cfg.prepacked,
+    )
+
+
 def sampled_metrics(
     model,
     tokenizer,
@@ -150,10 +167,7 @@ def judge_statistics(judge: RubricJudge, samples: list[dict]) -> dict[str, float
     correctness."""
     pairs = [(prompt_text(s["prompt"]), s["completion"]) for s in samples]
     rewards, counters = asyncio.run(judge.score(pairs))
-    scores = torch.tensor([math.nan if r is None else r for r in rewards]).view(-1, 1)
-    stats = score_statistics(scores, _labels(samples), "judge")
-    stats.pop("judge/group_std")  # one answer per problem: no group
-    return stats | {"judge/failures": counters["judge/failures"]}
+    return _answer_statistics("judge", rewards, samples) | {"judge/failures": counters["judge/failures"]}
 
 
 def validation_metrics(samples: list[dict], parts: RunParts) -> dict[str, float]:
@@ -190,14 +204,17 @@ def _confidence_statistics(reward_func, p_yes: PYesScorer, samples: list[dict]) 
         )
     finally:
         p_yes.split = split
+    return _answer_statistics("confidence", rewards, samples)
+
+
+def _answer_statistics(name: str, rewards: list[float | None], samples: list[dict]) -> dict[str, float]:
+    """A graded component's scores of one answer per problem (None: not scored): their mean and AUROC against the
+    samples' labels (score_statistics; no group spread: one answer per problem is no group)."""
     scores = torch.tensor([math.nan if r is None else r for r in rewards]).view(-1, 1)
-    stats = score_statistics(scores, _labels(samples), "confidence")
-    stats.pop("confidence/group_std")
+    correct = torch.tensor(label_values([s["correct"] for s in samples])).view(-1, 1)
+    stats = score_statistics(scores, correct, name)
+    stats.pop(f"{name}/group_std")
     return stats
-
-
-def _labels(samples: list[dict]) -> torch.Tensor:
-    return torch.tensor(label_values([s["correct"] for s in samples])).view(-1, 1)
 
 
 def verification_benchmark(
