@@ -35,7 +35,7 @@ FEATURES = {
         "eval.verification_benchmark.problems=4",
     ],
     "multi-turn rollout": ["rollout=multiturn"],
-    "validation every step, the best checkpoint": ["eval.every=1", "eval.every_problems=3"],
+    "validation every step, the best two checkpoints": ["eval.every=1", "eval.every_problems=3", "eval.keep_top_k=2"],
 }
 
 

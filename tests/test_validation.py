@@ -13,6 +13,8 @@ from grpo_exp.run.validation import (
     best_of,
     check_validation,
     hacking_alarm,
+    metric_standard_error,
+    ranked,
     stop_reason,
     validations_without_improvement,
 )
@@ -55,13 +57,121 @@ def test_gains_within_one_standard_error_do_not_reset_the_patience():
     assert 0 < accuracy_standard_error(0.0, 100) < accuracy_standard_error(0.5, 100), (
         "0 correct still carries its uncertainty"
     )
+
+    def errors(values):
+        return [accuracy_standard_error(v, 100) if v == v else math.nan for v in values]
+
     # on 100 problems: 0.40 -> 0.43 is within noise (~0.049), 0.40 -> 0.46 is not
-    assert validations_without_improvement([0.40, 0.43, 0.42], 100) == 2
-    assert validations_without_improvement([0.40, 0.43, 0.46], 100) == 0
-    assert validations_without_improvement([0.40, math.nan], 100) == 1
-    assert stop_reason([0.40, 0.43, 0.42], 100, patience=2, stop_at=None).startswith("no held-out improvement")
-    assert stop_reason([0.40, 0.43], 100, patience=2, stop_at=None) is None
-    assert "reached eval.stop_at=0.5" in stop_reason([0.2, 0.55], 100, patience=None, stop_at=0.5)
+    assert validations_without_improvement([0.40, 0.43, 0.42], errors([0.40, 0.43, 0.42])) == 2
+    assert validations_without_improvement([0.40, 0.43, 0.46], errors([0.40, 0.43, 0.46])) == 0
+    assert validations_without_improvement([0.40, math.nan], errors([0.40, math.nan])) == 1
+    values = [0.40, 0.43, 0.42]
+    assert stop_reason(values, errors(values), patience=2, stop_at=None).startswith("no held-out improvement")
+    assert stop_reason(values[:2], errors(values[:2]), patience=2, stop_at=None) is None
+    assert "reached eval.stop_at=0.5" in stop_reason([0.2, 0.55], errors([0.2, 0.55]), patience=None, stop_at=0.5)
+
+
+def test_each_validation_metric_has_its_own_noise():
+    metrics = {"heldout/accuracy": 0.5, "heldout/maj@4": 0.6, "heldout/judge/auroc": 0.7, "heldout/judge/mean": 0.8}
+    assert metric_standard_error("heldout/maj@4", metrics, 100) == accuracy_standard_error(0.6, 100)
+    # the AUROC's from the 50 right and 50 wrong answers of that validation
+    assert metric_standard_error("heldout/judge/auroc", metrics, 100) == auroc_standard_error(0.7, 50, 50)
+    # a mean score in [0, 1]: the binomial error bounds it
+    assert metric_standard_error("heldout/judge/mean", metrics, 100) == accuracy_standard_error(0.8, 100)
+
+
+def test_the_top_k_are_the_highest_and_ties_go_to_the_earlier_step():
+    kept = ranked([], Best(0, 0.25), 2)
+    kept = ranked(kept, Best(10, 0.31), 2)
+    assert kept == [Best(10, 0.31), Best(0, 0.25)]
+    assert ranked(kept, Best(20, 0.25), 2) == kept, "a tie with the runner-up: the earlier step stays"
+    assert ranked(kept, Best(20, 0.28), 2) == [Best(10, 0.31), Best(20, 0.28)]
+    assert ranked(kept, Best(20, 0.28), 1) == [Best(10, 0.31)]
+
+
+def test_the_best_metric_must_be_one_the_validations_measure():
+    cfg = compose_config(["eval.every=2", "trainer.logging_steps=1", "eval.best_metric=heldout/maj@4"])
+    with pytest.raises(UserError, match=r"eval.best_metric=heldout/maj@4 is not measured .* heldout/accuracy"):
+        check_validation(cfg.eval, cfg.trainer)
+    cfg = compose_config(
+        ["eval.every=2", "trainer.logging_steps=1", "eval.every_samples=4", "eval.best_metric=heldout/maj@4"]
+    )
+    check_validation(cfg.eval, cfg.trainer)
+    cfg = compose_config(["eval.every=2", "trainer.logging_steps=1", "eval.best_metric=heldout/judge/auroc"])
+    with pytest.raises(UserError, match=r"heldout/judge/auroc is not measured"):
+        check_validation(cfg.eval, cfg.trainer)
+    check_validation(cfg.eval, cfg.trainer, learned=("judge",))
+    for key, value in (("best_metric", "heldout/maj@4"), ("keep_top_k", 2)):
+        cfg = compose_config([f"eval.{key}={value}"])
+        with pytest.raises(UserError, match=rf"eval.{key}={value} chooses among validations: set eval.every"):
+            check_validation(cfg.eval, cfg.trainer)
+
+
+def test_the_k_best_models_are_kept_and_the_best_is_checkpoint_best(tmp_path):
+    """The callback as training calls it: validations 0.25, 0.31, 0.20, 0.28, 0.35 with keep_top_k=2; each saved
+    model is a file naming its step, so where it ends up shows which model is where."""
+    from transformers import TrainerControl, TrainerState
+
+    accuracies = iter([0.25, 0.31, 0.20, 0.28, 0.35])
+    state, control = TrainerState(), TrainerControl()
+
+    def save(directory):
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "model").write_text(str(state.global_step))
+
+    callback = PeriodicValidation(
+        10,
+        validate=lambda: {"heldout/accuracy": next(accuracies)},
+        record=lambda key, value: None,
+        log_now=lambda metrics: None,
+        save_best=save,
+        run_dir=tmp_path,
+        problems=100,
+        alarm=AlarmAction.off,
+        keep_top_k=2,
+    )
+
+    def models():
+        return {
+            str(path.relative_to(tmp_path)): int((path / "model").read_text())
+            for path in [tmp_path / "checkpoint-best", *(tmp_path / "checkpoint-top").glob("*")]
+            if path.exists()
+        }
+
+    callback.on_train_begin(None, state, control)
+    seen = [models()]
+    for step in (10, 20, 30, 40):
+        state.global_step = step
+        callback.on_step_end(None, state, control)
+        seen.append(models())
+    assert seen == [
+        {"checkpoint-best": 0},
+        {"checkpoint-best": 10, "checkpoint-top/step-0": 0},
+        {"checkpoint-best": 10, "checkpoint-top/step-0": 0},  # 0.20 enters no top 2
+        {"checkpoint-best": 10, "checkpoint-top/step-30": 30},  # 0.28 replaces 0.25
+        {"checkpoint-best": 40, "checkpoint-top/step-10": 10},  # the best dethroned, the runner-up dropped
+    ]
+    assert json.loads((tmp_path / "checkpoint-best" / "best.json").read_text()) == {
+        "step": 40,
+        "metric": "heldout/accuracy",
+        "value": 0.35,
+        "heldout/accuracy": 0.35,
+    }
+    summary = callback.summary(tmp_path)
+    assert summary["best_step"] == 40 and summary["best_heldout_accuracy"] == 0.35
+    assert [entry["step"] for entry in summary["top_k"]] == [40, 10]
+
+    # resumed from step 30 in the same directory: the step-40 model is trained again, so it goes; step 10 is best
+    (tmp_path / "metrics.jsonl").write_text(
+        "".join(
+            json.dumps({"step": s, "heldout/accuracy": a}) + "\n"
+            for s, a in ((0, 0.25), (10, 0.31), (20, 0.2), (30, 0.28))
+        )
+    )
+    state.global_step = 30
+    resumed = PeriodicValidation(10, None, None, None, save, tmp_path, 100, keep_top_k=2)
+    resumed.on_train_begin(None, state, control)
+    assert resumed.kept == [Best(10, 0.31)] and models() == {"checkpoint-best": 10}
 
 
 def test_early_stopping_and_sampling_need_validations():
@@ -242,6 +352,8 @@ def test_validation_measures_the_learned_components_and_pass_at_k(tmp_path):
         "reward.components.confidence.show=solution",  # the random tiny model never writes a final answer
         "eval.every=1",
         "eval.every_samples=2",
+        "eval.best_metric=heldout/confidence/mean",  # the random model is never right: its accuracy always ties
+        "eval.keep_top_k=2",
         "logger=none",
         f"hydra.run.dir={tmp_path}",
     )
@@ -252,7 +364,15 @@ def test_validation_measures_the_learned_components_and_pass_at_k(tmp_path):
         assert 0 < metrics["heldout/confidence/mean"] < 1
         assert "heldout/confidence/auroc" in metrics  # NaN -> null: the random model is never right
         assert {"heldout/pass@1", "heldout/pass@2", "heldout/maj@2"} <= set(metrics)
+    # the best two validations by the named metric keep their models
+    best, second = sorted(validated, key=lambda step: (-validated[step]["heldout/confidence/mean"], step))[:2]
+    chosen = json.loads((tmp_path / "checkpoint-best" / "best.json").read_text())
+    assert chosen["step"] == best and chosen["metric"] == "heldout/confidence/mean"
+    assert list((tmp_path / "checkpoint-top").iterdir()) == [tmp_path / "checkpoint-top" / f"step-{second}"]
+    assert list((tmp_path / "checkpoint-top" / f"step-{second}").glob("*.safetensors"))
     # the evaluation after training takes the last validation's answers (all 4 held-out problems, the same model)
     summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["best_step"] == best and summary["best_metric"] == "heldout/confidence/mean"
+    assert [entry["step"] for entry in summary["top_k"]] == [best, second]
     assert summary["heldout_accuracy_after"] == validated[2]["heldout/accuracy"]
     assert len((tmp_path / "eval_after.jsonl").read_text().splitlines()) == 4

@@ -511,8 +511,13 @@ class EvalSchema:
     every_problems: int | None = knob(None, ge=1)  # the first N held-out problems each time (null: all of them)
     # k sampled answers per problem at each validation too, for heldout/pass@1..k and heldout/maj@k (0: greedy only)
     every_samples: int = knob(0, ge=0)
-    # Early stopping on those validations: after `patience` of them without a gain beyond one standard error of the
-    # best (smaller gains are noise), or once the accuracy reaches `stop_at` (null: never)
+    # What checkpoint-best, keep_top_k and early stopping go by, higher being better: heldout/accuracy, or another
+    # metric the validations log (heldout/maj@k, heldout/pass@k, heldout/judge/auroc, ...)
+    best_metric: str = "heldout/accuracy"
+    # The models of the k best validations are kept: the best as checkpoint-best, the others as checkpoint-top/step-<N>
+    keep_top_k: int = knob(1, ge=1)
+    # Early stopping on those validations of best_metric: after `patience` of them without a gain beyond one standard
+    # error of the best (smaller gains are noise), or once it reaches `stop_at` (null: never)
     patience: int | None = knob(None, ge=1)
     stop_at: float | None = knob(None, gt=0.0, le=1.0)
     # The reward-hacking alarm, at each validation: the training reward not falling (its slope since step 0 has a 95%

@@ -42,7 +42,7 @@ from grpo_exp.run.report import build_summary, print_summary, write_summary
 from grpo_exp.run.resolve import RunSpec, resolve
 from grpo_exp.run.resume import Attempt, carry_history, is_complete, remove_checkpoints, write_record
 from grpo_exp.run.tracking import MetricsFileCallback, Tracker, run_identity
-from grpo_exp.run.validation import BEST_CHECKPOINT_DIR, BeforeTraining, PeriodicValidation, carry_best
+from grpo_exp.run.validation import BeforeTraining, PeriodicValidation, carry_best
 from grpo_exp.run.wandb_offline import RECORD_KEY, segments_so_far, sync_command
 from grpo_exp.trainer.config import ddp_timeout
 from grpo_exp.trainer.seam import as_rollout_func, policy_for_generation
@@ -189,6 +189,8 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
                 alarm=cfg.eval.alarm,
                 learned=learned_components(parts),
                 initial=initial,
+                metric=cfg.eval.best_metric,
+                keep_top_k=cfg.eval.keep_top_k,
             )
         )
 
@@ -272,15 +274,8 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
             "per_device_train_batch_size": trainer.args.per_device_train_batch_size,
             "processes": trainer.accelerator.num_processes,
         }
-        if validation and validation[0].best:
-            best = validation[0].best
-            summary |= {
-                "best_step": best.step,
-                "best_heldout_accuracy": best.value,
-                "checkpoint_best": str(run_dir / BEST_CHECKPOINT_DIR),
-                "stopped_early": validation[0].stopped,
-                "alarm": validation[0].alarm,
-            }
+        if validation:
+            summary |= validation[0].summary(run_dir)
         if attempt:  # this attempt trained the steps after the checkpoint only
             summary |= {
                 "resumed_from": str(attempt.checkpoint),

@@ -32,6 +32,7 @@ from grpo_exp.run.tracking import redact, report_to
 from grpo_exp.run.validation import check_validation
 from grpo_exp.schema import RolloutName, VerifierName, check_values
 from grpo_exp.trainer.config import GRPOExpConfig, check_trainer, grpo_exp_config
+from grpo_exp.trainer.trainer import GRADED_COMPONENTS
 from grpo_exp.verification.p_yes import check_verifier_reachable
 from grpo_exp.verification.task import check_task
 
@@ -94,7 +95,7 @@ def resolve(cfg: DictConfig, processes: int | None = None, trainer_dir: Path | N
     check_rollout(spec)
     if spec.selfverify is not None:
         check_task(spec.selfverify, cfg.trainer)
-    check_validation(cfg.eval, cfg.trainer)
+    check_validation(cfg.eval, cfg.trainer, tuple(name for name in spec.components if name in GRADED_COMPONENTS))
     check_data_files(cfg.dataset)
     check_reachable(cfg.model)
     attempt = resolve_attempt(cfg.trainer.resume, Path(cfg.outputs_dir), saved_config)
