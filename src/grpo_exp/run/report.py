@@ -47,6 +47,7 @@ def build_summary(
         "steps": steps,
         "prompts_per_step": cfg.trainer.prompts_per_step,
         "num_generations": cfg.trainer.num_generations,
+        "algorithm": cfg.algorithm.name.value,  # the advantage estimator (conf/algorithm)
         "beta": cfg.trainer.beta,
         "learning_rate": cfg.trainer.learning_rate,
         "train_seconds": train_seconds,
@@ -75,7 +76,8 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
     table.add_row(
         "training",
         f"{summary['steps']} steps x {summary['prompts_per_step']} prompts x G={summary['num_generations']}, "
-        f"beta={summary['beta']}, lr={summary['learning_rate']:g}, {summary['train_seconds']:.0f} s "
+        f"{summary.get('algorithm', 'grpo')}, beta={summary['beta']}, lr={summary['learning_rate']:g}, "
+        f"{summary['train_seconds']:.0f} s "
         f"({summary['seconds_per_step']:.1f} s/step)",
     )
     table.add_row(

@@ -4,7 +4,8 @@ The checks run in this order, each raising one UserError that names the key the 
 1. values the user must set, then every value's bounds (the schema's knob metadata);
 2. the reward components on their typed schemas (the mix's own settings and weights);
 3. the rules between fields: the verifier a component needs, the judge's settings, the trainer's knobs (batch
-   split, zero-variance groups, the sampling copy, pass-through GRPOConfig fields), the rollout, the
+   split, zero-variance groups, the sampling copy, pass-through GRPOConfig fields), the advantage estimator
+   (algorithm.*) against them, the rollout, the
    self-verification task against the trainer;
 4. the world outside: data files, models and tokenizers named anywhere (local directory or hub), the checkpoint
    to resume from;
@@ -31,6 +32,7 @@ from grpo_exp.run.resume import Attempt, resolve_attempt
 from grpo_exp.run.tracking import redact, report_to
 from grpo_exp.run.validation import check_validation
 from grpo_exp.schema import RolloutName, VerifierName, check_values
+from grpo_exp.trainer.advantages import check_algorithm
 from grpo_exp.trainer.config import GRPOExpConfig, check_trainer, grpo_exp_config
 from grpo_exp.trainer.trainer import GRADED_COMPONENTS
 from grpo_exp.verification.p_yes import check_verifier_reachable
@@ -92,6 +94,7 @@ def resolve(cfg: DictConfig, processes: int | None = None, trainer_dir: Path | N
     if "judge" in spec.components:
         check_judge(cfg.judge, spec.processes)
     check_trainer(cfg.trainer, spec.processes, multiturn=spec.multiturn, policy_dtype=spec.policy_dtype)
+    check_algorithm(cfg.algorithm, cfg.trainer)
     check_rollout(spec)
     if spec.selfverify is not None:
         check_task(spec.selfverify, cfg.trainer)
@@ -103,7 +106,7 @@ def resolve(cfg: DictConfig, processes: int | None = None, trainer_dir: Path | N
     if trainer_dir is not None:
         bf16 = torch_dtype(cfg.model.dtype) == torch.bfloat16  # bfloat16 compute: autocast (mixed precision)
         args = grpo_exp_config(
-            cfg.trainer, trainer_dir, report_to(cfg.logger), spec.reward_weights, bf16, spec.processes
+            cfg.trainer, trainer_dir, report_to(cfg.logger), spec.reward_weights, bf16, spec.processes, cfg.algorithm
         )
     OmegaConf.set_readonly(cfg, True)  # what was checked is what runs
     return replace(spec, attempt=attempt, args=args)

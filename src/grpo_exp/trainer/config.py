@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from trl import GRPOConfig
 
 from grpo_exp.errors import UserError
-from grpo_exp.schema import TrainerSchema, ZeroVarianceGroups
+from grpo_exp.schema import AdvantageEstimator, AlgorithmSchema, TrainerSchema, ZeroVarianceGroups
 from grpo_exp.trainer.sampling import (
     check_fast_generation_device,
     check_generation_path,
@@ -56,11 +56,24 @@ class GRPOExpConfig(GRPOConfig):
         default=_schema_default("fast_generation"),
         metadata={"help": "CPU: sample from a copy with prepacked weights and a shared prefill. None: auto."},
     )
+    # The `algorithm` config group (grpo_exp.schema.AlgorithmSchema; grpo_exp.trainer.advantages).
+    advantage_estimator: AdvantageEstimator = field(
+        default=AlgorithmSchema.name,
+        metadata={
+            "help": "How rewards become advantages: grpo (TRL's own), dr_grpo, rloo, reinforce_pp_baseline, pass_at_k."
+        },
+    )
+    pass_at_k: int = field(default=AlgorithmSchema.k, metadata={"help": "advantage_estimator=pass_at_k: its k."})
+    pass_at_k_threshold: float = field(
+        default=AlgorithmSchema.threshold,
+        metadata={"help": "advantage_estimator=pass_at_k: a completion is correct when its reward is above this."},
+    )
 
     def __post_init__(self):
         super().__post_init__()
         # A str from the config or a saved JSON (to_dict writes the value), as TrainingArguments reads its own enums.
         self.zero_variance_groups = ZeroVarianceGroups(self.zero_variance_groups)
+        self.advantage_estimator = AdvantageEstimator(self.advantage_estimator)
         check_generation_path(
             self.bfloat16_generation, self.fast_generation, self.use_vllm, self.use_transformers_paged
         )
@@ -185,8 +198,10 @@ def grpo_exp_config(
     reward_weights: list[float],
     bf16: bool,
     processes: int = 1,
+    algorithm: DictConfig | None = None,
 ) -> GRPOExpConfig:
-    """GRPOExpConfig: every trainer.* knob under its own name, batch sizes derived, our logging conventions."""
+    """GRPOExpConfig: every trainer.* knob under its own name, batch sizes derived, our logging conventions; and the
+    advantage estimator, `algorithm` (None: grpo, TRL's own)."""
     knobs = OmegaConf.to_container(trainer_cfg, enum_to_str=True)
     extra = knobs.pop("extra")
     for key in RUN_KEYS:
@@ -206,6 +221,12 @@ def grpo_exp_config(
         "bf16": bf16,  # mixed precision only for a bfloat16 model (TRL's default assumes a GPU)
         "use_cpu": not torch.cuda.is_available(),  # on CPU, accelerate's multi-process mode needs it (gloo)
     }
+    if algorithm is not None:
+        ours |= {
+            "advantage_estimator": AdvantageEstimator(algorithm.name),
+            "pass_at_k": algorithm.k,
+            "pass_at_k_threshold": algorithm.threshold,
+        }
     try:
         return GRPOExpConfig(**(ours | knobs | extra))
     except (TypeError, ValueError) as err:  # GRPOConfig's own checks (a pass-through value of the wrong kind)

@@ -6,7 +6,8 @@ TRL_ATTRIBUTES, which tests/test_trl_contract.py checks against the installed TR
 - methods it overrides or calls: `_calculate_rewards` (the per-component rewards before TRL aggregates them),
   `_generate_and_score_completions` (a scored generation batch), `_generate_single_turn` (TRL's transformers
   generation), `_get_per_token_logps_and_entropies` (the loss forward), `compute_loss`, `_save_checkpoint`;
-- state it reads: `_logs` (the last generation batch, gathered), `_metrics` (the metric store),
+- state it reads: `_logs` (the last generation batch, gathered; its advantages replaced under a non-grpo
+  `algorithm`, as TRL's batch's are), `_metrics` (the metric store),
   `_entropy_bonus_enabled`, `aux_loss_enabled`, `beta`, `top_entropy_quantile`, `use_vllm`,
   `args.use_transformers_paged`, `loss_type`, `multi_objective_aggregation`, `reward_func_names`, `reward_weights`,
   `num_generations`, `generation_config`, `is_deepspeed_enabled` / `is_fsdp_enabled`, for a custom rollout
@@ -28,9 +29,10 @@ from trl import GRPOTrainer
 from trl.extras.profiling import profiling_context
 from trl.models.utils import unwrap_model_for_generation
 
-from grpo_exp.schema import ZeroVarianceGroups
+from grpo_exp.schema import AdvantageEstimator, ZeroVarianceGroups
 from grpo_exp.stats import impute_group_means
 from grpo_exp.text import completion_text
+from grpo_exp.trainer.advantages import estimate
 from grpo_exp.trainer.sampling import Sampler, fast_generation_pays
 from grpo_exp.trainer.scored_batch import ROW_KEYS, ScoredBatch, aggregated_reward
 from grpo_exp.trainer.shared_prompt import shared_prompt_forward
@@ -259,6 +261,8 @@ class HookedGRPOTrainer(GRPOTrainer):
         """TRL's generation and scoring of one batch; the after_scoring hook; the loss_token_mask hook; which
         groups have no spread (None where nothing asks)."""
         output = super()._generate_and_score_completions(inputs)
+        if self.args.advantage_estimator is not AdvantageEstimator.grpo:
+            self._replace_advantages(len(inputs), output)
         batch = None
         if self.wants_scored_batch or self.args.zero_variance_groups is not ZeroVarianceGroups.keep:
             batch = self._scored_batch(inputs, output)  # before the loss mask: lengths count every generated token
@@ -267,6 +271,27 @@ class HookedGRPOTrainer(GRPOTrainer):
         self._mask_loss_tokens(inputs, output)
         self.sampler.correct_for_copy(output)
         return output, None if batch is None else no_spread_groups(batch)
+
+    def _replace_advantages(self, rows: int, output: dict) -> None:
+        """The `algorithm` estimator's advantages (grpo_exp.trainer.advantages) in place of TRL's: computed from the
+        reward TRL normalised (every process's rows, as TRL logged them: each process computes the same, no
+        collective call), this process's `rows` rows (TRL's slice of the gathered batch) in the batch TRL trains on,
+        and all of them in TRL's logs, which the group statistics and the completion tables read."""
+        names = list(self.reward_func_names)
+        rewards = torch.tensor([list(self._logs["rewards"][n]) for n in names], dtype=torch.float32).T
+        weights = self.reward_weights.cpu()
+        total = aggregated_reward(rewards, weights, self.multi_objective_aggregation, self.num_generations)
+        advantages = estimate(
+            self.args.advantage_estimator,
+            total,
+            self.num_generations,
+            k=self.args.pass_at_k,
+            threshold=self.args.pass_at_k_threshold,
+        )
+        first = self.accelerator.process_index * rows
+        output["advantages"] = advantages[first : first + rows].to(output["advantages"])
+        self._logs["advantages"].clear()
+        self._logs["advantages"].extend(advantages.tolist())
 
     def _generate_fresh(self, groups: int, attempt: int) -> tuple[dict, torch.Tensor | None]:
         """_generate_scored for `groups` fresh prompts of the training set (zero_variance_groups=resample)."""
