@@ -317,6 +317,19 @@ REWARD_COMPONENTS: dict[str, type] = {
 
 
 @dataclass
+class CustomReward:
+    # A reward component of the user's own, by import path (module:name; the current directory is importable):
+    # `function`, a reward function in TRL's convention, f(prompts, completions, **kwargs) -> list[float | None]
+    # (kwargs: completion_ids, trainer_state and the dataset's columns, e.g. question, solution), or `factory`,
+    # called once with `settings` as keyword arguments, returning such a function. Any name but a built-in's.
+    # conf/reward/<name>.yaml of a user config dir: defaults `/reward_component/custom@components.<name>`.
+    weight: float = MISSING
+    function: str | None = None
+    factory: str | None = None
+    settings: dict[str, Any] = field(default_factory=dict)  # the factory's keyword arguments
+
+
+@dataclass
 class RewardSchema:
     # component name -> its settings (a REWARD_COMPONENTS schema), in the order of the mix.
     components: dict[str, Any] = field(default_factory=dict)
@@ -594,6 +607,7 @@ def register_schemas() -> None:
     # conf/reward/<name>.yaml puts its component's schema (these defaults) under reward.components.<name>.
     for name, node in REWARD_COMPONENTS.items():
         store.store(group="reward_component", name=name, node=node)
+    store.store(group="reward_component", name="custom", node=CustomReward)  # the user's own (CustomReward)
 
 
 # ---- values a type cannot check ------------------------------------------------------------------------------

@@ -4,6 +4,9 @@ Each factory takes the component's settings (typed by grpo_exp.schema.REWARD_COM
 conf/reward/<name>.yaml) that it names as parameters, and any shared
 object the run built once that it names as a parameter (`p_yes`: the P(Yes) scorer), and returns a TRL reward
 function named after the component, so TRL logs it as `rewards/<name>/mean`.
+
+Any other name is the user's own component (schema.CustomReward: a function or a factory by import path,
+grpo_exp.rewards.custom), e.g. reward/mine.yaml in the user's config directory, mixed as reward=math+mine.
 """
 
 import dataclasses
@@ -15,13 +18,14 @@ from omegaconf.errors import ConfigKeyError, ValidationError
 
 from grpo_exp.errors import UserError
 from grpo_exp.rewards.confidence import make_confidence_reward
+from grpo_exp.rewards.custom import build_custom, check_custom, is_custom
 from grpo_exp.rewards.format import make_format_reward
 from grpo_exp.rewards.judge import make_judge_reward
 from grpo_exp.rewards.length import make_length_reward
 from grpo_exp.rewards.math import make_math_reward
 from grpo_exp.rewards.repetition import make_repetition_reward
 from grpo_exp.rewards.selfverify import make_selfverify_reward
-from grpo_exp.schema import REWARD_COMPONENTS, check_values
+from grpo_exp.schema import REWARD_COMPONENTS, CustomReward, check_values
 
 COMPONENTS: dict[str, Callable[..., Callable]] = {
     "math": make_math_reward,
@@ -35,13 +39,27 @@ COMPONENTS: dict[str, Callable[..., Callable]] = {
 
 
 def typed_components(reward_cfg: DictConfig) -> dict[str, DictConfig]:
-    """Each component of the mix, in order, on its typed schema with every value checked (the resolve phase)."""
+    """Each component of the mix, in order, on its typed schema with every value checked (the resolve phase); the
+    user's own components' import paths and signatures too."""
     if not reward_cfg.components:
         raise UserError(f"reward: no components; choose a '+'-joined mix of {sorted(COMPONENTS)}")
-    for name in reward_cfg.components:
+    for name, settings in reward_cfg.components.items():
+        custom = isinstance(settings, DictConfig) and is_custom(settings)
+        if name in COMPONENTS and custom:
+            raise UserError(
+                f"reward.components.{name}: '{name}' is a built-in component; give your own another name "
+                f"(built-in: {sorted(COMPONENTS)})"
+            )
+        if name not in COMPONENTS and not custom:
+            raise UserError(
+                f"reward component '{name}' is unknown; known components: {sorted(COMPONENTS)}, or one of your own: "
+                f"reward.components.{name}.function=module:name (a reward function) or .factory=module:name"
+            )
+    typed = {name: component_settings(name, settings) for name, settings in reward_cfg.components.items()}
+    for name, settings in typed.items():
         if name not in COMPONENTS:
-            raise UserError(f"reward component '{name}' is unknown; known components: {sorted(COMPONENTS)}")
-    return {name: component_settings(name, settings) for name, settings in reward_cfg.components.items()}
+            check_custom(name, settings)
+    return typed
 
 
 def reward_weights(components: dict[str, DictConfig]) -> list[float]:
@@ -58,7 +76,7 @@ def build_rewards(components: dict[str, DictConfig], shared: dict | None = None)
 
 def component_settings(name: str, settings: DictConfig) -> DictConfig:
     """A component's settings on its typed schema (defaults filled in), every value checked."""
-    schema = REWARD_COMPONENTS[name]
+    schema = REWARD_COMPONENTS.get(name, CustomReward)
     # Resolved where it stands in the whole config first: a setting may point elsewhere (the judge's `${judge}`).
     resolved = OmegaConf.to_container(settings, resolve=True) if isinstance(settings, DictConfig) else settings
     try:
@@ -74,6 +92,8 @@ def component_settings(name: str, settings: DictConfig) -> DictConfig:
 
 def build_component(name: str, settings: DictConfig, shared: dict) -> Callable:
     """The factory takes the settings it names (the others drive other parts, e.g. the self-verification task)."""
+    if name not in COMPONENTS:
+        return build_custom(name, settings)
     factory = COMPONENTS[name]
     parameters = inspect.signature(factory).parameters
     kwargs = {key: settings[key] for key in parameters if key in settings}

@@ -2,7 +2,8 @@
 
 The checks run in this order, each raising one UserError that names the key the user typed:
 1. values the user must set, then every value's bounds (the schema's knob metadata);
-2. the reward components on their typed schemas (the mix's own settings and weights);
+2. the reward components on their typed schemas (the mix's own settings and weights; a component of the user's
+   own: its import path and signature, grpo_exp.rewards.custom);
 3. the rules between fields: the verifier a component needs, the judge's settings, the trainer's knobs (batch
    split, zero-variance groups, the sampling copy, pass-through GRPOConfig fields), the advantage estimator
    (algorithm.*) against them, the rollout, the

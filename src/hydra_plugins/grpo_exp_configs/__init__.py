@@ -1,25 +1,35 @@
 """A Hydra config source for the configs that are composed rather than written out.
 
-- `reward/<a>+<b>+...`: any `+`-joined mix of the single components in conf/reward/ is a valid option
-  of the `reward` group (also inside a multirun sweep); the components' files (and their schemas) are
-  merged in order.
-- `experiment/<name>`: the presets kept in the repository's top-level experiments/ directory.
+- `reward/<a>+<b>+...`: any `+`-joined mix of single components is a valid option of the `reward` group (also
+  inside a multirun sweep). The mix is a config whose defaults list is its parts, `/reward/<part>@_here_` in
+  order, so Hydra itself loads each part from the first directory of the config search path that has it: conf/reward/
+  or the user's own (`--config-dir DIR`, `hydra.searchpath=[file://DIR]`), each part putting its typed schema in
+  place through its own defaults list.
+- `experiment/<name>`: the presets kept in the repository's top-level experiments/ directory (the user's own
+  experiment/<name>.yaml in their config directory is found by Hydra's own file source, first when given by
+  `--config-dir`).
 
-conf/config.yaml puts `grpo-exp://virtual` on its search path, so only grpo_exp's app sees this source.
+conf/config.yaml puts `grpo-exp://virtual` on its search path, and so does GrpoExpSearchPathPlugin wherever the
+primary config directory is grpo_exp's conf/ (an override `hydra.searchpath=[...]` replaces the config's list): only
+grpo_exp's app sees this source.
 """
 
+import builtins
+import sys
+
+from hydra._internal.sources_registry import SourcesRegistry
+from hydra.core.config_search_path import ConfigSearchPath
 from hydra.core.object_type import ObjectType
+from hydra.core.plugins import Plugins
 from hydra.errors import ConfigCompositionException
 from hydra.plugins.config_source import ConfigResult, ConfigSource
+from hydra.plugins.search_path_plugin import SearchPathPlugin
 from omegaconf import OmegaConf
 
-from grpo_exp.paths import (
-    EXPERIMENTS_DIR,
-    MIX_SEPARATOR,
-    REWARD_DIR,
-    experiment_presets,
-    reward_components,
-)
+from grpo_exp.paths import CONF_DIR, EXPERIMENTS_DIR, MIX_SEPARATOR, experiment_presets, reward_components
+
+SCHEME = "grpo-exp"
+REWARD = "reward"
 
 
 def _strip_yaml(config_path: str) -> str:
@@ -31,20 +41,41 @@ def _split(config_path: str) -> tuple[str, str]:
     return group, name
 
 
+def _search_path_being_initialised() -> list[tuple[str, str]] | None:
+    """The config search path that Hydra's ConfigRepository.initialize_sources(config_search_path) is turning into
+    sources, this one among them: the directories (the user's too) where the parts of a mix may be. A ConfigSource
+    is given only its own path, so it is read from the caller's frame (Hydra 1.3, pinned in pyproject.toml)."""
+    frame = sys._getframe(1)
+    for _ in range(8):
+        if frame is None:
+            break
+        search_path = frame.f_locals.get("config_search_path")
+        if isinstance(search_path, ConfigSearchPath):
+            return [(element.provider, element.path) for element in search_path.get_path()]
+        frame = frame.f_back
+    return None
+
+
 class GrpoExpConfigSource(ConfigSource):
+    def __init__(self, provider: str, path: str) -> None:
+        super().__init__(provider=provider, path=path)
+        # Where to look for a mix's parts; without a search path (not built by Hydra's repository), conf/ alone.
+        self._search_path = _search_path_being_initialised() or [("main", f"file://{CONF_DIR}")]
+        self._sibling_sources: list[ConfigSource] | None = None
+
     @staticmethod
     def scheme() -> str:
-        return "grpo-exp"
+        return SCHEME
 
     def available(self) -> bool:
         return True
 
     def is_group(self, config_path: str) -> bool:
-        return config_path in ("reward", "experiment")
+        return config_path in (REWARD, "experiment")
 
     def is_config(self, config_path: str) -> bool:
         group, name = _split(config_path)
-        if group == "reward":
+        if group == REWARD:
             # Claim every mix, even one with an unknown part, so that load_config can name the known ones.
             return MIX_SEPARATOR in name
         return group == "experiment" and (EXPERIMENTS_DIR / f"{name}.yaml").is_file()
@@ -68,7 +99,7 @@ class GrpoExpConfigSource(ConfigSource):
                 header=self._get_header_dict(text),
             )
         parts = name.split(MIX_SEPARATOR)
-        known = reward_components()
+        known = self.known_components()
         unknown = [p for p in parts if p not in known]
         if unknown or len(set(parts)) != len(parts):
             problem = f"unknown component(s) {unknown}" if unknown else "a component is repeated"
@@ -77,14 +108,43 @@ class GrpoExpConfigSource(ConfigSource):
                 f"reward={name}: {problem}. A reward mix joins distinct components with '+'; "
                 f"known components: {', '.join(known)}"
             )
-        # Each component file puts its typed schema in place through its defaults list: the mix keeps them all.
-        files = [OmegaConf.load(REWARD_DIR / f"{p}.yaml") for p in parts]
-        defaults = [d for f in files for d in f.pop("defaults", []) if d != "_self_"]
-        merged = OmegaConf.merge(*files)
-        merged.defaults = [*defaults, "_self_"]
+        # Each part from wherever Hydra finds reward/<part>.yaml, at the mix's own package (`reward`).
+        defaults = [f"/{REWARD}/{part}@_here_" for part in parts]
         return ConfigResult(
-            config=merged,
+            config=OmegaConf.create({"defaults": [*defaults, "_self_"]}),
             path=f"{self.scheme()}://{self.path}",
             provider=self.provider,
             header={"package": None},
         )
+
+    def known_components(self) -> builtins.list[str]:
+        """The single components: reward/<name>.yaml in every directory of the search path (the user's included)."""
+        names = set(reward_components())
+        for source in self._siblings():
+            if source.is_group(REWARD):
+                names.update(source.list(REWARD, ObjectType.CONFIG))
+        return sorted(n for n in names if MIX_SEPARATOR not in n)
+
+    def _siblings(self) -> builtins.list[ConfigSource]:
+        """The search path's other sources (as Hydra's repository makes them), made once, when a mix first needs
+        them."""
+        if self._sibling_sources is None:
+            Plugins.instance()  # registers the file://, pkg:// and structured:// source types (done by Hydra already)
+            self._sibling_sources = []
+            for provider, path in self._search_path:
+                scheme = path.split("://", 1)[0] if "://" in path else "file"
+                if scheme == SCHEME:
+                    continue
+                source_type = SourcesRegistry.instance().resolve(scheme)
+                self._sibling_sources.append(source_type(provider, path))
+        return self._sibling_sources
+
+
+class GrpoExpSearchPathPlugin(SearchPathPlugin):
+    """Puts grpo_exp's config source on the search path of grpo_exp's app (primary config directory: conf/), even
+    when the command line replaces `hydra.searchpath` (e.g. hydra.searchpath=[file://DIR] for the user's configs)."""
+
+    def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
+        ours = str(CONF_DIR)
+        if any((element.path or "").removeprefix("file://") == ours for element in search_path.get_path()):
+            search_path.append(provider="grpo-exp", path=f"{SCHEME}://virtual")
