@@ -376,3 +376,24 @@ def test_validation_measures_the_learned_components_and_pass_at_k(tmp_path):
     assert [entry["step"] for entry in summary["top_k"]] == [best, second]
     assert summary["heldout_accuracy_after"] == validated[2]["heldout/accuracy"]
     assert len((tmp_path / "eval_after.jsonl").read_text().splitlines()) == 4
+
+
+def test_a_fresh_run_validates_the_initial_model_even_when_another_process_wrote_step_0_already(tmp_path):
+    """Under several processes the main process may have logged step 0's validation (metrics.jsonl) before another
+    process begins training: that process must not take the file for a resumed run's history, or it keeps other
+    checkpoints than the main process and waits in a barrier the others never reach."""
+    from transformers import TrainerControl, TrainerState
+
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 0, "heldout/accuracy": 0.25}) + "\n")
+    saved = []
+    callback = PeriodicValidation(
+        5,
+        validate=lambda: {"heldout/accuracy": 0.25},
+        record=lambda key, value: None,
+        log_now=lambda metrics: None,
+        save_best=lambda directory: (saved.append(directory), directory.mkdir(parents=True, exist_ok=True)),
+        run_dir=tmp_path,
+        problems=100,
+    )
+    callback.on_train_begin(None, TrainerState(), TrainerControl())
+    assert callback.kept == [Best(0, 0.25)] and len(saved) == 1

@@ -263,8 +263,13 @@ class PeriodicValidation(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         """A resumed run's history (carried into its metrics; read once every process has passed a collective since
-        the main process wrote it) and the models it kept; else the initial model's validation, at step 0."""
-        history = read_metrics(self.run_dir / METRICS_FILE) if (self.run_dir / METRICS_FILE).is_file() else []
+        the main process wrote it) and the models it kept; else the initial model's validation, at step 0.
+
+        Only a resumed run (global_step > 0) reads the file: in a fresh run the main process writes it at step 0,
+        and a process that read it after that would take itself for a resumed one, keep other checkpoints than the
+        main process, and wait in a barrier the others never reach."""
+        metrics_file = self.run_dir / METRICS_FILE
+        history = read_metrics(metrics_file) if state.global_step > 0 and metrics_file.is_file() else []
         self.validations = [
             (line["step"], {key: value for key, value in line.items() if key.startswith("heldout/")})
             for line in history
