@@ -19,7 +19,7 @@ import torch
 from grpo_exp.data import load_splits
 from grpo_exp.models import load_model, load_tokenizer
 from grpo_exp.run.heldout import heldout_accuracy
-from grpo_exp.verification.rule import math_verify_verifier
+from grpo_exp.verification.labels import build_labels
 from support.config import resolved_config
 
 
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> None:
     heldout = heldout.select(range(min(args.problems, len(heldout))))
     tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
     model = load_model(cfg.model, tokenizer, cfg.cache_dir, cfg.trainer.seed, spec.policy_dtype)
-    verifier = math_verify_verifier()
+    verifier = build_labels(cfg.verifier)
     print(
         f"held-out evaluation, embedded SmolLM2-135M, {len(heldout)} problems, batches of {cfg.eval.batch_size}, "
         f"{spec.eval_max_new_tokens} new tokens at most, {torch.get_num_threads()} threads, {cpu_name()}",

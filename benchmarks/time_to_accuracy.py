@@ -90,7 +90,7 @@ def run_trl(seed: int, overrides: list[str]) -> dict:
     from benchmarks.overhead_worker import bare_trl_trainer
     from grpo_exp.data import load_splits
     from grpo_exp.run.heldout import heldout_accuracy
-    from grpo_exp.verification.rule import math_verify_verifier
+    from grpo_exp.verification.labels import build_labels
     from support.config import resolved_config
 
     overrides = [f"trainer.seed={seed}", *overrides]
@@ -105,7 +105,7 @@ def run_trl(seed: int, overrides: list[str]) -> dict:
         trainer.model,
         trainer.processing_class,
         heldout,
-        math_verify_verifier(),
+        build_labels(spec.cfg.verifier),
         spec.eval_max_new_tokens,
         spec.cfg.eval.batch_size,
         None,

@@ -1,13 +1,15 @@
 """Config -> (train, held-out) datasets of chat prompts with a reference answer.
 
 Every source yields rows {"prompt": [chat messages], "solution": reference answer, "question": text};
-TRL passes `solution` on to the reward functions.
+TRL passes `solution` on to the reward functions. Sources: reasoning-gym tasks, Hugging Face Hub datasets, local
+files, and the rows a function of the user's returns (dataset=function dataset.function=module:name).
 """
 
 import difflib
 import inspect
 import json
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 
 import pyarrow as pa
@@ -19,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from reasoning_gym.factory import DATASETS
 
 from grpo_exp.errors import UserError
+from grpo_exp.plugins import import_callable, signature_of
 from grpo_exp.schema import AnswerFormat, DataSource
 
 log = logging.getLogger(__name__)
@@ -133,30 +136,127 @@ def _table_rows(table: Dataset, data_cfg: DictConfig, limit: int | None) -> list
 
 def _table_splits(data_cfg: DictConfig) -> tuple[list[dict], list[dict]]:
     local = data_cfg.path and Path(data_cfg.path).expanduser().suffix in FILE_BUILDERS
-    if data_cfg.source is DataSource.hub and not local:
+    if data_cfg.source is DataSource.function:
+        train, held_out = _function_splits(data_cfg)
+    elif data_cfg.source is DataSource.hub and not local:
         train, held_out = _load_hub(data_cfg, data_cfg.train_split), _load_hub(data_cfg, data_cfg.eval_split)
     elif data_cfg.eval_path:
         train = _load_file(data_cfg.path, "dataset.path")
         held_out = _load_file(data_cfg.eval_path, "dataset.eval_path")
     else:
-        table = _load_file(data_cfg.path, "dataset.path").shuffle(seed=data_cfg.seed)
-        if len(table) <= data_cfg.eval_size:
-            raise UserError(
-                f"dataset.path='{data_cfg.path}' has {len(table)} rows, not enough to hold out "
-                f"dataset.eval_size={data_cfg.eval_size} and still train; lower dataset.eval_size or set "
-                "dataset.eval_path"
-            )
-        held_out = table.select(range(data_cfg.eval_size))
-        train = table.select(range(data_cfg.eval_size, len(table)))
+        train, held_out = _carve(
+            _load_file(data_cfg.path, "dataset.path"),
+            data_cfg,
+            f"dataset.path='{data_cfg.path}'",
+            "set dataset.eval_path",
+        )
     return _table_rows(train, data_cfg, data_cfg.train_size), _table_rows(held_out, data_cfg, data_cfg.eval_size)
+
+
+def _carve(table: Dataset, data_cfg: DictConfig, what: str, instead: str) -> tuple[Dataset, Dataset]:
+    """(train, held-out): the first eval_size rows of a seeded shuffle are held out."""
+    table = table.shuffle(seed=data_cfg.seed)
+    if len(table) <= data_cfg.eval_size:
+        raise UserError(
+            f"{what} has {len(table)} rows, not enough to hold out dataset.eval_size={data_cfg.eval_size} and still "
+            f"train; lower dataset.eval_size or {instead}"
+        )
+    return table.select(range(data_cfg.eval_size, len(table))), table.select(range(data_cfg.eval_size))
+
+
+# ---- dataset=function: the user's function by import path ----------------------------------------------------
+
+FUNCTION_KEY = "dataset.function"
+FUNCTION_CONVENTION = (
+    "a dataset function returns rows, a list of dicts or a datasets.Dataset, each with the question and the answer "
+    "(dataset.question_field, dataset.answer_field), or a mapping of splits {dataset.train_split: rows, "
+    "dataset.eval_split: rows}"
+)
+
+
+def _data_function(data_cfg: DictConfig):
+    if not data_cfg.function:
+        raise UserError(
+            f"{FUNCTION_KEY} is required with dataset={data_cfg.name} ({FUNCTION_KEY}=module:name, e.g. "
+            f"{FUNCTION_KEY}=my_data:rows: {FUNCTION_CONVENTION})"
+        )
+    return import_callable(data_cfg.function, FUNCTION_KEY, "a function returning the dataset's rows")
+
+
+def check_data_function(data_cfg: DictConfig) -> None:
+    """The resolve phase: the import path, and the signature against dataset.function_args (not called yet)."""
+    func = _data_function(data_cfg)
+    signature = signature_of(func)
+    kwargs = OmegaConf.to_container(data_cfg.function_args, resolve=True)
+    if signature is not None:
+        try:
+            signature.bind(**kwargs)
+        except TypeError as err:
+            raise UserError(
+                f"{FUNCTION_KEY}={data_cfg.function}: does not take dataset.function_args={kwargs}: {err}; its "
+                f"signature is {signature}"
+            ) from None
+
+
+def _function_splits(data_cfg: DictConfig) -> tuple[Dataset, Dataset]:
+    """The user's rows, called once with dataset.function_args: a mapping of splits taken as it is, else carved."""
+    where = f"{FUNCTION_KEY}={data_cfg.function}"
+    returned = _data_function(data_cfg)(**OmegaConf.to_container(data_cfg.function_args, resolve=True))
+    if isinstance(returned, Mapping):  # a dict of splits, or a DatasetDict
+        missing = [key for key in (data_cfg.train_split, data_cfg.eval_split) if key not in returned]
+        if missing:
+            raise UserError(
+                f"{where} returned a mapping with the keys {list(returned)}, without {missing}: a mapping holds the "
+                f"splits, dataset.train_split='{data_cfg.train_split}' and dataset.eval_split='{data_cfg.eval_split}'"
+            )
+        return (
+            _function_table(returned[data_cfg.train_split], data_cfg, f"{where}, its split '{data_cfg.train_split}'"),
+            _function_table(returned[data_cfg.eval_split], data_cfg, f"{where}, its split '{data_cfg.eval_split}'"),
+        )
+    table = _function_table(returned, data_cfg, where)
+    return _carve(table, data_cfg, where, "return both splits, {'train': rows, 'test': rows}")
+
+
+def _function_table(rows, data_cfg: DictConfig, where: str) -> Dataset:
+    """The question and answer columns of what the function returned, or a UserError naming the key."""
+    fields = list(dict.fromkeys([data_cfg.question_field, data_cfg.answer_field]))
+    if isinstance(rows, Dataset):
+        missing = [
+            f"dataset.{key}='{data_cfg[key]}'"
+            for key in ("question_field", "answer_field")
+            if data_cfg[key] not in rows.column_names
+        ]
+        if missing:
+            raise UserError(f"{where}: {' and '.join(missing)}: no such column; columns: {rows.column_names}")
+        table = rows.select_columns(fields)
+    elif isinstance(rows, list | tuple):
+        for index, row in enumerate(rows):
+            if not isinstance(row, Mapping):
+                raise UserError(f"{where}: row {index} is a {type(row).__name__}, not a dict: {FUNCTION_CONVENTION}")
+            missing = [
+                f"dataset.{key}='{data_cfg[key]}'"
+                for key in ("question_field", "answer_field")
+                if data_cfg[key] not in row
+            ]
+            if missing:
+                raise UserError(f"{where}: row {index} has no {' and no '.join(missing)}; its keys: {list(row)}")
+        table = Dataset.from_dict({field: [str(row[field]) for row in rows] for field in fields})
+    else:
+        raise UserError(f"{where} returned a {type(rows).__name__}: {FUNCTION_CONVENTION}")
+    if not len(table):
+        raise UserError(f"{where} returned no rows: {FUNCTION_CONVENTION}")
+    return table
 
 
 def check_data_files(data_cfg: DictConfig) -> None:
     """Fail before any model loads when a data file is missing, unreadable, or does not hold what the config says
-    (its question and answer columns; GSM8K-style answers), a hub dataset cannot be reached, or a reasoning-gym task
-    does not exist."""
+    (its question and answer columns; GSM8K-style answers), a hub dataset cannot be reached, a reasoning-gym task
+    does not exist, or a dataset function cannot be imported or does not take dataset.function_args."""
     if data_cfg.source is DataSource.reasoning_gym:
         _reasoning_gym_task(data_cfg, size=1)  # its name and task_config, with one generated problem
+        return
+    if data_cfg.source is DataSource.function:
+        check_data_function(data_cfg)  # what it returns is checked when it is called, before any model loads
         return
     if not data_cfg.path:
         raise UserError(f"dataset.path is required with dataset={data_cfg.name} (dataset.path=...)")
@@ -229,7 +329,7 @@ BENCHMARK_SEED_OFFSET = 1_000_003
 
 def unseen_problems(data_cfg: DictConfig, count: int, train: Dataset, held_out: Dataset) -> Dataset:
     """Up to `count` problems a run never trains on: for reasoning-gym, a distinct seeded stream of the same task
-    without the training questions; for files and the hub, the held-out split (it may hold fewer)."""
+    without the training questions; for files, the hub and a function, the held-out split (it may hold fewer)."""
     if data_cfg.source is not DataSource.reasoning_gym:
         return held_out.select(range(min(count, len(held_out))))
     seen, found = set(train["question"]), {}

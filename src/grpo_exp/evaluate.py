@@ -3,19 +3,28 @@
 python -m grpo_exp.evaluate outputs/runs/<date>/<time>          # a run directory: its config and checkpoint
 python -m grpo_exp.evaluate path/to/checkpoint dataset=chain_sum  # a checkpoint, with any overrides
 python -m grpo_exp.evaluate model=smollm2_135m eval.samples=8     # a model config
+python -m grpo_exp.evaluate --config-dir configs path/to/checkpoint reward=math+mine  # with your own configs
 """
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 import time
 import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import yaml
-from hydra import compose, initialize_config_dir
+from hydra import compose, version
+from hydra._internal.hydra import Hydra
+from hydra._internal.utils import create_config_search_path
+from hydra.core.config_search_path import SearchPathQuery
 from hydra.errors import HydraException
+from hydra.initialize import get_gh_backup, restore_gh_from_backup
 from rich.console import Console
 from rich.table import Table
 
@@ -23,6 +32,7 @@ from grpo_exp.data import load_splits
 from grpo_exp.errors import UserError
 from grpo_exp.models import load_model, load_tokenizer
 from grpo_exp.paths import CONF_DIR
+from grpo_exp.plugins import ensure_cwd_importable
 from grpo_exp.run.build import build_parts
 from grpo_exp.run.files import BENCHMARK_FILE, EVALUATION_FILE, FINAL_CHECKPOINT_DIR
 from grpo_exp.run.heldout import benchmark_statistics, run_heldout_accuracy, sampled_metrics, verification_benchmark
@@ -39,11 +49,27 @@ results in that directory), or a model checkpoint directory; every other argumen
 config (dataset=..., eval.samples=..., eval.temperature=..., eval.batch_size=..., eval.log_to_wandb=true,
 eval.verification_benchmark.enabled=true: the model's P(Yes) on the verification benchmark, a run directory's
 own set when it has one).
+A run directory's config is composed from the config directories the run had (its --config-dir, hydra.searchpath:
+.hydra/hydra.yaml), your own reward components, datasets and verifier functions included; their modules import
+from the current directory, else the run's. --config-dir DIR adds a config directory, as `grpo-exp train` does.
 Results are printed and written to <run dir>/evaluation.json (or <outputs_dir>/eval/<time>/evaluation.json).
 """
 
 
-def parse_args(argv: list[str]) -> list[str]:
+@dataclass
+class Source:
+    """What to compose: the Hydra overrides, the config directories beyond conf/ ((provider, url) as Hydra's search
+    path holds them, in order), where results go (None: a new directory under outputs_dir) and the run's working
+    directory (its modules import from there too)."""
+
+    overrides: list[str]
+    out_dir: Path | None = None
+    config_sources: list[tuple[str, str]] = field(default_factory=list)
+    run_cwd: str | None = None
+
+
+def parse_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(the arguments, the --config-dir directories)."""
     parser = argparse.ArgumentParser(
         prog="python -m grpo_exp.evaluate",
         description=__doc__.split("\n\n", 1)[0].strip("`").split(": ", 1)[-1],
@@ -51,22 +77,34 @@ def parse_args(argv: list[str]) -> list[str]:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("args", nargs="*", metavar="[RUN_DIR | CHECKPOINT] [KEY=VALUE ...]")
-    return parser.parse_args(argv).args
+    parser.add_argument(
+        "--config-dir",
+        "-cd",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a config directory of yours (reward/, dataset/, experiment/ ...), searched as by grpo-exp train",
+    )
+    parsed = parser.parse_intermixed_args(argv)
+    return parsed.args, parsed.config_dir
 
 
-def resolve_source(argv: list[str]) -> tuple[list[str], Path | None]:
-    """(Hydra overrides, output directory) for a run directory, a checkpoint, or a plain model config (None: a new
-    directory under outputs_dir, known once the config is composed)."""
+def resolve_source(argv: list[str], config_dirs: list[str] | None = None) -> Source:
+    """What to compose for a run directory, a checkpoint, or a plain model config."""
+    explicit = [("command-line", f"file://{_config_dir(d)}") for d in config_dirs or []]
     if not argv or "=" in argv[0]:
-        return argv, None
+        return Source(argv, None, explicit)
     source, overrides = Path(argv[0]), argv[1:]
     run_dir, checkpoint = source, source / FINAL_CHECKPOINT_DIR
     if source.name in (FINAL_CHECKPOINT_DIR, BEST_CHECKPOINT_DIR) and (source.parent / ".hydra").is_dir():
         run_dir, checkpoint = source.parent, source  # a run's own checkpoint: evaluated with the run's config
+    run_sources, run_cwd = [], None
     if (run_dir / ".hydra" / "overrides.yaml").is_file() and checkpoint.is_dir():
-        # Re-compose the run's own config (its overrides), then point the model at the checkpoint.
+        # Re-compose the run's own config (its overrides, its config directories), then point the model at the
+        # checkpoint.
         run_overrides = yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text()) or []
         kept = [o for o in run_overrides if not o.lstrip("+~").startswith("hydra.")]
+        run_sources, run_cwd = run_config_sources(run_dir)
     elif (source / "config.json").is_file():
         checkpoint, kept = source, []
     else:
@@ -75,14 +113,73 @@ def resolve_source(argv: list[str]) -> tuple[list[str], Path | None]:
             "(with config.json); see --help"
         )
     model = ["model.source=pretrained", f"model.name_or_path={checkpoint.resolve()}", "model.lora.enabled=false"]
-    return kept + model + overrides, source
+    sources = explicit + [s for s in run_sources if s not in explicit]
+    return Source(kept + model + overrides, source, sources, run_cwd)
+
+
+def _config_dir(path: str) -> Path:
+    directory = Path(path).expanduser().resolve()
+    if not directory.is_dir():
+        raise UserError(f"--config-dir {path}: no such directory")
+    return directory
+
+
+# The search path's own entries (Hydra's, conf/, grpo_exp's mixes, the structured schema): not the run's additions.
+BUILT_IN_PROVIDERS = ("hydra", "main", "schema")
+BUILT_IN_SCHEMES = ("structured", "grpo-exp")
+
+
+def run_config_sources(run_dir: Path) -> tuple[list[tuple[str, str]], str | None]:
+    """The config directories a run was composed from beyond conf/ (its --config-dir and hydra.searchpath entries,
+    in the order of its search path; a relative one is relative to the run's working directory), and that working
+    directory: from <run dir>/.hydra/hydra.yaml."""
+    saved = run_dir / ".hydra" / "hydra.yaml"
+    if not saved.is_file():
+        return [], None
+    runtime = (yaml.safe_load(saved.read_text(encoding="utf-8")) or {}).get("hydra", {}).get("runtime", {})
+    cwd = runtime.get("cwd")
+    sources = []
+    for entry in runtime.get("config_sources") or []:
+        scheme, path = entry.get("schema"), str(entry.get("path") or "")
+        if scheme in BUILT_IN_SCHEMES or entry.get("provider") in BUILT_IN_PROVIDERS:
+            continue
+        if scheme == "file":
+            path = str(Path(cwd or ".", path).resolve()) if not Path(path).is_absolute() else path
+            if Path(path).resolve() == CONF_DIR.resolve():
+                continue
+        source = (entry.get("provider") or "command-line", f"{scheme}://{path}")
+        if source not in sources:
+            sources.append(source)
+    return sources, cwd
+
+
+@contextlib.contextmanager
+def config_search(sources: list[tuple[str, str]]) -> Iterator[None]:
+    """Hydra initialised on conf/ (as initialize_config_dir does) with these config sources added where Hydra's
+    `--config-dir` puts its directory: before the structured schema (those already there, e.g. a plugin's, once)."""
+    backup = get_gh_backup()
+    try:
+        version.setbase("1.3")
+        search_path = create_config_search_path(str(CONF_DIR))
+        present = {e.path if "://" in (e.path or "") else f"file://{e.path}" for e in search_path.get_path()}
+        for provider, path in sources:
+            if path not in present:
+                search_path.prepend(provider=provider, path=path, anchor=SearchPathQuery(provider="schema"))
+        Hydra.create_main_hydra2(task_name="app", config_search_path=search_path)
+        yield
+    finally:
+        restore_gh_from_backup(backup)
 
 
 def main(argv: list[str] | None = None) -> dict:
     warnings.filterwarnings("ignore", category=FutureWarning)
     register_schemas()
-    overrides, out_dir = resolve_source(parse_args(sys.argv[1:] if argv is None else argv))
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+    source = resolve_source(*parse_args(sys.argv[1:] if argv is None else argv))
+    overrides, out_dir = source.overrides, source.out_dir
+    ensure_cwd_importable()  # the user's modules (reward components, verifier, dataset function), as in training
+    if source.run_cwd and os.path.isdir(source.run_cwd) and source.run_cwd not in sys.path:
+        sys.path.append(source.run_cwd)  # ...else from the directory the run was started in
+    with config_search(source.config_sources):
         cfg = compose("config", overrides=overrides)
     spec = resolve(cfg, processes=1)
     out_dir = out_dir or Path(cfg.outputs_dir) / "eval" / time.strftime("%Y-%m-%d_%H-%M-%S")

@@ -45,6 +45,7 @@ class DataSource(Enum):
     reasoning_gym = "reasoning_gym"
     hub = "hub"  # a Hugging Face Hub dataset id (falls back to `path` files when set)
     files = "files"  # local jsonl / parquet files
+    function = "function"  # the rows a Python function of the user's returns (dataset.function=module:name)
 
 
 class AnswerFormat(Enum):
@@ -89,7 +90,7 @@ class RolloutName(Enum):
 
 
 class VerifierName(Enum):
-    math_verify = "math_verify"  # rule-based, against the reference: the ground-truth label
+    math_verify = "math_verify"  # no P(Yes) scorer: labels only (verifier.labels)
     genrm = "genrm"  # a frozen generative verifier's P(Yes)
     self = "self"  # the current policy's P(Yes)
 
@@ -217,6 +218,12 @@ class DatasetSchema:
     question_field: str = "question"
     answer_field: str = "answer"
     answer_format: AnswerFormat = AnswerFormat.plain  # gsm8k: answers are solutions ending in '#### <answer>'
+    # source function: the user's function by import path (module:name; the current directory is importable),
+    # called once as f(**function_args), returning rows (a list of dicts or a datasets.Dataset with question_field
+    # and answer_field), the held-out split carved as for files; or a mapping of splits, {train_split: rows,
+    # eval_split: rows} (a DatasetDict too), taken as they are
+    function: str | None = None
+    function_args: dict[str, Any] = field(default_factory=dict)  # the function's keyword arguments
     train_size: int | None = knob(1000, ge=1)  # null: every row
     eval_size: int = knob(32, ge=1)  # held-out problems, never seen in training
     seed: int = knob(0, ge=0)  # the generated problems and the held-out split
@@ -305,8 +312,16 @@ class SelfVerifyReward:
     )
 
 
+@dataclass
+class CorrectReward:
+    # 1 when the run's correctness labels (verifier.labels: math_verify, exact_match or the user's function) say
+    # correct, 0 when not; None (skipped) when they cannot judge: any task's accuracy reward, by its own verifier.
+    weight: float = MISSING
+
+
 REWARD_COMPONENTS: dict[str, type] = {
     "math": MathReward,
+    "correct": CorrectReward,
     "format": FormatReward,
     "length": LengthReward,
     "repetition": RepetitionReward,
@@ -343,6 +358,12 @@ class RubricSchema:
     system_prompt: str | None = None
     # The rubric request; {prompt} and {response} are filled in.
     template: str = knob(contains=("{prompt}", "{response}"))
+    # What the judge scores, each a key of its JSON reply ({"accuracy": 4, ...}) named in the template: identifiers.
+    criteria: list[str] = field(default_factory=list)
+    # The integer score range of every criterion; the reward is the criteria's mean score / highest. judge.mode=scores
+    # reads the tokens lowest..highest, so there they are single digits (0-9).
+    lowest: int = 1
+    highest: int = 5
 
 
 @dataclass
@@ -351,6 +372,9 @@ class JudgeSchema:
     # local: a model group option (smollm2_135m, tiny), a hub id or a local directory; openai: the served model name.
     model: str | None = "smollm2_135m"
     rubric: RubricSchema = field(default_factory=RubricSchema)
+    # A YAML file of a rubric (RubricSchema's keys), replacing judge.rubric (the run's config records its contents);
+    # or put it in your config directory as judge/rubric/<name>.yaml and choose judge/rubric=<name>.
+    rubric_file: str | None = None
     mode: JudgeMode = JudgeMode.scores
     # local: the frozen judge's weights' dtype (null: its model option's); bfloat16 reads prompts ~1.7x faster on
     # this project's CPUs (BENCHMARKS.md)
@@ -383,7 +407,15 @@ class JudgeSchema:
 
 @dataclass
 class VerifierSchema:
+    # name chooses the P(Yes) scorer (genrm, self; math_verify: none). The correctness labels are separate and
+    # apply with every name: held-out accuracy, pass@k / maj@k, group statistics, the self-verification labels, the
+    # AUROCs of judge / confidence, the `correct` reward. labels: math_verify (math-verify equivalence of the stated
+    # final answer with the reference) | exact_match (the stated final answer equals the reference, normalised) |
+    # module:name, the user's f(completion: str, solution: str) -> bool | None (None: cannot be judged; the current
+    # directory is importable); labels_batched: true: f(completions: list[str], solutions: list[str]) -> a list.
     name: VerifierName = VerifierName.math_verify
+    labels: str = "math_verify"
+    labels_batched: bool = False
     # genrm: "initial_policy" (a frozen copy of the starting policy), a model option, a hub id or a directory;
     # with base_url, the model name served by an OpenAI-compatible endpoint that returns logprobs.
     model: str = "initial_policy"
@@ -492,7 +524,9 @@ class SandboxSchema:
 class RolloutSchema:
     name: RolloutName = RolloutName.single
     # multiturn only
-    tools: list[str] = field(default_factory=list)  # any of: calculator, python
+    # any of: calculator, python, and your own functions by import path (module:name; type hints and a docstring),
+    # called as <name>argument</name> (grpo_exp.rollout.tools.user)
+    tools: list[str] = field(default_factory=list)
     # Turns of the policy; a trajectory still calling tools after these has no answer.
     max_turns: int = knob(3, ge=1, why=TURN_LIMITS)
     max_tokens_per_turn: int = knob(64, ge=1, why=TURN_LIMITS)
@@ -500,6 +534,8 @@ class RolloutSchema:
     python: SandboxSchema = field(default_factory=SandboxSchema)  # the python tool's sandbox
     system: str | None = None  # shown before every prompt (training and evaluation)
     demo: list[dict[str, str]] = field(default_factory=list)  # a demonstration shown before every prompt
+    # The system message also describes your own tools (their docstrings, how they are called) after `system`
+    describe_tools: bool = True
 
 
 # ---- evaluation, statistics, logging ---------------------------------------------------------------------------

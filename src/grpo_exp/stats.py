@@ -89,7 +89,11 @@ def correctness_stats(correct: torch.Tensor) -> dict[str, float]:
 
 
 def majority_vote_accuracy(answers: list[list[str | None]], correct: torch.Tensor) -> float:
-    """Share of groups whose most frequent final answer is a correct one (ties: the first answer seen)."""
+    """Share of groups whose most frequent final answer is a correct one (ties: the first answer seen).
+
+    Votes go by the stated final answer's text (final_answer: spaces removed), whatever the labeller: answers the
+    labels count as equal but written differently ('0.5', '1/2') vote apart. The vote counts as correct when an
+    answer of the winning text was labelled correct (the run's labels, verifier.labels)."""
     hits, counted = 0, 0
     for group_answers, labels in zip(answers, correct.tolist(), strict=True):
         voted = [(a, label) for a, label in zip(group_answers, labels, strict=True) if a is not None]
@@ -236,7 +240,7 @@ def impute_group_means(rewards: torch.Tensor, group_size: int) -> tuple[torch.Te
 
 def score_statistics(scores: torch.Tensor, correct: torch.Tensor, prefix: str) -> dict[str, float]:
     """A graded score (the judge's) as a signal, scores and correctness [P, G] (NaN: missing): its mean, its spread
-    inside groups (what GRPO can learn from), and its AUROC against the rule verifier's labels (NaN unless both
+    inside groups (what GRPO can learn from), and its AUROC against the run's correctness labels (NaN unless both
     labels occur among the scored samples)."""
     both = ~torch.isnan(scores) & ~torch.isnan(correct)
     return {

@@ -2,17 +2,19 @@
 
 Two modes (judge.mode):
 - `scores` (default): the reply is forced open at each criterion's score (`{"accuracy": `, `{"grammar": `...)
-  and the score is read as the judge's probability distribution over the tokens "1".."5" there (G-Eval style
+  and the score is read as the judge's probability distribution over the score tokens "1".."5" there (G-Eval style
   expected value). A score exists by construction: no parse failure is possible. Locally it is two passes
-  per batch, no generate(): a group's shared opening once, then each response with the four criteria's openings
+  per batch, no generate(): a group's shared opening once, then each response with the criteria's openings
   as masked branches; through an endpoint, the same prompts as /v1/completions requests with max_tokens=1 and
   logprobs, the chat template rendered here (judge.tokenizer) so that both backends read the same tokens.
 - `text`: the judge writes the rubric JSON (with the server's structured output where it has one), which is
   parsed; a reply that fails is retried up to judge.retries times, then scores None.
 
-One step's pairs are deduplicated, and scores are cached across steps by (prompt, response). A pair that
-cannot be scored (endpoint down, timeout) is None; the trainer then gives it its group's mean for this
-component (grpo_exp.trainer.seam), so that a failure moves no sample against its group mates.
+The criteria and the score range are the rubric's (judge.rubric: conf/judge/rubric/quality.yaml, Data-Juicer's
+four 1-5 scores, or the user's own; grpo_exp.rewards.rubric). One step's pairs are deduplicated, and scores are
+cached across steps by (prompt, response). A pair that cannot be scored (endpoint down, timeout) is None; the
+trainer then gives it its group's mean for this component (grpo_exp.trainer.seam), so that a failure moves no
+sample against its group mates.
 """
 
 import asyncio
@@ -29,12 +31,12 @@ from grpo_exp.errors import UserError
 from grpo_exp.generation import generate_completions
 from grpo_exp.models import check_frozen_copies, check_reachable, load_frozen, load_tokenizer, model_option_config
 from grpo_exp.rewards.rubric import (
-    CRITERIA,
-    REPLY_SCHEMA,
-    SCORE_TOKENS,
+    Rubric,
+    check_rubric,
     expected_score,
     parse_rubric_reply,
     rubric_messages,
+    rubric_of,
     rubric_reward,
     score_position,
 )
@@ -44,14 +46,14 @@ from grpo_exp.text import completion_text, prompt_text
 
 log = logging.getLogger(__name__)
 PLACEHOLDER_KEY = "not-needed"  # local OpenAI-compatible servers accept any key
-TOP_LOGPROBS = 20  # enough for the five score tokens; vLLM's default limit
+TOP_LOGPROBS = 20  # enough for the (at most ten) score tokens; vLLM's default limit
 
 
 class LocalJudge:
     """A frozen model in this process; loaded on first use, then kept."""
 
     def __init__(self, cfg: DictConfig, cache_dir: str):
-        self.cfg, self.cache_dir = cfg, cache_dir
+        self.cfg, self.cache_dir, self.rubric = cfg, cache_dir, rubric_of(cfg)
         self.model_cfg = model_option_config(cfg.model)
         if cfg.dtype is not None:
             self.model_cfg.dtype = cfg.dtype
@@ -67,7 +69,7 @@ class LocalJudge:
         """`groups`: the question each conversation judges; a group's shared opening is read once."""
         self._load()
         prompts = [chat_prompt(self.tokenizer, c) for c in conversations]
-        return score_tokens_locally(self._model, self.tokenizer, prompts, self.cfg.batch_size, groups)
+        return score_tokens_locally(self._model, self.tokenizer, prompts, self.cfg.batch_size, groups, self.rubric)
 
     async def complete(self, conversations: list[list[dict]], temperature: float) -> list[str | None]:
         self._load()
@@ -96,7 +98,7 @@ class OpenAIJudge:
     """Any OpenAI-compatible endpoint; one step's requests run concurrently, at most judge.concurrency at once."""
 
     def __init__(self, cfg: DictConfig, cache_dir: str):
-        self.cfg, self.cache_dir = cfg, cache_dir
+        self.cfg, self.cache_dir, self.rubric = cfg, cache_dir, rubric_of(cfg)
         # scores mode renders the chat template here: the tokenizer of the served model (judge.tokenizer).
         self.tokenizer_cfg = model_option_config(cfg.tokenizer or cfg.model, "judge.tokenizer")
         self.tokenizer = None
@@ -133,11 +135,12 @@ class OpenAIJudge:
                     except (TimeoutError, OpenAIError, ValueError, AttributeError, IndexError, TypeError) as err:
                         log.debug("judge request failed: %s", type(err).__name__)
                         return None
-                return expected_score(_score_probabilities(top))  # None: no score token among the top logprobs
+                # None: no score token among the top logprobs
+                return expected_score(_score_probabilities(top, self.rubric), self.rubric)
 
             async def one(conversation: list[dict]) -> list[float] | None:
                 prompt = chat_prompt(self.tokenizer, conversation)
-                found = await asyncio.gather(*(position(prompt, c) for c in CRITERIA))
+                found = await asyncio.gather(*(position(prompt, c) for c in self.rubric.criteria))
                 return None if None in found else list(found)
 
             return list(await asyncio.gather(*(one(c) for c in conversations)))
@@ -146,7 +149,7 @@ class OpenAIJudge:
         from openai import OpenAIError
 
         limit = asyncio.Semaphore(self.cfg.concurrency)
-        extra = _response_format(self.cfg.response_format)
+        extra = _response_format(self.cfg.response_format, self.rubric)
         async with self._client() as client:
 
             async def one(messages: list[dict]) -> str | None:
@@ -167,21 +170,22 @@ class OpenAIJudge:
             return list(await asyncio.gather(*(one(m) for m in conversations)))
 
 
-def _score_probabilities(top_logprobs: dict[str, float]) -> list[float]:
+def _score_probabilities(top_logprobs: dict[str, float], rubric: Rubric) -> list[float]:
     """P of each score token among an endpoint's top logprobs (token text, a leading space allowed; 0 if absent)."""
-    probabilities = dict.fromkeys(SCORE_TOKENS, 0.0)
+    probabilities = dict.fromkeys(rubric.score_tokens, 0.0)
     for token, logprob in top_logprobs.items():
         if token.strip() in probabilities:
             probabilities[token.strip()] += math.exp(logprob)
     return list(probabilities.values())
 
 
-def _response_format(kind: StructuredOutput) -> dict:
+def _response_format(kind: StructuredOutput, rubric: Rubric) -> dict:
     """Structured output for free-text mode: OpenAI's / vLLM's json_schema, or llama.cpp's json_object + schema."""
+    schema = rubric.reply_schema
     if kind is StructuredOutput.json_schema:
-        return {"response_format": {"type": "json_schema", "json_schema": {"name": "rubric", "schema": REPLY_SCHEMA}}}
+        return {"response_format": {"type": "json_schema", "json_schema": {"name": "rubric", "schema": schema}}}
     if kind is StructuredOutput.json_object:
-        return {"response_format": {"type": "json_object", "schema": REPLY_SCHEMA}}
+        return {"response_format": {"type": "json_object", "schema": schema}}
     return {}
 
 
@@ -193,8 +197,12 @@ class RubricJudge:
     backend: LocalJudge | OpenAIJudge
     cache: OrderedDict = field(default_factory=OrderedDict)
 
+    @property
+    def rubric(self) -> Rubric:
+        return self.backend.rubric
+
     async def score(self, pairs: list[tuple[str, str]]) -> tuple[list[float | None], dict[str, float]]:
-        """Rewards (mean score / 5) of (prompt, response) pairs, in order, and this call's counters."""
+        """Rewards (mean score / highest score) of (prompt, response) pairs, in order, and this call's counters."""
         unique = list(dict.fromkeys(pairs))  # identical pairs in a step are scored once
         todo = [pair for pair in unique if pair not in self.cache]
         scores, requests = await self._score_new(todo) if todo else ([], 0)
@@ -213,7 +221,7 @@ class RubricJudge:
         conversations = [rubric_messages(self.cfg.rubric.system_prompt, self.cfg.rubric.template, *p) for p in pairs]
         if self.cfg.mode is JudgeMode.scores:
             found = await self.backend.score_tokens(conversations, groups=[prompt for prompt, _ in pairs])
-            return [None if s is None else rubric_reward(s) for s in found], len(pairs)
+            return [None if s is None else rubric_reward(s, self.rubric) for s in found], len(pairs)
         cfg, scores = self.cfg, [None] * len(pairs)
         pending, requests = list(range(len(pairs))), 0
         for attempt in range(1 + cfg.retries):
@@ -224,7 +232,7 @@ class RubricJudge:
             replies = await self.backend.complete([conversations[i] for i in pending], temperature)
             requests += len(pending)
             for index, reply in zip(pending, replies, strict=True):
-                scores[index] = parse_rubric_reply(reply)
+                scores[index] = parse_rubric_reply(reply, self.rubric)
             pending = [i for i in pending if scores[i] is None]
         return scores, requests
 
@@ -239,9 +247,10 @@ class RubricJudge:
 
 
 def check_judge(cfg: DictConfig, processes: int = 1) -> None:
-    """What the schema cannot check of the judge (the resolve phase; no model is loaded, no request sent): an
-    endpoint's settings, and the model (or the endpoint's tokenizer, in scores mode) found; a local judge's copies,
-    one per process, must fit."""
+    """What the schema cannot check of the judge (the resolve phase; no model is loaded, no request sent): the
+    rubric, an endpoint's settings, and the model (or the endpoint's tokenizer, in scores mode) found; a local judge's
+    copies, one per process, must fit."""
+    check_rubric(cfg)
     if cfg.backend is JudgeBackend.openai:
         for key in ("model", "base_url"):
             if not cfg[key]:

@@ -2,7 +2,8 @@
 
 Each factory takes the component's settings (typed by grpo_exp.schema.REWARD_COMPONENTS, weights set in
 conf/reward/<name>.yaml) that it names as parameters, and any shared
-object the run built once that it names as a parameter (`p_yes`: the P(Yes) scorer), and returns a TRL reward
+object the run built once that it names as a parameter (`p_yes`: the P(Yes) scorer; `verifier`: the run's
+correctness labels; `judge`), and returns a TRL reward
 function named after the component, so TRL logs it as `rewards/<name>/mean`.
 
 Any other name is the user's own component (schema.CustomReward: a function or a factory by import path,
@@ -18,6 +19,7 @@ from omegaconf.errors import ConfigKeyError, ValidationError
 
 from grpo_exp.errors import UserError
 from grpo_exp.rewards.confidence import make_confidence_reward
+from grpo_exp.rewards.correct import make_correct_reward
 from grpo_exp.rewards.custom import build_custom, check_custom, is_custom
 from grpo_exp.rewards.format import make_format_reward
 from grpo_exp.rewards.judge import make_judge_reward
@@ -29,6 +31,7 @@ from grpo_exp.schema import REWARD_COMPONENTS, CustomReward, check_values
 
 COMPONENTS: dict[str, Callable[..., Callable]] = {
     "math": make_math_reward,
+    "correct": make_correct_reward,
     "format": make_format_reward,
     "length": make_length_reward,
     "repetition": make_repetition_reward,

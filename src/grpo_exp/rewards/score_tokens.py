@@ -1,23 +1,23 @@
 """Reading a rubric's scores from a local model's probabilities (the `scores` mode of the local judge).
 
 Each prompt is a chat-templated judge request ending where the reply starts; the reply is opened at each
-criterion's score (`{"accuracy": `) and the judge's distribution over the tokens "1".."5" there gives an expected
-score. Prompts that judge answers to the same question share their opening, which is read once."""
+criterion's score (`{"accuracy": `) and the judge's distribution over the rubric's score tokens ("1".."5") there
+gives an expected score. Prompts that judge answers to the same question share their opening, which is read once."""
 
 import torch
 
 from grpo_exp.errors import UserError
 from grpo_exp.generation import left_padded_eval
 from grpo_exp.masks import MASKABLE_ATTENTION, additive_mask, branch_attention
-from grpo_exp.rewards.rubric import CRITERIA, SCORE_TOKENS, expected_score, score_position
+from grpo_exp.rewards.rubric import QUALITY, Rubric, expected_score, score_position
 
 
-def score_token_ids(tokenizer, prefix: str) -> list[int]:
-    """The token of each score "1".."5" where the reply is opened at a score: it must extend the prefix by exactly
-    one token."""
+def score_token_ids(tokenizer, prefix: str, rubric: Rubric = QUALITY) -> list[int]:
+    """The token of each of the rubric's scores ("1".."5") where the reply is opened at a score: it must extend the
+    prefix by exactly one token."""
     base = tokenizer(prefix, add_special_tokens=False)["input_ids"]
     ids = []
-    for token in SCORE_TOKENS:
+    for token in rubric.score_tokens:
         extended = tokenizer(prefix + token, add_special_tokens=False)["input_ids"]
         if extended[: len(base)] != base or len(extended) != len(base) + 1:
             raise UserError(f"judge.mode=scores: the judge's tokenizer does not write score {token} as one token")
@@ -27,27 +27,30 @@ def score_token_ids(tokenizer, prefix: str) -> list[int]:
 
 @torch.no_grad()
 def score_tokens_locally(
-    model, tokenizer, prompts: list[str], batch_size: int, groups: list[str] | None = None
+    model, tokenizer, prompts: list[str], batch_size: int, groups: list[str] | None = None, rubric: Rubric = QUALITY
 ) -> list[list[float]]:
     """Each criterion's expected score for chat-templated judge prompts (ending where the reply starts).
 
     Prompts with the same `groups` key (the question a group of completions answers) share their opening: the
     rubric's instructions and the question. That opening is read once per group; then one pass reads each prompt's
     own rest and, as branches after it, the reply opened at every criterion's score."""
-    digits = score_token_ids(tokenizer, prompts[0] + score_position(CRITERIA[0]))
+    digits = score_token_ids(tokenizer, prompts[0] + score_position(rubric.criteria[0]), rubric)
     groups = groups or list(range(len(prompts)))
     scores: list[list[float]] = []
     with left_padded_eval(model, tokenizer):
         for start in range(0, len(prompts), batch_size):
             chunk = slice(start, start + batch_size)
-            scores += _score_batch(model, tokenizer, prompts[chunk], groups[chunk], digits)
+            scores += _score_batch(model, tokenizer, prompts[chunk], groups[chunk], digits, rubric)
     return scores
 
 
-def _score_batch(model, tokenizer, prompts: list[str], groups: list, digits: list[int]) -> list[list[float]]:
+def _score_batch(
+    model, tokenizer, prompts: list[str], groups: list, digits: list[int], rubric: Rubric
+) -> list[list[float]]:
     prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
     branches = [
-        tokenizer([p + score_position(c) for c in CRITERIA], add_special_tokens=False)["input_ids"] for p in prompts
+        tokenizer([p + score_position(c) for c in rubric.criteria], add_special_tokens=False)["input_ids"]
+        for p in prompts
     ]
     if not all(b[: len(p)] == p for p, row in zip(prompt_ids, branches, strict=True) for b in row) or (
         model.config._attn_implementation not in MASKABLE_ATTENTION
@@ -68,8 +71,9 @@ def _score_batch(model, tokenizer, prompts: list[str], groups: list, digits: lis
         tails = [[b[len(p) :] for b in row] for p, row in zip(prompt_ids, branches, strict=True)]
         last = _read_branches(model, cache, mask[rows], rests, tails, tokenizer.pad_token_id)
     probabilities = torch.softmax(last[:, digits].float(), dim=-1).tolist()
-    expected = [expected_score(p) for p in probabilities]
-    return [expected[i : i + len(CRITERIA)] for i in range(0, len(expected), len(CRITERIA))]
+    expected = [expected_score(p, rubric) for p in probabilities]
+    count = len(rubric.criteria)
+    return [expected[i : i + count] for i in range(0, len(expected), count)]
 
 
 def _common_prefix(sequences: list[list[int]]) -> list[int]:

@@ -19,9 +19,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 from transformers import StoppingCriteria, StoppingCriteriaList
+from trl.trainer.utils import is_async_callable
 
 from grpo_exp.generation import left_padded_eval
-from grpo_exp.rollout.tools import Tool, build_tools, first_call
+from grpo_exp.rollout.tools import Tool, build_tools, first_call, tools_message
 from grpo_exp.rollout.tools.python_sandbox import SandboxLimits
 
 # Per-trajectory fields handed to TRL (and on to the reward functions and grpo_exp's statistics).
@@ -75,8 +76,12 @@ class MultiTurnRollout:
         self.tools = build_tools(list(rollout_cfg.tools), limits)
 
     def messages(self, prompt: list[dict]) -> list[dict]:
-        """The task's chat prompt after the tools' system message and demonstration exchange."""
+        """The task's chat prompt after the tools' system message and demonstration exchange. The system message
+        is rollout.system, then (rollout.describe_tools) what the user's own tools do and how they are called."""
         parts = [self.cfg.system] if self.cfg.system else []
+        described = tools_message(self.tools) if self.cfg.get("describe_tools", True) else None
+        if described:
+            parts.append(described)
         if prompt and prompt[0]["role"] == "system":  # the dataset's own system message joins ours
             parts.append(prompt[0]["content"])
             prompt = prompt[1:]
@@ -181,11 +186,23 @@ def _eos_ids(tokenizer) -> set[int]:
 
 
 def scored_on_final_turn(reward_func):
-    """A reward function that sees each trajectory's final turn as the completion (never the tools' output)."""
+    """A reward function that sees each trajectory's final turn as the completion (never the tools' output), called
+    as TRL calls it (every argument by name; an async one, such as the judge's, stays async for TRL to await)."""
+
+    def final_turns(final_turn: list[str]) -> list[list[dict]]:
+        return [[{"role": "assistant", "content": text}] for text in final_turn]
+
+    if is_async_callable(reward_func):
+
+        @functools.wraps(reward_func)
+        async def on_final_turn_async(completions, final_turn, **kwargs):
+            return await reward_func(completions=final_turns(final_turn), **kwargs)
+
+        return on_final_turn_async
 
     @functools.wraps(reward_func)
     def on_final_turn(completions, final_turn, **kwargs):
-        return reward_func([[{"role": "assistant", "content": text}] for text in final_turn], **kwargs)
+        return reward_func(completions=final_turns(final_turn), **kwargs)
 
     return on_final_turn
 

@@ -1,6 +1,7 @@
-"""A resolved run spec -> the cheap objects of a run, each built once and handed to whoever needs it: the rule
-verifier, the P(Yes) scorer, the judge, the reward functions, the multi-turn rollout and the self-verification task.
-Nothing is checked here: grpo_exp.run.resolve has checked everything that can be, and no model loads yet."""
+"""A resolved run spec -> the cheap objects of a run, each built once and handed to whoever needs it: the
+correctness labels (verifier.labels), the P(Yes) scorer, the judge, the reward functions, the multi-turn rollout and
+the self-verification task. Nothing is checked here: grpo_exp.run.resolve has checked everything that can be, and
+no model loads yet."""
 
 import os
 from dataclasses import dataclass
@@ -12,8 +13,9 @@ from grpo_exp.rewards.registry import build_rewards
 from grpo_exp.rollout.multiturn import MultiTurnRollout, scored_on_final_turn
 from grpo_exp.run.resolve import RunSpec
 from grpo_exp.schema import VerifierName, VerifierSchema
+from grpo_exp.verification.labels import build_labels
 from grpo_exp.verification.p_yes import PYesScorer, build_p_yes
-from grpo_exp.verification.rule import Verifier, math_verify_verifier
+from grpo_exp.verification.rule import Verifier
 from grpo_exp.verification.task import SelfVerificationTask
 
 
@@ -21,7 +23,7 @@ from grpo_exp.verification.task import SelfVerificationTask
 class RunParts:
     reward_funcs: list
     reward_weights: list[float]
-    verifier: Verifier  # the rule verifier: ground-truth labels
+    verifier: Verifier  # the correctness labels (verifier.labels): everything that reads a label reads these
     p_yes: PYesScorer | None  # the one P(Yes) scorer (confidence reward and self-verification metrics)
     judge: RubricJudge | None  # the one LLM judge (judge reward and held-out judge statistics)
     selfverify: SelfVerificationTask | None
@@ -35,10 +37,10 @@ class RunParts:
 
 def build_parts(spec: RunSpec) -> RunParts:
     cfg = spec.cfg
-    verifier = math_verify_verifier()
+    verifier = build_labels(cfg.verifier)
     p_yes = p_yes_scorer(spec)
     judge = build_judge(cfg.judge, cfg.cache_dir) if "judge" in spec.components else None
-    reward_funcs = build_rewards(spec.components, {"p_yes": p_yes, "judge": judge})
+    reward_funcs = build_rewards(spec.components, {"p_yes": p_yes, "judge": judge, "verifier": verifier})
     rollout = build_rollout(spec)
     if rollout is not None:
         reward_funcs = [scored_on_final_turn(func) for func in reward_funcs]

@@ -1,4 +1,5 @@
-"""Held-out evaluation: greedy accuracy, and pass@k / maj@k from k samples, judged by the rule verifier.
+"""Held-out evaluation: greedy accuracy, and pass@k / maj@k from k samples, judged by the run's correctness labels
+(verifier.labels: grpo_exp.verification.labels).
 
 Training measures it before and after (grpo_exp.run.experiment); `python -m grpo_exp.evaluate` on its own.
 With a multi-turn rollout the policy answers with its tools in reach and each trajectory's final turn is judged.
@@ -225,7 +226,7 @@ def verification_benchmark(
     Every process calls it, and the main process writes."""
     cfg, max_new_tokens = spec.cfg, spec.eval_max_new_tokens
     bench_cfg = cfg.eval.verification_benchmark
-    key = benchmark_key(bench_cfg, cfg.model, cfg.dataset, max_new_tokens)
+    key = benchmark_key(bench_cfg, cfg.model, cfg.dataset, max_new_tokens, cfg.verifier.labels)
     cached = Path(cfg.cache_dir) / "verification_benchmark" / f"{key}.json"
     if cached.is_file():
         log.info("Verification benchmark from the cache: %s", cached)

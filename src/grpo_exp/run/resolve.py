@@ -27,6 +27,7 @@ from grpo_exp.errors import UserError
 from grpo_exp.models import check_reachable, torch_dtype, trained_dtype
 from grpo_exp.rewards.judge import check_judge
 from grpo_exp.rewards.registry import reward_weights, typed_components
+from grpo_exp.rewards.rubric import load_rubric_file
 from grpo_exp.rollout.tools import check_tool_names
 from grpo_exp.run.distributed import world_size
 from grpo_exp.run.resume import Attempt, resolve_attempt
@@ -36,6 +37,7 @@ from grpo_exp.schema import RolloutName, VerifierName, check_values
 from grpo_exp.trainer.advantages import check_algorithm
 from grpo_exp.trainer.config import GRPOExpConfig, check_trainer, grpo_exp_config
 from grpo_exp.trainer.trainer import GRADED_COMPONENTS
+from grpo_exp.verification.labels import check_labels
 from grpo_exp.verification.p_yes import check_verifier_reachable
 from grpo_exp.verification.task import check_task
 
@@ -80,6 +82,7 @@ def resolve(cfg: DictConfig, processes: int | None = None, trainer_dir: Path | N
     """`processes`: how many processes train together (default: this launch's); `trainer_dir`: where the trainer
     writes its checkpoints, for a training run (its GRPOExpConfig is made and checked too)."""
     check_required(cfg)
+    load_rubric_file(cfg.judge)  # judge.rubric_file: its rubric replaces judge.rubric, recorded in the run's config
     check_values(cfg)
     components = typed_components(cfg.reward)
     saved_config = redact(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
@@ -120,8 +123,10 @@ def check_required(cfg: DictConfig) -> None:
 
 
 def check_verifier(spec: RunSpec) -> None:
-    """The confidence reward needs a probability of correctness; a frozen verifier named by path must exist."""
+    """The correctness labels (verifier.labels: a built-in, or the user's function by import path, its signature);
+    the confidence reward needs a probability of correctness; a frozen verifier named by path must exist."""
     verifier = spec.cfg.verifier
+    check_labels(verifier)
     if "confidence" in spec.components and verifier.name is VerifierName.math_verify:
         raise UserError(
             "reward component 'confidence' needs a probability of correctness: use verifier=genrm (a frozen "

@@ -111,7 +111,7 @@ class GRPOExpTrainer(HookedGRPOTrainer):
         self.record_metric("timing/group_stats_s", time.perf_counter() - started)
 
     def _correctness(self, batch: ScoredBatch) -> torch.Tensor:
-        """The rule verifier's label of every completion: 1, 0, or NaN (no usable reference)."""
+        """The run's correctness label (verifier.labels) of every completion: 1, 0, or NaN (cannot be judged)."""
         solutions = [None if r["solution"] is None else str(r["solution"]) for r in batch.rows]
         labels = self.verifier(batch.texts, solutions)
         return torch.tensor(label_values(labels))

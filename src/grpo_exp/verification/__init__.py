@@ -1,1 +1,2 @@
-"""Who decides whether an answer is correct: the rule verifier, P(Yes) scorers, the self-verification task."""
+"""Who decides whether an answer is correct: the correctness labels (labels.py, rule.py), P(Yes) scorers, the
+self-verification task."""

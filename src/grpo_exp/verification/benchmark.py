@@ -1,9 +1,9 @@
 """The verification benchmark: can a model tell its own correct answers from its wrong ones?
 
 A fixed, balanced set (eval.verification_benchmark): the initial policy's own sampled answers to problems it
-never trains on, labelled by the rule verifier, as many correct as incorrect (at most `per_problem` per
-problem), built once and cached with its seed. A model is scored on it by its P(Yes) to "Is the proposed
-answer correct?" (one forward pass each): AUROC with a bootstrap interval, balanced accuracy and the share of
+never trains on, labelled by the run's labels (verifier.labels), as many correct as incorrect (at most
+`per_problem` per problem), built once and cached with its seed. A model is scored on it by its P(Yes) to "Is the
+proposed answer correct?" (one forward pass each): AUROC with a bootstrap interval, balanced accuracy and the share of
 "Yes" verdicts at P(Yes) > 0.5, Brier score and ECE. A constant verdict scores AUROC 0.5 and balanced accuracy
 0.5, whatever it is, so a drift towards "Yes" cannot pass for verification ability.
 """
@@ -36,14 +36,24 @@ log = logging.getLogger(__name__)
 PREFIX = "verify_bench"
 
 
-def benchmark_key(bench_cfg: DictConfig, model_cfg: DictConfig, data_cfg: DictConfig, max_new_tokens: int) -> str:
-    """What the set depends on: the answering model, the problems, the sampling and the selection."""
+def benchmark_key(
+    bench_cfg: DictConfig, model_cfg: DictConfig, data_cfg: DictConfig, max_new_tokens: int, labels: str = "math_verify"
+) -> str:
+    """What the set depends on: the answering model, the problems, the sampling, the selection and the labels
+    (verifier.labels). Settings at their defaults that were added later (a dataset function, the labels) are left
+    out, so that the sets cached before them keep their keys."""
+    dataset = OmegaConf.to_container(data_cfg, resolve=True)
+    for key, unset in (("function", None), ("function_args", {})):
+        if dataset.get(key, unset) == unset:
+            dataset.pop(key, None)
     identity = {
         "model": OmegaConf.to_container(model_cfg, resolve=True),
-        "dataset": OmegaConf.to_container(data_cfg, resolve=True),
+        "dataset": dataset,
         "benchmark": {k: v for k, v in OmegaConf.to_container(bench_cfg).items() if k not in ("enabled", "resamples")},
         "max_new_tokens": max_new_tokens,
     }
+    if labels != "math_verify":
+        identity["labels"] = labels
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

@@ -1,8 +1,9 @@
 """The rule verifier: math-verify equivalence of a completion's final answer with the reference.
 
-It gives the ground-truth labels: held-out accuracy, group statistics, the labels of the self-verification
-task, and the `math` reward. The final answer is the last \\boxed{} content, else what is written last
-(grpo_exp.text.stated_answer); an answer that restates the arithmetic ('\\boxed{5 - 33}') scores 0.
+It gives the `math` reward and, with verifier.labels=math_verify (the default), the run's correctness labels:
+held-out accuracy, group statistics, the labels of the self-verification task (grpo_exp.verification.labels). The
+final answer is the last \\boxed{} content, else what is written last (grpo_exp.text.stated_answer); an answer
+that restates the arithmetic ('\\boxed{5 - 33}') scores 0.
 """
 
 import functools

@@ -1,7 +1,7 @@
 """Self-verification task: on-policy samples -> labelled, filtered, balanced, diverse verification prompts.
 
 Pure functions (no trainer state), after "Learning to Self-Verify" (arXiv 2602.07594): completions are
-labelled correct/incorrect by the rule verifier; those without an extractable answer are dropped, and so are
+labelled correct/incorrect by the run's labels; those without an extractable answer are dropped, and so are
 problems whose rollouts are all wrong (configurable); then as many "Yes" as "No" examples (a configurable
 share) are drawn with a seed, spread over as many problems as possible, at most `per_problem` per problem,
 distinct answers first. Each becomes a prompt asking the policy to judge the answer, ending in a boxed

@@ -56,7 +56,7 @@ class Ranks:
 
 class SelfVerificationTask:
     def __init__(self, cfg: DictConfig, verifier: Verifier, p_yes: PYesScorer | None, seed: int):
-        """cfg: reward.components.selfverify; verifier: the rule verifier (labels); p_yes: the scorer whose
+        """cfg: reward.components.selfverify; verifier: the run's correctness labels; p_yes: the scorer whose
         P(Yes) on the selected answers is measured every step (None: not measured)."""
         self.cfg, self.verifier, self.p_yes, self.seed = cfg, verifier, p_yes, seed
         self.candidates: deque[Candidate] = deque(maxlen=cfg.buffer_size)
@@ -222,7 +222,7 @@ class SelfVerificationTask:
     ) -> dict[str, float]:
         """How well the policy judges its own answers on held-out problems.
 
-        Answers are sampled (`samples` per problem) and labelled by the rule verifier; a balanced, diverse set of
+        Answers are sampled (`samples` per problem) and labelled by the run's labels; a balanced, diverse set of
         them (the training task's own selection, all-wrong problems kept) is put to the policy as verification
         prompts, answered greedily. Reports verdict accuracy (50% is chance on a balanced set), precision /
         recall / F1 of "Yes", and AUROC / Brier / ECE of the policy's own P(Yes).

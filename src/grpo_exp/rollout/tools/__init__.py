@@ -8,6 +8,10 @@ temperature 1 (`python -m benchmarks.tool_protocol`: 56% calculator tags, 59% py
 TRL's JSON tool calls shown the same way (0% for the tags described without a demonstration).
 A call ends the policy's turn; the tool's output (or error) is appended as an observation, which the policy
 reads in its next turn and which is masked out of the loss.
+
+The user's own functions join them by import path (rollout.tools=[calculator,my_tools:lookup]), with the same
+plain tags: `<lookup>Paris</lookup>` -> `<result>France</result>`, the text mapped onto the function's parameters by
+their type hints (grpo_exp.rollout.tools.user), and described to the policy in the system message.
 """
 
 import functools
@@ -19,6 +23,7 @@ from grpo_exp.errors import UserError
 from grpo_exp.rollout.tools.calculator import CalculatorError, calculate, format_number
 from grpo_exp.rollout.tools.python_sandbox import SandboxLimits, run_python
 from grpo_exp.rollout.tools.result import ToolResult
+from grpo_exp.rollout.tools.user import UserTool, check_user_tools, is_import_path
 
 
 @dataclass(frozen=True)
@@ -27,6 +32,7 @@ class Tool:
     call: re.Pattern  # a complete call; group 1 is the tool's input
     observation: str  # how the output is shown to the policy ({output})
     run: Callable[[str], ToolResult]
+    description: str | None = None  # a user's tool: what the system message tells the policy of it
 
 
 @dataclass(frozen=True)
@@ -44,14 +50,13 @@ def run_calculator(expression: str) -> ToolResult:
 
 
 TOOL_NAMES = ("calculator", "python")
+OBSERVATION = "\n<result>{output}</result>\n"
 
 
 def build_tools(names: list[str], python_limits: SandboxLimits) -> list[Tool]:
-    """The named tools (check_tool_names first: the resolve phase)."""
+    """The named tools, built-in or the user's by import path (check_tool_names first: the resolve phase)."""
     available = {
-        "calculator": Tool(
-            "calculator", re.compile(r"<calc>(.*?)</calc>", re.S), "\n<result>{output}</result>\n", run_calculator
-        ),
+        "calculator": Tool("calculator", re.compile(r"<calc>(.*?)</calc>", re.S), OBSERVATION, run_calculator),
         "python": Tool(
             "python",
             re.compile(r"```python\n(.*?)```", re.S),
@@ -59,15 +64,49 @@ def build_tools(names: list[str], python_limits: SandboxLimits) -> list[Tool]:
             functools.partial(run_python, limits=python_limits),
         ),
     }
-    return [available[name] for name in names]
+    users = iter([user_tool(tool) for tool in check_user_tools(user_tool_paths(names))])
+    return [next(users) if is_import_path(name) else available[name] for name in names]
+
+
+def user_tool(tool: UserTool) -> Tool:
+    """A user's function as a tool: called as <name>argument</name>, answered in <result> like the calculator."""
+    call = re.compile(rf"<{tool.name}>(.*?)</{tool.name}>", re.S)
+    return Tool(tool.name, call, OBSERVATION, tool.run, tool.system_text())
+
+
+def user_tool_paths(names: list[str]) -> dict[str, str]:
+    """rollout.tools[i] -> import path, for the entries that name the user's functions."""
+    return {f"rollout.tools[{i}]": name for i, name in enumerate(names) if is_import_path(name)}
 
 
 def check_tool_names(names: list[str]) -> None:
-    unknown = [name for name in names if name not in TOOL_NAMES]
-    if unknown:
-        raise UserError(f"rollout.tools: unknown tool(s) {unknown}; the tools are {sorted(TOOL_NAMES)}")
+    """The resolve phase: built-in names known, the user's functions imported and checked (one UserError each)."""
     if not names:
-        raise UserError(f"rollout.tools is empty; rollout=multiturn needs some of {sorted(TOOL_NAMES)}")
+        raise UserError(
+            f"rollout.tools is empty; rollout=multiturn needs some of {sorted(TOOL_NAMES)} or your own functions "
+            "(module:name)"
+        )
+    unknown = [name for name in names if not is_import_path(name) and name not in TOOL_NAMES]
+    if unknown:
+        raise UserError(
+            f"rollout.tools: unknown tool(s) {unknown}; the tools are {sorted(TOOL_NAMES)}, or your own function "
+            "by import path (module:name, e.g. rollout.tools=[calculator,my_tools:lookup])"
+        )
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise UserError(f"rollout.tools: {repeated} named more than once")
+    check_user_tools(user_tool_paths(names))
+
+
+def tools_message(tools: list[Tool]) -> str | None:
+    """What the system message tells the policy of the user's tools (from their docstrings and type hints)."""
+    described = [tool.description for tool in tools if tool.description]
+    if not described:
+        return None
+    lines = "\n".join(f"- {description}" for description in described)
+    return (
+        f"You can call these tools: write the call as shown and its result is shown as <result>value</result>.\n{lines}"
+    )
 
 
 def first_call(text: str, tools: list[Tool]) -> ToolCall | None:

@@ -1,0 +1,150 @@
+"""The run's correctness labels (`verifier.labels`): who decides whether an answer is correct.
+
+One labeller per run, built once (grpo_exp.run.build) and read by everything that needs a label: held-out accuracy
+(before / after training, validations, `python -m grpo_exp.evaluate`), pass@k and maj@k, the group statistics,
+the labels of the self-verification task and the verification benchmark, the AUROC of the judge and confidence
+components against correctness, and the `correct` reward component. It applies with every `verifier=` option
+(those choose the P(Yes) scorer). Built-in:
+
+- math_verify (the default): math-verify equivalence of the stated final answer with the reference
+  (grpo_exp.verification.rule);
+- exact_match: the stated final answer (the last \\boxed{} content, else the last number or LaTeX span:
+  grpo_exp.text.stated_answer) equals the reference once both are normalised (normalise_answer): for tasks whose
+  answers are words, labels or codes rather than mathematics.
+
+Or the user's own function by import path, `verifier.labels=module:name` (the current directory importable):
+
+    def is_correct(completion: str, solution: str) -> bool | None: ...
+
+called once per answer with the answer's text (a multi-turn trajectory's final turn) and the reference (the
+dataset's answer, as a string); None: cannot be judged (left out of accuracies, as an unparseable reference is).
+Answers without a reference (the self-verification task's verification prompts) are not passed to it: their label
+is None. With `verifier.labels_batched=true` it is called once per batch instead:
+f(completions: list[str], solutions: list[str]) -> one bool or None per completion. Its signature is checked at
+resolve time, before any model loads; a result that is not a bool or None stops the run naming the key.
+"""
+
+import re
+from collections.abc import Callable, Sequence
+
+from omegaconf import DictConfig
+
+from grpo_exp.errors import UserError
+from grpo_exp.plugins import import_callable, signature_of
+from grpo_exp.text import stated_answer
+from grpo_exp.verification.rule import TAIL_CHARS, Verifier, math_verify_verifier
+
+KEY = "verifier.labels"
+CONVENTION = (
+    "a correctness function is f(completion: str, solution: str) -> bool | None (None: cannot be judged), or with "
+    "verifier.labels_batched=true f(completions: list[str], solutions: list[str]) -> list[bool | None]"
+)
+# \text{Paris}, \textbf{...}, \mathrm{...}: the words inside.
+TEXT_COMMAND = re.compile(r"\\(?:text|textbf|textit|mathrm|mathbf|operatorname)\s*\{([^{}]*)\}")
+
+
+def normalise_answer(text: str) -> str:
+    """Case-folded, \\text{} unwrapped, surrounding whitespace, $, quotes and a final period removed, runs of
+    whitespace made one space: ' \\text{Paris}. ' and 'paris' are the same answer."""
+    text, previous = " ".join(TEXT_COMMAND.sub(r"\1", text).split()), None
+    while text != previous:
+        previous, text = text, text.strip(" $\"'`").removesuffix(".")
+    return text.casefold()
+
+
+def exact_match(completion: str, solution: str) -> bool | None:
+    """The completion's stated final answer equals the reference, normalised (None: an empty reference)."""
+    reference = normalise_answer(str(solution))
+    if not reference:
+        return None
+    answer = stated_answer(completion[-TAIL_CHARS:])
+    return answer is not None and normalise_answer(answer) == reference
+
+
+def exact_match_verifier() -> Verifier:
+    def verify(texts: list[str], solutions: list[str | None]) -> list[bool | None]:
+        return [None if s is None else exact_match(t, s) for t, s in zip(texts, solutions, strict=True)]
+
+    return verify
+
+
+BUILT_IN: dict[str, Callable[[], Verifier]] = {"math_verify": math_verify_verifier, "exact_match": exact_match_verifier}
+
+
+def _user_function(verifier_cfg: DictConfig) -> Callable:
+    path = verifier_cfg.labels
+    if ":" not in path and "." not in path:
+        raise UserError(
+            f"{KEY}={path}: not a built-in ({', '.join(BUILT_IN)}) nor an import path; write module:name, e.g. "
+            f"{KEY}=my_checks:is_correct ({CONVENTION})"
+        )
+    return import_callable(path, KEY, "a correctness function")
+
+
+def check_labels(verifier_cfg: DictConfig) -> None:
+    """The resolve phase: a built-in name, or an importable function taking (completion, solution) (batched:
+    (completions, solutions)); else one UserError naming the key."""
+    if verifier_cfg.labels in BUILT_IN:
+        if verifier_cfg.labels_batched:
+            raise UserError(
+                f"verifier.labels_batched=true is for a function of your own; {KEY}={verifier_cfg.labels} is built in"
+            )
+        return
+    func = _user_function(verifier_cfg)
+    signature = signature_of(func)
+    if signature is None:
+        return
+    arguments = ([], []) if verifier_cfg.labels_batched else ("", "")
+    try:
+        signature.bind(*arguments)
+    except TypeError as err:
+        raise UserError(
+            f"{KEY}={verifier_cfg.labels}: cannot be called with two arguments ({err}): {CONVENTION}; its signature "
+            f"is {signature}"
+        ) from None
+
+
+def build_labels(verifier_cfg: DictConfig) -> Verifier:
+    """The run's labeller: texts, references (None: no reference) -> True / False / None each."""
+    if verifier_cfg.labels in BUILT_IN:
+        return BUILT_IN[verifier_cfg.labels]()
+    return user_verifier(_user_function(verifier_cfg), verifier_cfg.labels, verifier_cfg.labels_batched)
+
+
+def user_verifier(func: Callable, path: str, batched: bool) -> Verifier:
+    """The user's function as a Verifier: called on the answers that have a reference, each result checked."""
+    where = f"{KEY}={path}"
+
+    def verify(texts: list[str], solutions: list[str | None]) -> list[bool | None]:
+        labels: list[bool | None] = [None] * len(texts)
+        judged = [i for i, solution in enumerate(solutions) if solution is not None]
+        if not judged:
+            return labels
+        if batched:
+            results = func([texts[i] for i in judged], [str(solutions[i]) for i in judged])
+            is_array = getattr(results, "ndim", None) == 1  # a NumPy array or torch tensor of labels
+            if isinstance(results, str | bytes) or not (isinstance(results, Sequence) or is_array):
+                raise UserError(f"{where} returned a {type(results).__name__}, not a list of labels: {CONVENTION}")
+            results = list(results)
+            if len(results) != len(judged):
+                raise UserError(f"{where} returned {len(results)} labels for {len(judged)} completions: {CONVENTION}")
+        else:
+            results = [func(texts[i], str(solutions[i])) for i in judged]
+        for index, result in zip(judged, results, strict=True):
+            labels[index] = checked_label(result, where, index)
+        return labels
+
+    return verify
+
+
+def checked_label(value, where: str, index: int) -> bool | None:
+    """True, False or None; a NumPy / torch boolean scalar is taken as its bool. Anything else: a UserError."""
+    if value is None or isinstance(value, bool):
+        return value
+    if getattr(value, "ndim", None) == 0 and isinstance(value.item(), bool):
+        return value.item()
+    shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:37]}..."
+    raise UserError(
+        f"{where} returned {shown} ({type(value).__name__}) for completion {index}: labels are True, False or None "
+        f"(cannot be judged); {CONVENTION}"
+    )
