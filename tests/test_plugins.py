@@ -163,8 +163,8 @@ RESOLVE_CASES = {
     ),
     "factory settings": (
         ["reward=mine", "+reward.components.mine.settings.colour=red"],
-        "reward.components.mine.factory=user_rewards:make_length_reward: does not take reward.components.mine."
-        "settings={'per_char': 0.01, 'log': 'calls.jsonl', 'colour': 'red'}: got an unexpected keyword argument",
+        "reward.components.mine.factory=user_rewards:make_length_reward: does not take the keys of "
+        "reward.components.mine.settings ['colour', 'log', 'per_char']: got an unexpected keyword argument",
     ),
     "neither": (
         ["reward=mine", "reward.components.mine.factory=null"],

@@ -219,7 +219,7 @@ RESOLVE_CASES = {
     "data module": (["dataset=function", "dataset.function=nope:rows"], "dataset.function=nope:rows: module 'nope'"),
     "data args": (
         ["dataset=mine", "+dataset.function_args.colour=red"],
-        "dataset.function=user_task:rows: does not take dataset.function_args={'n': 24, 'colour': 'red'}: got an "
+        "dataset.function=user_task:rows: does not take the keys of dataset.function_args ['colour', 'n']: got an "
         "unexpected keyword argument 'colour'",
     ),
     "data return": (

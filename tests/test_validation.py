@@ -64,7 +64,7 @@ def test_gains_within_one_standard_error_do_not_reset_the_patience():
     # on 100 problems: 0.40 -> 0.43 is within noise (~0.049), 0.40 -> 0.46 is not
     assert validations_without_improvement([0.40, 0.43, 0.42], errors([0.40, 0.43, 0.42])) == 2
     assert validations_without_improvement([0.40, 0.43, 0.46], errors([0.40, 0.43, 0.46])) == 0
-    assert validations_without_improvement([0.40, math.nan], errors([0.40, math.nan])) == 1
+    assert validations_without_improvement([0.40, math.nan], errors([0.40, math.nan])) == 0, "NaN: nothing measured"
     values = [0.40, 0.43, 0.42]
     assert stop_reason(values, errors(values), patience=2, stop_at=None).startswith("no held-out improvement")
     assert stop_reason(values[:2], errors(values[:2]), patience=2, stop_at=None) is None

@@ -193,8 +193,8 @@ def check_data_function(data_cfg: DictConfig) -> None:
             signature.bind(**kwargs)
         except TypeError as err:
             raise UserError(
-                f"{FUNCTION_KEY}={data_cfg.function}: does not take dataset.function_args={kwargs}: {err}; its "
-                f"signature is {signature}"
+                f"{FUNCTION_KEY}={data_cfg.function}: does not take the keys of dataset.function_args "
+                f"{sorted(kwargs)}: {err}; its signature is {signature}"
             ) from None
 
 
@@ -252,6 +252,12 @@ def check_data_files(data_cfg: DictConfig) -> None:
     """Fail before any model loads when a data file is missing, unreadable, or does not hold what the config says
     (its question and answer columns; GSM8K-style answers), a hub dataset cannot be reached, a reasoning-gym task
     does not exist, or a dataset function cannot be imported or does not take dataset.function_args."""
+    if data_cfg.source is not DataSource.function and (data_cfg.function or data_cfg.function_args):
+        key = "dataset.function" if data_cfg.function else "dataset.function_args"
+        raise UserError(
+            f"{key} is read only with dataset=function (this run's dataset={data_cfg.name} takes its rows from "
+            f"{data_cfg.source.value}): add dataset=function, or leave {key} out"
+        )
     if data_cfg.source is DataSource.reasoning_gym:
         _reasoning_gym_task(data_cfg, size=1)  # its name and task_config, with one generated problem
         return

@@ -38,7 +38,7 @@ from grpo_exp.run.files import BENCHMARK_FILE, EVALUATION_FILE, FINAL_CHECKPOINT
 from grpo_exp.run.heldout import benchmark_statistics, run_heldout_accuracy, sampled_metrics, verification_benchmark
 from grpo_exp.run.resolve import resolve
 from grpo_exp.run.tracking import Tracker
-from grpo_exp.run.validation import BEST_CHECKPOINT_DIR
+from grpo_exp.run.validation import BEST_CHECKPOINT_DIR, TOP_CHECKPOINTS_DIR
 from grpo_exp.schema import register_schemas
 from grpo_exp.verification.benchmark import load_benchmark
 
@@ -98,6 +98,8 @@ def resolve_source(argv: list[str], config_dirs: list[str] | None = None) -> Sou
     run_dir, checkpoint = source, source / FINAL_CHECKPOINT_DIR
     if source.name in (FINAL_CHECKPOINT_DIR, BEST_CHECKPOINT_DIR) and (source.parent / ".hydra").is_dir():
         run_dir, checkpoint = source.parent, source  # a run's own checkpoint: evaluated with the run's config
+    elif source.parent.name == TOP_CHECKPOINTS_DIR and (source.parent.parent / ".hydra").is_dir():
+        run_dir, checkpoint = source.parent.parent, source  # a runner-up kept by eval.keep_top_k
     run_sources, run_cwd = [], None
     if (run_dir / ".hydra" / "overrides.yaml").is_file() and checkpoint.is_dir():
         # Re-compose the run's own config (its overrides, its config directories), then point the model at the

@@ -221,7 +221,7 @@ class DatasetSchema:
     # source function: the user's function by import path (module:name; the current directory is importable),
     # called once as f(**function_args), returning rows (a list of dicts or a datasets.Dataset with question_field
     # and answer_field), the held-out split carved as for files; or a mapping of splits, {train_split: rows,
-    # eval_split: rows} (a DatasetDict too), taken as they are
+    # eval_split: rows} (a DatasetDict too), each limited to train_size / eval_size rows as for hub datasets
     function: str | None = None
     function_args: dict[str, Any] = field(default_factory=dict)  # the function's keyword arguments
     train_size: int | None = knob(1000, ge=1)  # null: every row

@@ -21,6 +21,7 @@ one number (or None: not scored) per completion.
 
 import functools
 import inspect
+import math
 import numbers
 from collections.abc import Callable, Sequence
 
@@ -68,7 +69,8 @@ def check_custom(name: str, settings: DictConfig) -> None:
             signature.bind(**kwargs)
         except TypeError as err:
             raise UserError(
-                f"{key}.factory={factory}: does not take {key}.settings={kwargs}: {err}; its signature is {signature}"
+                f"{key}.factory={factory}: does not take the keys of {key}.settings {sorted(kwargs)}: {err}; its "
+                f"signature is {signature}"
             ) from None
 
 
@@ -134,6 +136,11 @@ def checked_rewards(name: str, label: str, rewards, expected: int) -> list[float
             continue
         number = value.item() if getattr(value, "ndim", None) == 0 else value  # a NumPy or torch scalar
         if isinstance(number, numbers.Real) and not isinstance(number, str):
+            if not math.isfinite(number):  # one inf would become a huge advantage and wreck the weights
+                raise UserError(
+                    f"{where} returned {number} for completion {i}: rewards are finite numbers, or None for a "
+                    "completion it does not score"
+                )
             out.append(float(number))
             continue
         raise UserError(

@@ -88,10 +88,12 @@ def metric_standard_error(metric: str, metrics: dict[str, float], problems: int)
 def validations_without_improvement(values: list[float], errors: list[float]) -> int:
     """How many validations since the last that beat the best before it by more than that best's noise (its
     standard error, `errors[i]` for `values[i]`): the patience spent. Smaller gains are within noise and do not
-    reset it. Pure."""
+    reset it; a NaN (nothing measured, e.g. an AUROC without both right and wrong answers) neither. Pure."""
     reference, since = None, 0
     for value, error in zip(values, errors, strict=True):
-        if value == value and (reference is None or value > reference[0] + reference[1]):
+        if value != value:
+            continue
+        if reference is None or value > reference[0] + reference[1]:
             reference, since = (value, error if error == error else 0.0), 0
         else:
             since += 1
@@ -104,10 +106,11 @@ def stop_reason(
     """Why training should stop after these validations of `metric` (eval.patience, eval.stop_at), or None. Pure."""
     if stop_at is not None and values and values[-1] >= stop_at:
         return f"{metric} {values[-1]:.3f} reached eval.stop_at={stop_at}"
-    if patience is not None and validations_without_improvement(values, errors) >= patience:
+    measured = [value for value in values if value == value]
+    if patience is not None and measured and validations_without_improvement(values, errors) >= patience:
         return (
             f"no held-out improvement of {metric} beyond one standard error in eval.patience={patience} validations "
-            f"(best {max(v for v in values if v == v):.3f})"
+            f"(best {max(measured):.3f})"
         )
     return None
 
@@ -336,16 +339,19 @@ class PeriodicValidation(TrainerCallback):
     def resume_kept(self, step: int) -> None:
         """The kept models a resumed run carried, ranked by their validations; those of steps after `step` (trained
         again now) dropped; the best in checkpoint-best."""
-        found = {}
+        found, stale = {}, []
         for path in kept_checkpoints(self.run_dir):
             at = json.loads((path / BEST_FILE).read_text())["step"]
             value = next((m.get(self.metric) for s, m in self.validations if s == at), None)
             if at <= step and value is not None and value == value:
                 found[Best(at, value)] = path
-            elif is_main_process():
-                shutil.rmtree(path, ignore_errors=True)
+            else:
+                stale.append(path)
         self.kept = sorted(found, key=lambda best: (-best.value, best.step))[: self.keep_top_k]
+        wait_for_everyone()  # every process has read what was kept before the main process changes it
         if is_main_process():
+            for path in stale:
+                shutil.rmtree(path, ignore_errors=True)
             for best, path in found.items():
                 if best not in self.kept:
                     shutil.rmtree(path, ignore_errors=True)

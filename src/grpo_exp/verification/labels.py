@@ -121,7 +121,7 @@ def user_verifier(func: Callable, path: str, batched: bool) -> Verifier:
         if not judged:
             return labels
         if batched:
-            results = func([texts[i] for i in judged], [str(solutions[i]) for i in judged])
+            results = called(func, where, "the batch", [texts[i] for i in judged], [str(solutions[i]) for i in judged])
             is_array = getattr(results, "ndim", None) == 1  # a NumPy array or torch tensor of labels
             if isinstance(results, str | bytes) or not (isinstance(results, Sequence) or is_array):
                 raise UserError(f"{where} returned a {type(results).__name__}, not a list of labels: {CONVENTION}")
@@ -129,12 +129,22 @@ def user_verifier(func: Callable, path: str, batched: bool) -> Verifier:
             if len(results) != len(judged):
                 raise UserError(f"{where} returned {len(results)} labels for {len(judged)} completions: {CONVENTION}")
         else:
-            results = [func(texts[i], str(solutions[i])) for i in judged]
+            results = [called(func, where, f"completion {i}", texts[i], str(solutions[i])) for i in judged]
         for index, result in zip(judged, results, strict=True):
             labels[index] = checked_label(result, where, index)
         return labels
 
     return verify
+
+
+def called(func: Callable, where: str, what: str, *args):
+    """The user's function on `args`; what it raises, one UserError naming the key (not a traceback from deep in a
+    run). Under several processes each labels its own share: a function that fails on some answers only stops one
+    process, and the launcher then ends the others."""
+    try:
+        return func(*args)
+    except Exception as err:  # noqa: BLE001 - the user's code: whatever it raises is theirs to see, in one line
+        raise UserError(f"{where} raised {type(err).__name__}: {err} (on {what})") from err
 
 
 def checked_label(value, where: str, index: int) -> bool | None:

@@ -36,7 +36,7 @@ from grpo_exp.plugins import import_callable, signature_of
 from grpo_exp.rollout.tools.result import ToolResult
 
 # Names a user's tool cannot take: the built-in tools' names and the tags the protocol already writes.
-RESERVED_NAMES = ("calculator", "python", "calc", "result", "output")
+RESERVED_NAMES = ("calculator", "python", "calc", "result", "output", "think", "answer")  # format's tags too
 SCALARS = {str: "string", int: "integer", float: "number", bool: "boolean"}
 CONTAINERS = {list: "array", dict: "object"}
 SUPPORTED = "str, int, float, bool, list[...], dict[str, ...], or X | None of these"
