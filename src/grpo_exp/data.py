@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from reasoning_gym.factory import DATASETS
 
 from grpo_exp.errors import UserError
-from grpo_exp.plugins import import_callable, signature_of
+from grpo_exp.plugins import check_takes, import_callable
 from grpo_exp.schema import AnswerFormat, DataSource
 
 log = logging.getLogger(__name__)
@@ -185,17 +185,8 @@ def _data_function(data_cfg: DictConfig):
 
 def check_data_function(data_cfg: DictConfig) -> None:
     """The resolve phase: the import path, and the signature against dataset.function_args (not called yet)."""
-    func = _data_function(data_cfg)
-    signature = signature_of(func)
     kwargs = OmegaConf.to_container(data_cfg.function_args, resolve=True)
-    if signature is not None:
-        try:
-            signature.bind(**kwargs)
-        except TypeError as err:
-            raise UserError(
-                f"{FUNCTION_KEY}={data_cfg.function}: does not take the keys of dataset.function_args "
-                f"{sorted(kwargs)}: {err}; its signature is {signature}"
-            ) from None
+    check_takes(_data_function(data_cfg), kwargs, f"{FUNCTION_KEY}={data_cfg.function}", "dataset.function_args")
 
 
 def _function_splits(data_cfg: DictConfig) -> tuple[Dataset, Dataset]:

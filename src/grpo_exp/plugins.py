@@ -76,3 +76,17 @@ def signature_of(func: Callable) -> inspect.Signature | None:
         return inspect.signature(func)
     except (TypeError, ValueError):
         return None
+
+
+def check_takes(func: Callable, kwargs: dict, where: str, settings_key: str) -> None:
+    """`func` can be called with `kwargs` (config key `settings_key`), or one UserError starting with `where`; it names
+    the settings' keys, never their values (which may be secrets). Not checked without a signature."""
+    signature = signature_of(func)
+    if signature is None:
+        return
+    try:
+        signature.bind(**kwargs)
+    except TypeError as err:
+        raise UserError(
+            f"{where}: does not take the keys of {settings_key} {sorted(kwargs)}: {err}; its signature is {signature}"
+        ) from None

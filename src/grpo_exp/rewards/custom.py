@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from omegaconf import DictConfig, OmegaConf
 
 from grpo_exp.errors import UserError
-from grpo_exp.plugins import import_callable, signature_of
+from grpo_exp.plugins import check_takes, import_callable, signature_of
 from grpo_exp.schema import CustomReward
 
 CONVENTION = (
@@ -62,16 +62,8 @@ def check_custom(name: str, settings: DictConfig) -> None:
         check_reward_function(func, f"{key}.function={function}")
         return
     made = import_callable(factory, f"{key}.factory", "a factory returning a reward function")
-    signature = signature_of(made)
     kwargs = OmegaConf.to_container(settings.settings, resolve=True)
-    if signature is not None:
-        try:
-            signature.bind(**kwargs)
-        except TypeError as err:
-            raise UserError(
-                f"{key}.factory={factory}: does not take the keys of {key}.settings {sorted(kwargs)}: {err}; its "
-                f"signature is {signature}"
-            ) from None
+    check_takes(made, kwargs, f"{key}.factory={factory}", f"{key}.settings")
 
 
 def check_reward_function(func: Callable, where: str) -> None:
