@@ -169,6 +169,40 @@ def test_a_bad_algorithm_setting_fails_naming_the_keys(overrides, message):
     assert message in str(err.value)
 
 
+SCALED_SELFVERIFY = [
+    "reward=math+selfverify",
+    "trainer.prompts_per_step=3",
+    "reward.components.selfverify.scale_by_pass_rate=true",
+]
+
+
+@pytest.mark.parametrize("algorithm", ["dr_grpo", "rloo", "reinforce_pp_baseline"])
+def test_pass_rate_scaling_is_accepted_by_the_estimators_that_keep_a_groups_scale(algorithm):
+    # No division by the group's own std: a group's constant factor survives into its advantages.
+    spec = resolve(
+        compose_config([*TINY_RUN, "logger=none", *SCALED_SELFVERIFY, f"algorithm={algorithm}"]), processes=1
+    )
+    assert spec.selfverify.scale_by_pass_rate
+    # Two groups alike but for their pass-rate factors 0.25 and 0.5: the second's advantages are twice the first's.
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0]) * torch.tensor([0.25] * 4 + [0.5] * 4)
+    advantages = estimate(AdvantageEstimator(algorithm), rewards, 4)
+    assert torch.allclose(advantages[4:], 2 * advantages[:4])
+    assert advantages[0] > 0
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ([], "trainer.scale_rewards=group divides out again"),  # algorithm=grpo, TRL's group scaling
+        (["algorithm=pass_at_k"], "which algorithm=pass_at_k cancels"),
+    ],
+)
+def test_pass_rate_scaling_is_refused_where_the_advantage_cancels_it(overrides, message):
+    with pytest.raises(UserError) as err:
+        resolve(compose_config([*TINY_RUN, "logger=none", *SCALED_SELFVERIFY, *overrides]), processes=1)
+    assert message in str(err.value) and "reward.components.selfverify.scale_by_pass_rate=true" in str(err.value)
+
+
 def test_the_estimator_reaches_the_trainers_config():
     cfg = compose_config(
         [*TINY_RUN, "logger=none", "trainer.num_generations=4", "algorithm=pass_at_k", "algorithm.k=3"]

@@ -301,7 +301,8 @@ class SelfVerifyReward:
     # verdict, which alone decides the reward (a completion without a verdict counts whole) | completion: all
     loss_on: VerdictLossTokens = VerdictLossTokens.verdict
     # reward x min(pass rate, 0.5), as in the paper. A constant per group: group-normalised advantages cancel
-    # it, so it needs trainer.scale_rewards=none or batch (checked).
+    # it, so it needs trainer.scale_rewards=none or batch under algorithm=grpo, or dr_grpo/rloo/reinforce_pp_baseline
+    # (checked).
     scale_by_pass_rate: bool = False
     strict_verdict: bool = True  # true: only a \boxed{Yes}/\boxed{No} counts; false: else the first yes/no word
     buffer_size: int = knob(64, ge=1)  # recent labelled samples to draw verification prompts from

@@ -101,7 +101,7 @@ def resolve(cfg: DictConfig, processes: int | None = None, trainer_dir: Path | N
     check_algorithm(cfg.algorithm, cfg.trainer)
     check_rollout(spec)
     if spec.selfverify is not None:
-        check_task(spec.selfverify, cfg.trainer)
+        check_task(spec.selfverify, cfg.trainer, cfg.algorithm)
     check_validation(cfg.eval, cfg.trainer, tuple(name for name in spec.components if name in GRADED_COMPONENTS))
     check_data_files(cfg.dataset)
     check_reachable(cfg.model)

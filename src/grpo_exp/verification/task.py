@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 from grpo_exp.errors import UserError
 from grpo_exp.generation import generate_completions
 from grpo_exp.schema import (
+    AdvantageEstimator,
     ScaleRewards,
     SelfVerifyBalance,
     SelfVerifyObjective,
@@ -250,8 +251,8 @@ class SelfVerificationTask:
         )
 
 
-def check_task(task_cfg: DictConfig, trainer_cfg: DictConfig) -> None:
-    """What the schema cannot check alone: the task's settings against the trainer's."""
+def check_task(task_cfg: DictConfig, trainer_cfg: DictConfig, algorithm_cfg: DictConfig) -> None:
+    """What the schema cannot check alone: the task's settings against the trainer's and the estimator's."""
     groups = trainer_cfg.prompts_per_step
     joint_grpo = task_cfg.schedule is SelfVerifySchedule.joint and task_cfg.objective is SelfVerifyObjective.grpo
     if joint_grpo and task_cfg.balance is SelfVerifyBalance.pairs and 2 * task_cfg.pairs_per_step >= groups:
@@ -276,8 +277,23 @@ def check_task(task_cfg: DictConfig, trainer_cfg: DictConfig) -> None:
             "trainer.zero_variance_groups=resample draws extra batches of fresh prompts, which the self-verification "
             "schedule does not count: use zero_variance_groups=skip or keep with reward=...selfverify"
         )
-    if task_cfg.scale_by_pass_rate and trainer_cfg.scale_rewards is ScaleRewards.group:
+    if task_cfg.scale_by_pass_rate:
+        check_pass_rate_scaling(AdvantageEstimator(algorithm_cfg.name), ScaleRewards(trainer_cfg.scale_rewards))
+
+
+def check_pass_rate_scaling(algorithm: AdvantageEstimator, scale: ScaleRewards) -> None:
+    """scale_by_pass_rate multiplies a group's rewards by one constant: it acts only where the advantage keeps a
+    group's scale (no division by the group's own std, no threshold on the reward)."""
+    if algorithm is AdvantageEstimator.grpo and scale is ScaleRewards.group:
         raise UserError(
             "reward.components.selfverify.scale_by_pass_rate=true scales a group's rewards by one constant, which "
-            "trainer.scale_rewards=group divides out again: use trainer.scale_rewards=none or batch with it"
+            "trainer.scale_rewards=group divides out again: use trainer.scale_rewards=none or batch with it, or an "
+            "estimator that keeps it (algorithm=dr_grpo, rloo or reinforce_pp_baseline)"
+        )
+    if algorithm is AdvantageEstimator.pass_at_k:
+        raise UserError(
+            "reward.components.selfverify.scale_by_pass_rate=true scales a group's rewards by one constant, which "
+            "algorithm=pass_at_k cancels (it counts the rewards above algorithm.threshold and divides by the group's "
+            "spread; scaled, a right verdict's reward may fall below the threshold): use algorithm=dr_grpo, rloo or "
+            "reinforce_pp_baseline with it"
         )
