@@ -17,6 +17,7 @@ import yaml
 from grpo_exp.run.files import STATUS_FILE
 from grpo_exp.run.tracking import read_metrics
 from support.config import TINY_RUN
+from tests.helpers.resolve_cases import resolve_cases
 
 GRPO_EXP = Path(sys.executable).with_name("grpo-exp")
 
@@ -173,41 +174,16 @@ RESOLVE_CASES = {
     "no yaml": (["+reward.components.own.function=user_rewards:constant", "+reward.components.own.weight=1"], None),
 }
 
-RESOLVE_SCRIPT = """
-import json, sys
-from hydra import compose, initialize_config_dir
-from grpo_exp.errors import UserError
-from grpo_exp.paths import CONF_DIR
-from grpo_exp.run.resolve import resolve
-from grpo_exp.schema import register_schemas
-
-register_schemas()
-cases, base = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-messages = {}
-for name, overrides in cases.items():
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=[*base, *overrides])
-    try:
-        spec = resolve(cfg, processes=1)
-        messages[name] = {"components": {k: float(v.weight) for k, v in spec.components.items()}}
-    except UserError as err:
-        messages[name] = str(err)
-print(json.dumps(messages))
+REPORT = """
+def report(spec):
+    return {"components": {k: float(v.weight) for k, v in spec.components.items()}}
 """
 
 
 def test_a_bad_import_path_or_signature_is_one_message_naming_the_key(project):
     base = [*TINY_RUN, "logger=none", f"hydra.searchpath=[file://{project / 'configs'}]"]
     cases = {name: overrides for name, (overrides, _) in RESOLVE_CASES.items()}
-    result = subprocess.run(
-        [sys.executable, "-c", RESOLVE_SCRIPT, json.dumps(cases), json.dumps(base)],
-        cwd=project,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    messages = json.loads(result.stdout.splitlines()[-1])
+    messages = resolve_cases(cases, base, cwd=project, report=REPORT)
     for name, (_, expected) in RESOLVE_CASES.items():
         if expected is None:
             assert messages[name] == {"components": {"math": 1.0, "own": 1.0}}, messages[name]

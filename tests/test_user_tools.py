@@ -5,9 +5,6 @@ model loads (from a user's project directory, in a fresh process)."""
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -23,7 +20,9 @@ from grpo_exp.rollout.tools.python_sandbox import SandboxLimits
 from grpo_exp.rollout.tools.user import load_user_tool
 from grpo_exp.run.tracking import read_metrics
 from support.config import TINY_RUN, compose_config
+from tests.helpers.resolve_cases import resolve_cases
 from tests.test_plugins import grpo_exp  # `grpo-exp ARGS` run from a project directory
+from tests.test_user_rubric import MINE  # two criteria, each 1-3
 
 # ---- tools, importable as tests.test_user_tools:<name> ---------------------------------------------------------
 
@@ -307,20 +306,9 @@ RESOLVE_CASES = {
     "good": (TOOLS.format("lookup"), None),
 }
 
-RESOLVE_SCRIPT = """
-import json, sys
-from grpo_exp.errors import UserError
-from grpo_exp.run.resolve import resolve
-from support.config import compose_config
-
-cases, base = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-messages = {}
-for name, override in cases.items():
-    try:
-        messages[name] = list(resolve(compose_config([*base, override]), processes=1).cfg.rollout.tools)
-    except UserError as err:
-        messages[name] = str(err)
-print(json.dumps(messages))
+REPORT = """
+def report(spec):
+    return list(spec.cfg.rollout.tools)
 """
 
 
@@ -329,17 +317,8 @@ def test_a_bad_tool_is_one_message_naming_its_key_before_any_model_loads(tmp_pat
     (tmp_path / "more").mkdir()
     (tmp_path / "more" / "user_tools.py").write_text(USER_TOOLS)
     base = [*TINY_RUN, "logger=none", "rollout=multiturn"]
-    cases = {name: override for name, (override, _) in RESOLVE_CASES.items()}
-    result = subprocess.run(
-        [sys.executable, "-c", RESOLVE_SCRIPT, json.dumps(cases), json.dumps(base)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        check=False,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},  # support.config's compose_config
-    )
-    assert result.returncode == 0, result.stderr
-    messages = json.loads(result.stdout.splitlines()[-1])
+    cases = {name: [override] for name, (override, _) in RESOLVE_CASES.items()}
+    messages = resolve_cases(cases, base, cwd=tmp_path, report=REPORT)
     for name, (_, expected) in RESOLVE_CASES.items():
         if expected is None:
             assert messages[name] == ["calculator", "user_tools:lookup"], messages[name]
@@ -348,24 +327,6 @@ def test_a_bad_tool_is_one_message_naming_its_key_before_any_model_loads(tmp_pat
 
 
 # ---- end to end: the user's tool and rubric in one run ---------------------------------------------------------
-
-USER_RUBRIC = """
-# Two criteria, each 1-3
-system_prompt: You grade answers. You reply with JSON only.
-template: |-
-  Rate the response on correctness and clarity, each an integer from 1 (poor) to 3 (good).
-
-  Question:
-  {prompt}
-
-  Response:
-  {response}
-
-  Reply with JSON only: {"correctness": N, "clarity": N}
-criteria: [correctness, clarity]
-lowest: 1
-highest: 3
-"""
 
 CALL_LOGGING_TOOL = '''
 import json
@@ -391,7 +352,7 @@ def test_training_with_the_users_tool_and_rubric_from_a_project_directory(tmp_pa
     (tmp_path / "user_tools.py").write_text(CALL_LOGGING_TOOL)
     rubric = tmp_path / "configs" / "judge" / "rubric" / "mine.yaml"
     rubric.parent.mkdir(parents=True)
-    rubric.write_text(textwrap.dedent(USER_RUBRIC))
+    rubric.write_text(textwrap.dedent(MINE))
     run_dir = tmp_path / "run"
     result = grpo_exp(
         tmp_path, "train", "--config-dir", "configs", *TINY_RUN, "logger=none", "eval.before=false",

@@ -6,7 +6,6 @@ function, `reward=correct`; held-out accuracy, the group statistics and the rewa
 `grpo-exp evaluate <run dir>` re-composes the run (its config directory) and labels with the same function."""
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from grpo_exp.schema import VerifierSchema
 from grpo_exp.verification.benchmark import benchmark_key
 from grpo_exp.verification.labels import build_labels, exact_match, normalise_answer, user_verifier
 from support.config import TINY_RUN, compose_config
+from tests.helpers.resolve_cases import resolve_cases
 
 GRPO_EXP = Path(sys.executable).with_name("grpo-exp")
 
@@ -244,45 +244,22 @@ RESOLVE_CASES = {
 }
 
 # Resolve (every check before any model loads), then the data (called before the model loads, too).
-RESOLVE_SCRIPT = """
-import json, sys
+REPORT = """
 from grpo_exp.data import load_splits
-from grpo_exp.errors import UserError
 from grpo_exp.run.build import build_parts
-from grpo_exp.run.resolve import resolve
-from support.config import compose_config
 
-cases, base = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-messages = {}
-for name, overrides in cases.items():
-    try:
-        spec = resolve(compose_config([*base, *overrides]), processes=1)
-        build_parts(spec)
-        train, held_out = load_splits(spec.cfg.dataset)
-        messages[name] = {"sizes": [len(train), len(held_out)], "question": held_out[0]["question"]}
-    except UserError as err:
-        messages[name] = str(err)
-print(json.dumps(messages))
+
+def report(spec):
+    build_parts(spec)
+    train, held_out = load_splits(spec.cfg.dataset)
+    return {"sizes": [len(train), len(held_out)], "question": held_out[0]["question"]}
 """
 
 
 def test_a_bad_verifier_or_dataset_function_is_one_message_naming_the_key(project):
     base = [*TINY_RUN, "logger=none", f"hydra.searchpath=[file://{project / 'configs'}]"]
     cases = {name: overrides for name, (overrides, _) in RESOLVE_CASES.items()}
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]),
-    }
-    result = subprocess.run(
-        [sys.executable, "-c", RESOLVE_SCRIPT, json.dumps(cases), json.dumps(base)],
-        cwd=project,
-        capture_output=True,
-        text=True,
-        check=False,
-        env=env,
-    )
-    assert result.returncode == 0, result.stderr
-    messages = json.loads(result.stdout.splitlines()[-1])
+    messages = resolve_cases(cases, base, cwd=project, report=REPORT)
     for name, (_, expected) in RESOLVE_CASES.items():
         if expected is not None:
             assert isinstance(messages[name], str) and expected in messages[name], (name, messages[name])
