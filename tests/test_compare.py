@@ -13,6 +13,7 @@ from nbclient import NotebookClient
 
 from grpo_exp.compare import main as compare_main
 from grpo_exp.paths import REPO_ROOT
+from grpo_exp.run.comparison import side_by_side
 from grpo_exp.run.files import METRICS_FILE, STATUS_FILE, SUMMARY_FILE
 from tests.helpers.cli import run_cli
 
@@ -213,3 +214,10 @@ def test_the_compare_command_line_across_seeds(tmp_path):
     assert "mean over seeds per setting" in result.stdout and "baseline (trainer.beta=0.04)" in result.stdout
     for name in ("settings.csv", "settings.md", "paired.csv", "paired.md", "heldout_by_setting.png"):
         assert (sweep / "compare" / name).is_file()
+
+
+def test_the_settings_squares_stand_side_by_side_centred_on_their_step():
+    shifts = [side_by_side(index, 5, last_step=40) for index in range(5)]
+    assert shifts == pytest.approx([-0.8, -0.4, 0.0, 0.4, 0.8])  # 1% of 40 steps apart, apart from each other
+    assert side_by_side(0, 1, last_step=40) == 0.0  # one setting: on its step
+    assert side_by_side(1, 2, last_step=0) == pytest.approx(0.005)  # before training only: still apart

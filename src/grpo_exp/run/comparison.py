@@ -348,6 +348,13 @@ def _before_after(run: Run) -> list[tuple[int, float]]:
     return [(step, value) for step, value in points if _is_number(value)]
 
 
+def side_by_side(index: int, settings: int, last_step: int) -> float:
+    """How far setting `index` of `settings` draws its before/after squares from their step: side by side, 1% of
+    the run's length apart, centred on the step (every setting ends at the same step; drawn there, they hide each
+    other)."""
+    return (index - (settings - 1) / 2) * max(last_step, 1) * 0.01
+
+
 def plot_heldout(groups: list[Setting], out_dir: Path) -> list[Path]:
     """heldout_by_setting.png: held-out accuracy over training per setting, the mean over seeds with its 95%
     interval: the eval.every validations as a line and band, before and after training as squares with bars
@@ -359,6 +366,7 @@ def plot_heldout(groups: list[Setting], out_dir: Path) -> list[Path]:
     plt = _pyplot()
     colours = plt.get_cmap("tab10")
     fig, ax = plt.subplots(figsize=(7, 4))
+    last_step = max((step for series in ends for points in series for step, _ in points), default=0)
     for index, setting in enumerate(groups):
         colour = colours(index % 10)
         seeds = len(set(setting.seeds))
@@ -367,10 +375,18 @@ def plot_heldout(groups: list[Setting], out_dir: Path) -> list[Path]:
         ax.plot(steps, mean, marker="o", markersize=3, color=colour, label=f"{setting.name} ({tag})")
         ax.fill_between(steps, low, high, color=colour, alpha=0.2)
         steps, mean, low, _ = _mean_band(ends[index])
+        shift = side_by_side(index, len(groups), last_step)
         ax.errorbar(
-            steps, mean, yerr=[m - lo for m, lo in zip(mean, low, strict=True)], fmt="s", capsize=3, color=colour
+            [step + shift for step in steps],
+            mean,
+            yerr=[m - lo for m, lo in zip(mean, low, strict=True)],
+            fmt="s",
+            capsize=3,
+            color=colour,
         )
     ax.xaxis.get_major_locator().set_params(integer=True)  # steps
+    if not any(points for series in validations for points in series):  # before/after only: ticks at those steps
+        ax.set_xticks(sorted({step for series in ends for points in series for step, _ in points}))
     ax.set_xlabel("training step")
     ax.set_ylabel("held-out accuracy")
     ax.set_title(
