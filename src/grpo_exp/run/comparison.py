@@ -361,12 +361,13 @@ def plot_heldout(groups: list[Setting], out_dir: Path) -> list[Path]:
     (apart: they are measured on all held-out problems, validations on eval.every_problems)."""
     validations = [[_series(run, HELDOUT) for run in setting.runs] for setting in groups]
     ends = [[_before_after(run) for run in setting.runs] for setting in groups]
-    if not any(points for series in validations + ends for points in series):
+    validated = any(points for series in validations for points in series)
+    end_steps = sorted({step for series in ends for points in series for step, _ in points})
+    if not validated and not end_steps:
         return []
     plt = _pyplot()
     colours = plt.get_cmap("tab10")
     fig, ax = plt.subplots(figsize=(7, 4))
-    last_step = max((step for series in ends for points in series for step, _ in points), default=0)
     for index, setting in enumerate(groups):
         colour = colours(index % 10)
         seeds = len(set(setting.seeds))
@@ -375,7 +376,7 @@ def plot_heldout(groups: list[Setting], out_dir: Path) -> list[Path]:
         ax.plot(steps, mean, marker="o", markersize=3, color=colour, label=f"{setting.name} ({tag})")
         ax.fill_between(steps, low, high, color=colour, alpha=0.2)
         steps, mean, low, _ = _mean_band(ends[index])
-        shift = side_by_side(index, len(groups), last_step)
+        shift = side_by_side(index, len(groups), end_steps[-1] if end_steps else 0)
         ax.errorbar(
             [step + shift for step in steps],
             mean,
@@ -385,8 +386,8 @@ def plot_heldout(groups: list[Setting], out_dir: Path) -> list[Path]:
             color=colour,
         )
     ax.xaxis.get_major_locator().set_params(integer=True)  # steps
-    if not any(points for series in validations for points in series):  # before/after only: ticks at those steps
-        ax.set_xticks(sorted({step for series in ends for points in series for step, _ in points}))
+    if not validated:  # before/after only: ticks at those steps
+        ax.set_xticks(end_steps)
     ax.set_xlabel("training step")
     ax.set_ylabel("held-out accuracy")
     ax.set_title(
