@@ -47,7 +47,7 @@ def test_nan_and_none_values_read_n_a():
 def test_log_events_that_are_not_training_steps_print_nothing(capsys):
     summary = {"train_runtime": 2.3, "train_samples_per_second": 3.4, "train_loss": 0.0, "epoch": 0.06}
     assert format_step(summary, step=2, max_steps=2) is None
-    view, control = ConsoleView(heldout_before=0.5), TrainerControl()
+    view, control = ConsoleView(heldout_before=lambda: 0.5), TrainerControl()
     view.on_log(None, TrainerState(global_step=2, max_steps=2), control, logs=summary)
     view.on_log(None, TrainerState(global_step=2, max_steps=2, is_world_process_zero=False), control, logs=STEP_LOGS)
     assert capsys.readouterr().out == ""

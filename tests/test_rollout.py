@@ -116,7 +116,6 @@ def test_trl_receives_the_mask_and_normalises_rewards_per_trajectory(protocol_mo
     trainer = GRPOExpTrainer(
         verifier=math_verify_verifier(),
         stats_cfg=cfg.stats,
-        samples_path=tmp_path / "samples.jsonl",
         model=AutoModelForCausalLM.from_pretrained(protocol_model),
         reward_funcs=[math_reward],
         args=grpo_exp_config(cfg.trainer, tmp_path / "trainer", "none", [1.0], False),

@@ -257,14 +257,13 @@ class Logger:
 
 
 def log_media(tracker: Tracker) -> None:
-    run = trackers.active()
-    assert run is tracker.run
+    run = tracker.run
     run.log_histograms(1, {"groups/reward_mean_hist": np.array([0.0, 0.5, 0.5, 1.0])})
     rows = [{"step": 1, "completion": "a | b\nc", "correct": None, "turn_advantages": [0.5, 0.5]}]
     run.log_table(1, "groups/samples", rows)
     tracker.summary({"steps": 1, "heldout_accuracy_after": 0.25})
     tracker.finish(failed=False)
-    assert trackers.active() is None
+    assert tracker.run is None
 
 
 CONFIG = {"judge": {"api_key": SECRET}, "trainer": {"beta": 0.04}}
@@ -348,4 +347,3 @@ def test_a_tracking_uri_mlflow_refuses_is_one_message_naming_the_key(tmp_path, m
     file_store = (tmp_path / "mlruns").as_uri()  # MLflow 3.17's file store: refused unless MLFLOW_ALLOW_FILE_STORE
     with pytest.raises(UserError, match=f"logger.tracking_uri={file_store}: The filesystem tracking backend"):
         Tracker(Logger("mlflow", tracking_uri=file_store), tmp_path, "defaults", None, [], {})
-    assert trackers.active() is None

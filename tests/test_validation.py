@@ -6,15 +6,14 @@ import math
 import pytest
 
 from grpo_exp.errors import UserError
+from grpo_exp.run.alarms import hacking_alarm
+from grpo_exp.run.kept_models import Best, KeptModels, best_of, ranked
 from grpo_exp.run.tracking import read_metrics
 from grpo_exp.run.validation import (
-    Best,
     PeriodicValidation,
-    best_of,
+    Schedule,
     check_validation,
-    hacking_alarm,
     metric_standard_error,
-    ranked,
     stop_reason,
     validations_without_improvement,
 )
@@ -120,15 +119,11 @@ def test_the_k_best_models_are_kept_and_the_best_is_checkpoint_best(tmp_path):
         (directory / "model").write_text(str(state.global_step))
 
     callback = PeriodicValidation(
-        10,
+        Schedule(10, problems=100, alarm=AlarmAction.off),
         validate=lambda: {"heldout/accuracy": next(accuracies)},
         record=lambda key, value: None,
         log_now=lambda metrics: None,
-        save_best=save,
-        run_dir=tmp_path,
-        problems=100,
-        alarm=AlarmAction.off,
-        keep_top_k=2,
+        kept=KeptModels(tmp_path, save, keep_top_k=2),
     )
 
     def models():
@@ -157,7 +152,7 @@ def test_the_k_best_models_are_kept_and_the_best_is_checkpoint_best(tmp_path):
         "value": 0.35,
         "heldout/accuracy": 0.35,
     }
-    summary = callback.summary(tmp_path)
+    summary = callback.summary()
     assert summary["best_step"] == 40 and summary["best_heldout_accuracy"] == 0.35
     assert [entry["step"] for entry in summary["top_k"]] == [40, 10]
 
@@ -169,9 +164,9 @@ def test_the_k_best_models_are_kept_and_the_best_is_checkpoint_best(tmp_path):
         )
     )
     state.global_step = 30
-    resumed = PeriodicValidation(10, None, None, None, save, tmp_path, 100, keep_top_k=2)
+    resumed = PeriodicValidation(Schedule(10, 100), None, None, None, KeptModels(tmp_path, save, keep_top_k=2))
     resumed.on_train_begin(None, state, control)
-    assert resumed.kept == [Best(10, 0.31)] and models() == {"checkpoint-best": 10}
+    assert resumed.kept.kept == [Best(10, 0.31)] and models() == {"checkpoint-best": 10}
 
 
 def test_early_stopping_and_sampling_need_validations():
@@ -314,14 +309,11 @@ def test_the_alarm_is_recorded_once_and_stops_training_when_asked(tmp_path, acti
     accuracies = iter([0.25, 0.24, 0.17, 0.09])
     recorded, logged, saved = [], [], []
     callback = PeriodicValidation(
-        5,
+        Schedule(5, problems=100, alarm=AlarmAction(action)),
         validate=lambda: {"heldout/accuracy": next(accuracies)},
         record=lambda key, value: recorded.append((key, value)),
         log_now=logged.append,
-        save_best=lambda directory: (saved.append(directory), directory.mkdir(parents=True, exist_ok=True)),
-        run_dir=tmp_path,
-        problems=100,
-        alarm=AlarmAction(action),
+        kept=KeptModels(tmp_path, lambda directory: (saved.append(directory), directory.mkdir(parents=True))),
     )
     state, control = TrainerState(), TrainerControl()
     callback.on_train_begin(None, state, control)
@@ -387,13 +379,11 @@ def test_a_fresh_run_validates_the_initial_model_even_when_another_process_wrote
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 0, "heldout/accuracy": 0.25}) + "\n")
     saved = []
     callback = PeriodicValidation(
-        5,
+        Schedule(5, problems=100),
         validate=lambda: {"heldout/accuracy": 0.25},
         record=lambda key, value: None,
         log_now=lambda metrics: None,
-        save_best=lambda directory: (saved.append(directory), directory.mkdir(parents=True, exist_ok=True)),
-        run_dir=tmp_path,
-        problems=100,
+        kept=KeptModels(tmp_path, lambda directory: (saved.append(directory), directory.mkdir(parents=True))),
     )
     callback.on_train_begin(None, TrainerState(), TrainerControl())
-    assert callback.kept == [Best(0, 0.25)] and len(saved) == 1
+    assert callback.kept.kept == [Best(0, 0.25)] and len(saved) == 1

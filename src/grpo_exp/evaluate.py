@@ -34,13 +34,12 @@ from grpo_exp.models import load_model, load_tokenizer
 from grpo_exp.paths import CONF_DIR
 from grpo_exp.plugins import ensure_cwd_importable
 from grpo_exp.run.build import build_parts
-from grpo_exp.run.files import BENCHMARK_FILE, EVALUATION_FILE, FINAL_CHECKPOINT_DIR
-from grpo_exp.run.heldout import benchmark_statistics, run_heldout_accuracy, sampled_metrics, verification_benchmark
+from grpo_exp.run.evaluation import HeldoutEval
+from grpo_exp.run.files import EVALUATION_FILE, FINAL_CHECKPOINT_DIR
+from grpo_exp.run.kept_models import BEST_CHECKPOINT_DIR, TOP_CHECKPOINTS_DIR
 from grpo_exp.run.resolve import resolve
 from grpo_exp.run.tracking import Tracker
-from grpo_exp.run.validation import BEST_CHECKPOINT_DIR, TOP_CHECKPOINTS_DIR
 from grpo_exp.schema import register_schemas
-from grpo_exp.verification.benchmark import load_benchmark
 
 EPILOG = """\
 The first argument may be a grpo_exp run directory (its config is re-composed and its checkpoint-final
@@ -186,12 +185,12 @@ def main(argv: list[str] | None = None) -> dict:
     spec = resolve(cfg, processes=1)
     out_dir = out_dir or Path(cfg.outputs_dir) / "eval" / time.strftime("%Y-%m-%d_%H-%M-%S")
     parts = build_parts(spec)
-    verifier, rollout = parts.verifier, parts.rollout
     train, heldout = load_splits(cfg.dataset)
     tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
     model = load_model(cfg.model, tokenizer, cfg.cache_dir, cfg.trainer.seed)
-    max_new_tokens = spec.eval_max_new_tokens
-    greedy = run_heldout_accuracy(model, tokenizer, heldout, spec, parts, "greedy")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    evaluation = HeldoutEval(spec, parts, tokenizer, heldout, out_dir, train)
+    greedy = evaluation.greedy(model)
     results = {
         "model": cfg.model.name_or_path or cfg.model.name,
         "dataset": cfg.dataset.name,
@@ -200,28 +199,11 @@ def main(argv: list[str] | None = None) -> dict:
     }
     if cfg.eval.samples > 0:
         torch.manual_seed(cfg.trainer.seed)
-        results |= sampled_metrics(
-            model,
-            tokenizer,
-            heldout,
-            verifier,
-            cfg.eval.samples,
-            cfg.eval.temperature,
-            max_new_tokens,
-            cfg.eval.batch_size,
-            rollout,
-        )
+        results |= evaluation.sampled(model, heldout, cfg.eval.samples)
     results |= {f"greedy {key}": value for key, value in greedy.rollout.items()}
-    out_dir.mkdir(parents=True, exist_ok=True)
     if cfg.eval.verification_benchmark.enabled:
-        # A run directory's own set (its initial policy's answers); else one built from (or cached for) this model.
-        own = out_dir / BENCHMARK_FILE
-        examples = (
-            load_benchmark(own)
-            if own.is_file()
-            else verification_benchmark(spec, model, tokenizer, train, heldout, verifier, out_dir)
-        )
-        results |= benchmark_statistics(model, tokenizer, examples, spec)
+        evaluation.prepare_benchmark(model)
+        results |= evaluation.benchmark_metrics(model)
     as_json = {k: None if isinstance(v, float) and v != v else v for k, v in results.items()}  # NaN -> null
     (out_dir / EVALUATION_FILE).write_text(json.dumps(as_json, indent=2) + "\n", encoding="utf-8")
     table = Table(title=f"held-out evaluation ({cfg.dataset.name})", show_header=False)

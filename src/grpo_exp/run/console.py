@@ -3,7 +3,7 @@ watches (every metric still goes to metrics.jsonl and W&B)."""
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -53,10 +53,10 @@ def _number(value: Any, spec: str = ".3f") -> str:
 
 class ConsoleView(TrainerCallback):
     """Replaces transformers' ProgressCallback/PrinterCallback, whose dump of the whole metric dict (50+ keys)
-    buries the bar. heldout_before: the held-out accuracy before training, when measured."""
+    buries the bar. heldout_before(): the held-out accuracy before training, once measured (else None)."""
 
-    def __init__(self, heldout_before: float | None = None):
-        self.heldout_before = heldout_before
+    def __init__(self, heldout_before: Callable[[], float | None] | None = None):
+        self.heldout_before = heldout_before or (lambda: None)
         self.bar = None
         self.last_log: tuple[float, int] | None = None  # (time, step): seconds per step since the previous line
 
@@ -77,7 +77,7 @@ class ConsoleView(TrainerCallback):
         now = time.perf_counter()
         if self.last_log and state.global_step > self.last_log[1]:
             seconds_per_step = (now - self.last_log[0]) / (state.global_step - self.last_log[1])
-        line = format_step(logs, state.global_step, state.max_steps, self.heldout_before, seconds_per_step)
+        line = format_step(logs, state.global_step, state.max_steps, self.heldout_before(), seconds_per_step)
         if line:
             self.last_log = (now, state.global_step)
             tqdm.write(line)  # above the bar, which is redrawn below it

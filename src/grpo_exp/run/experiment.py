@@ -1,5 +1,6 @@
-"""One training job: resolve the config (every check), build the objects, evaluate, train with GRPOTrainer,
-summarise."""
+"""One training job, top to bottom: resolve the config (every check) -> build the parts -> load the data, tokenizer
+and policy -> open the tracker -> the held-out evaluation -> the trainer with its callbacks -> train -> evaluate
+after -> summary."""
 
 import json
 import logging
@@ -8,17 +9,19 @@ import threading
 import time
 import warnings
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
-from datasets import Dataset
 from omegaconf import DictConfig, OmegaConf
 from transformers import PrinterCallback, ProgressCallback, set_seed
 
 from grpo_exp.data import load_splits
 from grpo_exp.models import describe, load_model, load_tokenizer, lora_config
+from grpo_exp.rewards import GRADED_COMPONENTS
 from grpo_exp.run.build import RunParts, build_parts
 from grpo_exp.run.console import ConsoleView
 from grpo_exp.run.distributed import is_main_process, shared_run_dir, world_size
+from grpo_exp.run.evaluation import BeforeTraining, HeldoutEval, OnPolicy
 from grpo_exp.run.files import (
     CONFIG_FILE,
     FINAL_CHECKPOINT_DIR,
@@ -26,70 +29,20 @@ from grpo_exp.run.files import (
     SAMPLES_FILE,
     SUMMARY_FILE,
     TRAINER_DIR,
-    eval_file,
 )
-from grpo_exp.run.heldout import (
-    EvalResult,
-    benchmark_statistics,
-    judge_statistics,
-    learned_components,
-    run_heldout_accuracy,
-    sampled_metrics,
-    validation_metrics,
-    verification_benchmark,
-)
+from grpo_exp.run.kept_models import KeptModels, carry_best
 from grpo_exp.run.report import build_summary, print_summary, write_summary
 from grpo_exp.run.resolve import RunSpec, resolve
-from grpo_exp.run.resume import Attempt, carry_history, is_complete, remove_checkpoints, write_record
+from grpo_exp.run.resume import Attempt, carry_history, is_complete, remove_checkpoints
+from grpo_exp.run.sample_log import SampleLog
 from grpo_exp.run.tracking import MetricsFileCallback, Tracker, run_identity
-from grpo_exp.run.validation import BeforeTraining, PeriodicValidation, carry_best
+from grpo_exp.run.validation import PeriodicValidation, Schedule
 from grpo_exp.run.wandb_offline import RECORD_KEY, segments_so_far, sync_command
 from grpo_exp.trainer.config import ddp_timeout
-from grpo_exp.trainer.seam import as_rollout_func, policy_for_generation
+from grpo_exp.trainer.seam import as_rollout_func
 from grpo_exp.trainer.trainer import GRPOExpTrainer
-from grpo_exp.verification.selfverify import Candidate
 
 log = logging.getLogger("grpo_exp.train")
-
-
-def measure_heldout(
-    model,
-    tokenizer,
-    heldout: Dataset,
-    parts: RunParts,
-    spec: RunSpec,
-    run_dir: Path,
-    when: str,
-    benchmark: list[Candidate] | None = None,
-    answered: EvalResult | None = None,
-):
-    """Greedy held-out accuracy (with the tools, for rollout=multiturn); with self-verification or the judge on,
-    their held-out measures too, and the verification benchmark when it is on. Every problem's completion and
-    label go to eval_<when>.jsonl. Every process calls it: each answers a share of the problems (the main process
-    alone asks the judge and writes). answered: the same model's greedy answers to all of `heldout`, already
-    measured (a validation at the last step), taken instead of answering again."""
-    cfg, max_new_tokens = spec.cfg, spec.eval_max_new_tokens
-    result = answered or run_heldout_accuracy(model, tokenizer, heldout, spec, parts, f"held-out eval ({when})")
-    log.info("Held-out accuracy %s training: %.3f (%d/%d)", when, result.accuracy, result.correct, result.scored)
-    if result.rollout:
-        log.info("Held-out trajectories %s training: %s", when, {k: round(v, 3) for k, v in result.rollout.items()})
-    if parts.selfverify is not None:
-        result.verification = parts.selfverify.heldout_metrics(
-            model, tokenizer, heldout, max_new_tokens, cfg.eval.batch_size
-        )
-        log.info("Held-out self-verification %s training: %s", when, result.verification)
-    if benchmark is not None:
-        measured = benchmark_statistics(model, tokenizer, benchmark, spec)
-        result.verification |= measured
-        log.info("Verification benchmark %s training: %s", when, {k: round(v, 3) for k, v in measured.items()})
-    if not is_main_process():  # the judge's requests and the files: once
-        return result
-    if parts.judge is not None:
-        result.judge = judge_statistics(parts.judge, result.samples)
-        log.info("Held-out judge %s training: %s", when, {k: round(v, 3) for k, v in result.judge.items()})
-    with (run_dir / eval_file(when)).open("w", encoding="utf-8") as f:
-        f.writelines(json.dumps(sample) + "\n" for sample in result.samples)
-    return result
 
 
 def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
@@ -97,225 +50,181 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     run_dir = shared_run_dir(Path(hydra_cfg.runtime.output_dir), ddp_timeout(cfg.trainer))
-    main = is_main_process()
     spec = resolve(cfg, trainer_dir=run_dir / TRAINER_DIR)
     parts = build_parts(spec)
-    resolved, attempt = spec.saved_config, spec.attempt
-    if main:
-        (run_dir / CONFIG_FILE).write_text(OmegaConf.to_yaml(resolved), encoding="utf-8")
-        if attempt:
-            carry_history(attempt, run_dir)
-            carry_best(attempt.run_dir, run_dir, attempt.step)
+    attempt = spec.attempt
+    if is_main_process():
+        start_run_dir(spec, run_dir)
     if attempt and attempt.finished:
         return report_finished(attempt, run_dir)
-    choices = {k: v for k, v in hydra_cfg.runtime.choices.items() if not k.startswith("hydra") and v}
-    name, group = run_identity(hydra_cfg)
 
     set_seed(cfg.trainer.seed)
     train_set, heldout = load_splits(cfg.dataset)
     tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
     model = load_model(cfg.model, tokenizer, cfg.cache_dir, cfg.trainer.seed, spec.policy_dtype)
-
-    tags = [f"{k}:{v}" for k, v in choices.items()]
-    run_id = attempt.record.get("wandb_id") if attempt else None
-    tracker = Tracker(cfg.logger, run_dir, name, group, tags, {**resolved, "choices": choices}, run_id, enabled=main)
-    # An offline W&B run continued here: every attempt's segment, oldest first (`wandb sync` needs them all).
-    offline = tracker.run_path if tracker.mode == "offline" else None
-    wandb_segments = segments_so_far(attempt, offline, run_id) if main else []
-    console = ConsoleView()
-    measured: dict = {"benchmark": None, "before": None, "seconds": 0.0}
-
-    def before_training() -> None:
-        """On the model where it trains (its device; every process evaluating a share)."""
-        started = time.perf_counter()
-        with policy_for_generation(trainer) as policy:
-            if cfg.eval.verification_benchmark.enabled:  # from the initial policy, before any step
-                measured["benchmark"] = verification_benchmark(
-                    spec, policy, tokenizer, train_set, heldout, parts.verifier, run_dir
-                )
-            before = heldout_before(policy, tokenizer, heldout, parts, spec, run_dir, attempt, measured["benchmark"])
-        measured["before"], console.heldout_before = before, _accuracy(before)
-        if main:
-            record = {"wandb_id": tracker.run_id, RECORD_KEY: wandb_segments}
-            write_record(run_dir, record | {"heldout_before": before and asdict_light(before)})
-        measured["seconds"] = time.perf_counter() - started  # not training time
-
-    problems = heldout.select(range(min(cfg.eval.every_problems or len(heldout), len(heldout))))
-
-    last_validation: dict = {}  # its step and greedy answers: the evaluation after training takes them when it can
-
-    def validate() -> dict[str, float]:
-        with policy_for_generation(trainer) as policy:
-            result = run_heldout_accuracy(policy, tokenizer, problems, spec, parts, None)
-            metrics = validation_metrics(result.samples, parts)
-            last_validation.update(step=trainer.state.global_step, answers=result)
-            if cfg.eval.every_samples:
-                sampled = sampled_metrics(
-                    policy,
-                    tokenizer,
-                    problems,
-                    parts.verifier,
-                    cfg.eval.every_samples,
-                    cfg.eval.temperature,
-                    spec.eval_max_new_tokens,
-                    cfg.eval.batch_size,
-                    parts.rollout,
-                )
-                metrics |= {f"heldout/{key}": value for key, value in sampled.items()}
-        return metrics
-
-    def initial() -> dict[str, float]:
-        """The initial model's validation: the answers of the evaluation before training to these problems, when
-        it ran (greedy: the same answers, up to the padding of a last, partial batch), scored as validations are."""
-        before = measured["before"]
-        if before is None or cfg.eval.every_samples:
-            return validate()
-        with policy_for_generation(trainer):  # verifier=self scores with the policy
-            return validation_metrics(before.samples[: len(problems)], parts)
-
-    validation = []
-    if cfg.eval.every:
-        validation.append(
-            PeriodicValidation(
-                cfg.eval.every,
-                validate,
-                record=lambda key, value: trainer.record_metric(key, value),
-                log_now=lambda metrics: trainer.log(dict(metrics)),
-                save_best=lambda directory: trainer.save_model(str(directory)),
-                run_dir=run_dir,
-                problems=len(problems),
-                patience=cfg.eval.patience,
-                stop_at=cfg.eval.stop_at,
-                alarm=cfg.eval.alarm,
-                learned=learned_components(parts),
-                initial=initial,
-                metric=cfg.eval.best_metric,
-                keep_top_k=cfg.eval.keep_top_k,
-            )
-        )
-
-    failed = True
+    tracked = open_tracker(spec, hydra_cfg, run_dir)
+    evaluation = HeldoutEval(spec, parts, tokenizer, heldout, run_dir, train_set)
+    failed, summary = True, {"heldout_accuracy_after": None}
     try:
-        trainer = GRPOExpTrainer(
-            verifier=parts.verifier,
-            stats_cfg=cfg.stats,
-            samples_path=run_dir / SAMPLES_FILE,
-            selfverify=parts.selfverify,
-            model=model,
-            reward_funcs=parts.reward_funcs,
-            args=spec.args,
-            train_dataset=train_set,
-            processing_class=tokenizer,
-            callbacks=[
-                BeforeTraining(before_training),
-                *validation,
-                MetricsFileCallback(run_dir / METRICS_FILE),
-                console,
-            ],
-            peft_config=lora_config(cfg.model),
-            rollout_func=None if parts.rollout is None else as_rollout_func(parts.rollout),
-        )
-        for dict_dump in (ProgressCallback, PrinterCallback):  # they print all 50+ metrics; ConsoleView shows a few
-            trainer.remove_callback(dict_dump)
-        parts.bind_policy(trainer.model, tokenizer)
+        trainer = make_trainer(spec, parts, model, tokenizer, train_set, run_dir, tracked.tracker)
+        validation = add_callbacks(trainer, spec, parts, evaluation, tracked, run_dir)
         started = time.perf_counter()
         with interruptible(trainer):
             trainer.train(resume_from_checkpoint=str(attempt.checkpoint) if attempt else None)
-        train_seconds = time.perf_counter() - started - measured["seconds"]
-        before, after = measured["before"], None
+        train_seconds = time.perf_counter() - started - evaluation.seconds  # evaluating is not training
         if cfg.eval.after:  # every process, on the model where it trained
-            # a validation at the last step, on every held-out problem, has answered already
-            validated = last_validation.get("step") == trainer.state.global_step and len(problems) == len(heldout)
-            with policy_for_generation(trainer) as policy:
-                after = measure_heldout(
-                    policy,
-                    tokenizer,
-                    heldout,
-                    parts,
-                    spec,
-                    run_dir,
-                    "after",
-                    measured["benchmark"],
-                    answered=last_validation["answers"] if validated else None,
-                )
-        checkpoint = run_dir / FINAL_CHECKPOINT_DIR if cfg.save_model else None
-        if checkpoint:
-            trainer.save_model(str(checkpoint))  # every rank: DeepSpeed/FSDP gather their shards here
-        if not cfg.trainer.keep_checkpoints and main:
-            remove_checkpoints(run_dir)
-        if not main:
-            failed = False
-            return {"heldout_accuracy_after": None}
-        steps = trainer.state.global_step
-        summary = (
-            build_summary(
-                cfg,
-                name=name,
-                model=describe(cfg.model, trainer.model),
-                sizes=(len(train_set), len(heldout)),
-                steps=steps,
-                train_seconds=train_seconds,
-                accuracy=(_accuracy(before), _accuracy(after)),
-                paths={
-                    "run_dir": run_dir,
-                    "config": run_dir / CONFIG_FILE,
-                    "metrics": run_dir / METRICS_FILE,
-                    "log": run_dir / f"{hydra_cfg.job.name}.log",
-                    "checkpoint": checkpoint,
-                    "wandb": tracker.run_path,
-                },
-                wandb_sync=sync_command(wandb_segments) if offline else None,
-            )
-            | tracker.identity()
-        )
-        # As TRL ran it: the group size and the per-process batch it derived, over this many processes.
-        summary |= {
-            "trl_num_generations": trainer.num_generations,
-            "per_device_train_batch_size": trainer.args.per_device_train_batch_size,
-            "processes": trainer.accelerator.num_processes,
-        }
-        if validation:
-            summary |= validation[0].summary(run_dir)
-        if attempt:  # this attempt trained the steps after the checkpoint only
-            summary |= {
-                "resumed_from": str(attempt.checkpoint),
-                "seconds_per_step": train_seconds / max(steps - attempt.step, 1),
-            }
-        for when, result in (("before", before), ("after", after)):
-            if result is not None:
-                measured = result.verification | result.rollout | result.judge
-                summary |= {f"heldout_{k.replace('/', '_')}_{when}": v for k, v in measured.items()}
-        write_summary(summary, run_dir / SUMMARY_FILE)
-        tracker.summary({k: v for k, v in summary.items() if isinstance(v, int | float)})
+            OnPolicy(trainer, evaluation).after_training()
+        checkpoint = save_final_model(trainer, spec, run_dir)
+        if is_main_process():
+            paths = run_paths(run_dir, hydra_cfg, checkpoint, tracked.tracker)
+            summary = summarise(spec, trainer, evaluation, validation, tracked, paths, train_seconds)
         failed = False
     finally:
-        tracker.finish(failed)
-    print_summary(summary)
+        tracked.tracker.finish(failed)
+    if is_main_process():
+        print_summary(summary)
     return summary
 
 
-def heldout_before(
-    model, tokenizer, heldout, parts, spec: RunSpec, run_dir: Path, attempt: Attempt | None, benchmark=None
-):
-    """Held-out accuracy before training; a resumed run takes its first attempt's (measured on the initial model)."""
-    recorded = attempt.record.get("heldout_before") if attempt else None
-    if recorded:
-        return EvalResult(**recorded)
-    if not spec.cfg.eval.before:
-        return None
-    return measure_heldout(model, tokenizer, heldout, parts, spec, run_dir, "before", benchmark)
+# ---- the steps, each one job ----------------------------------------------------------------------------------
 
 
-def asdict_light(result: EvalResult) -> dict:
-    """What a later attempt needs of an evaluation (the per-problem samples are in eval_<when>.jsonl)."""
+def start_run_dir(spec: RunSpec, run_dir: Path) -> None:
+    """The resolved config; a resumed run's history and kept models, carried from its earlier attempt."""
+    (run_dir / CONFIG_FILE).write_text(OmegaConf.to_yaml(spec.saved_config), encoding="utf-8")
+    if spec.attempt:
+        carry_history(spec.attempt, run_dir)
+        carry_best(spec.attempt.run_dir, run_dir, spec.attempt.step)
+
+
+@dataclass
+class TrackedRun:
+    """The tracker run of this job and its identity: name, and (offline W&B) every attempt's segment."""
+
+    tracker: Tracker
+    name: str
+    wandb_segments: list
+
+    @property
+    def record(self) -> dict:
+        """What a resumed attempt needs to continue this tracker run."""
+        return {"wandb_id": self.tracker.run_id, RECORD_KEY: self.wandb_segments}
+
+    @property
+    def sync_command(self) -> str | None:
+        return sync_command(self.wandb_segments) if self.tracker.mode == "offline" else None
+
+
+def open_tracker(spec: RunSpec, hydra_cfg: DictConfig, run_dir: Path) -> TrackedRun:
+    """The tracker run (main process only), named by what differs, grouped by sweep, tagged with the choices; a
+    resumed run continues its earlier attempt's."""
+    choices = {k: v for k, v in hydra_cfg.runtime.choices.items() if not k.startswith("hydra") and v}
+    name, group = run_identity(hydra_cfg)
+    tags = [f"{k}:{v}" for k, v in choices.items()]
+    run_id = spec.attempt.record.get("wandb_id") if spec.attempt else None
+    config = {**spec.saved_config, "choices": choices}
+    main = is_main_process()
+    tracker = Tracker(spec.cfg.logger, run_dir, name, group, tags, config, run_id, enabled=main)
+    # An offline W&B run continued here: every attempt's segment, oldest first (`wandb sync` needs them all).
+    offline = tracker.run_path if tracker.mode == "offline" else None
+    return TrackedRun(tracker, name, segments_so_far(spec.attempt, offline, run_id) if main else [])
+
+
+def make_trainer(spec: RunSpec, parts: RunParts, model, tokenizer, train_set, run_dir: Path, tracker: Tracker):
+    cfg = spec.cfg
+    sample_log = SampleLog(run_dir / SAMPLES_FILE, tracker)
+    trainer = GRPOExpTrainer(
+        verifier=parts.verifier,
+        stats_cfg=cfg.stats,
+        selfverify=parts.selfverify,
+        log_histograms=tracker.log_histograms,
+        log_samples=sample_log.write,
+        model=model,
+        reward_funcs=parts.reward_funcs,
+        args=spec.args,
+        train_dataset=train_set,
+        processing_class=tokenizer,
+        peft_config=lora_config(cfg.model),
+        rollout_func=None if parts.rollout is None else as_rollout_func(parts.rollout),
+    )
+    tracker.attach(trainer)  # TRL's report_to callback logs into this job's tracker run
+    for dict_dump in (ProgressCallback, PrinterCallback):  # they print all 50+ metrics; ConsoleView shows a few
+        trainer.remove_callback(dict_dump)
+    parts.bind_policy(trainer.model, tokenizer)
+    return trainer
+
+
+def add_callbacks(
+    trainer, spec: RunSpec, parts: RunParts, evaluation: HeldoutEval, tracked: TrackedRun, run_dir: Path
+) -> PeriodicValidation | None:
+    """In this order: the evaluation before training, validations (eval.every), metrics.jsonl, the console."""
+    eval_cfg, on_policy = spec.cfg.eval, OnPolicy(trainer, evaluation)
+    trainer.add_callback(BeforeTraining(on_policy, spec.attempt, tracked.record))
+    validation = None
+    if eval_cfg.every:
+        kept = KeptModels(run_dir, trainer.save_model_to, eval_cfg.best_metric, eval_cfg.keep_top_k)
+        learned = tuple(func.__name__ for func in parts.reward_funcs if func.__name__ in GRADED_COMPONENTS)
+        validation = PeriodicValidation(
+            Schedule.of(eval_cfg, len(evaluation.problems)),
+            validate=on_policy.validate,
+            record=trainer.record_metric,
+            log_now=trainer.log,
+            kept=kept,
+            learned=learned,
+            initial=on_policy.initial,
+        )
+        trainer.add_callback(validation)
+    trainer.add_callback(MetricsFileCallback(run_dir / METRICS_FILE))
+    trainer.add_callback(ConsoleView(evaluation.accuracy_before))
+    return validation
+
+
+def save_final_model(trainer, spec: RunSpec, run_dir: Path) -> Path | None:
+    """checkpoint-final (every rank: DeepSpeed/FSDP gather their shards here); the resumable checkpoints dropped
+    unless trainer.keep_checkpoints."""
+    checkpoint = run_dir / FINAL_CHECKPOINT_DIR if spec.cfg.save_model else None
+    if checkpoint:
+        trainer.save_model_to(checkpoint)
+    if not spec.cfg.trainer.keep_checkpoints and is_main_process():
+        remove_checkpoints(run_dir)
+    return checkpoint
+
+
+def run_paths(run_dir: Path, hydra_cfg: DictConfig, checkpoint: Path | None, tracker: Tracker) -> dict:
     return {
-        "accuracy": result.accuracy,
-        "correct": result.correct,
-        "scored": result.scored,
-        "verification": result.verification,
-        "rollout": result.rollout,
-        "judge": result.judge,
+        "run_dir": run_dir,
+        "config": run_dir / CONFIG_FILE,
+        "metrics": run_dir / METRICS_FILE,
+        "log": run_dir / f"{hydra_cfg.job.name}.log",
+        "checkpoint": checkpoint,
+        "wandb": tracker.run_path,
     }
+
+
+def summarise(
+    spec: RunSpec,
+    trainer,
+    evaluation: HeldoutEval,
+    validation: PeriodicValidation | None,
+    tracked: TrackedRun,
+    paths: dict,
+    train_seconds: float,
+) -> dict:
+    """summary.json and the tracker's summary: what was trained, how it went, where everything is (main process)."""
+    cfg, attempt, steps = spec.cfg, spec.attempt, trainer.state.global_step
+    sizes = (len(trainer.train_dataset), len(evaluation.heldout))
+    summary = build_summary(
+        cfg, tracked.name, describe(cfg.model, trainer.model), sizes, steps, train_seconds, paths, tracked.sync_command
+    )
+    summary |= tracked.tracker.identity() | trainer.batch_layout() | evaluation.summary()
+    if validation:
+        summary |= validation.summary()
+    if attempt:  # this attempt trained the steps after the checkpoint only
+        seconds_per_step = train_seconds / max(steps - attempt.step, 1)
+        summary |= {"resumed_from": str(attempt.checkpoint), "seconds_per_step": seconds_per_step}
+    write_summary(summary, paths["run_dir"] / SUMMARY_FILE)
+    tracked.tracker.summary({k: v for k, v in summary.items() if isinstance(v, int | float)})
+    return summary
 
 
 def report_finished(attempt: Attempt, run_dir: Path) -> dict:
@@ -369,7 +278,3 @@ def save_resumable_checkpoint(trainer) -> None:
         log.warning("Training stopped at step %d; resumable checkpoint saved in %s", step, trainer.args.output_dir)
     except Exception as err:  # noqa: BLE001
         log.warning("Could not save a checkpoint of the interrupted run: %s", err)
-
-
-def _accuracy(result: EvalResult | None) -> float | None:
-    return result.accuracy if result else None

@@ -18,6 +18,7 @@ from datasets import Dataset
 from grpo_exp.data import unseen_problems
 from grpo_exp.data_parallel import from_main_process, map_over_processes
 from grpo_exp.generation import generate_completions
+from grpo_exp.rewards import GRADED_COMPONENTS
 from grpo_exp.rewards.judge import RubricJudge
 from grpo_exp.rollout.flow import trajectory_statistics
 from grpo_exp.rollout.multiturn import MultiTurnRollout, greedy_generation
@@ -28,7 +29,6 @@ from grpo_exp.run.prepacked_eval import greedy_completions
 from grpo_exp.run.resolve import RunSpec
 from grpo_exp.stats import correctness_stats, final_answer, label_values, majority_vote_accuracy, score_statistics
 from grpo_exp.text import prompt_text
-from grpo_exp.trainer.trainer import GRADED_COMPONENTS
 from grpo_exp.verification.benchmark import (
     benchmark_key,
     build_benchmark,
@@ -52,6 +52,10 @@ class EvalResult:
     verification: dict[str, float] = field(default_factory=dict)  # self-verification metrics, when the task is on
     rollout: dict[str, float] = field(default_factory=dict)  # turns, tool calls... for rollout=multiturn
     judge: dict[str, float] = field(default_factory=dict)  # the judge's scores of these answers, when it is on
+
+    def recorded(self) -> dict:
+        """What a later attempt needs of it (the per-problem samples are in eval_<when>.jsonl)."""
+        return {key: value for key, value in vars(self).items() if key != "samples"}
 
 
 def answer(

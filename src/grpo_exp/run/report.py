@@ -30,7 +30,6 @@ def build_summary(
     sizes: tuple[int, int],
     steps: int,
     train_seconds: float,
-    accuracy: tuple[float | None, float | None],
     paths: dict,
     wandb_sync: str | None,
 ) -> dict:
@@ -47,15 +46,13 @@ def build_summary(
         "steps": steps,
         "prompts_per_step": cfg.trainer.prompts_per_step,
         "num_generations": cfg.trainer.num_generations,
-        "algorithm": cfg.algorithm.name.value,  # the advantage estimator (conf/algorithm)
+        "algorithm": cfg.algorithm.name,  # the advantage estimator (conf/algorithm)
         "beta": cfg.trainer.beta,
         "learning_rate": cfg.trainer.learning_rate,
         "train_seconds": train_seconds,
         "seconds_per_step": train_seconds / max(steps, 1),
         "reward_first": reward_first,
         "reward_last": reward_last,
-        "heldout_accuracy_before": accuracy[0],
-        "heldout_accuracy_after": accuracy[1],
         **paths,
         "wandb_sync": wandb_sync,
     }

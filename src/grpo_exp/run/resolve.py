@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from grpo_exp.data import check_data_files
 from grpo_exp.errors import UserError
 from grpo_exp.models import check_reachable, torch_dtype, trained_dtype
+from grpo_exp.rewards import GRADED_COMPONENTS
 from grpo_exp.rewards.judge import check_judge
 from grpo_exp.rewards.registry import reward_weights, typed_components
 from grpo_exp.rewards.rubric import load_rubric_file
@@ -36,7 +37,6 @@ from grpo_exp.run.validation import check_validation
 from grpo_exp.schema import RolloutName, VerifierName, check_values
 from grpo_exp.trainer.advantages import check_algorithm
 from grpo_exp.trainer.config import GRPOExpConfig, check_trainer, grpo_exp_config
-from grpo_exp.trainer.trainer import GRADED_COMPONENTS
 from grpo_exp.verification.labels import check_labels
 from grpo_exp.verification.p_yes import check_verifier_reachable
 from grpo_exp.verification.task import check_task

@@ -177,6 +177,20 @@ class Tracker:
     def sync_command(self) -> str | None:
         return None if self.run is None else self.run.sync_command()
 
-    def finish(self, failed: bool) -> None:
+    def attach(self, trainer) -> None:
+        """TRL's report_to callback of `trainer` logs into this run (its name, group)."""
         if self.run is not None:
-            trackers.close_run(self.run, failed)
+            self.run.attach(trainer)
+
+    def log_histograms(self, step: int, values: dict) -> None:
+        if self.run is not None:
+            self.run.log_histograms(step, values)
+
+    def log_table(self, step: int, key: str, rows: list[dict]) -> None:
+        if self.run is not None:
+            self.run.log_table(step, key, rows)
+
+    def finish(self, failed: bool) -> None:
+        run, self.run = self.run, None
+        if run is not None:
+            run.finish(failed)

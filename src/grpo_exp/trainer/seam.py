@@ -80,6 +80,9 @@ TRL_ATTRIBUTES = (
     "num_generations",
     "generation_config",
     "generation_kwargs",
+    "max_completion_length",
+    "temperature",
+    "args.ds3_gather_for_generation",
     "model_wrapped",
     "is_deepspeed_enabled",
     "is_fsdp_enabled",
@@ -129,6 +132,10 @@ class HookedGRPOTrainer(GRPOTrainer):
         None: all of them. None or not must be the same in every process (TRL's token count is gathered)."""
         return None
 
+    def auxiliary_loss(self, model) -> torch.Tensor | None:
+        """A loss added to TRL's at each training forward (None: nothing)."""
+        return None
+
     @property
     def wants_scored_batch(self) -> bool:
         return False
@@ -138,6 +145,18 @@ class HookedGRPOTrainer(GRPOTrainer):
     def record_metric(self, key: str, value: float) -> None:
         """A scalar for this step: averaged with TRL's own metrics over the logging step, logged alongside them."""
         self._metrics["train"][key].append(value)
+
+    def save_model_to(self, directory) -> None:
+        """The model (and tokenizer) alone, for inference: every process calls it (sharded weights are gathered)."""
+        self.save_model(str(directory))
+
+    def batch_layout(self) -> dict:
+        """As TRL runs it: the group size and the per-process batch it derived, over this many processes."""
+        return {
+            "trl_num_generations": self.num_generations,
+            "per_device_train_batch_size": self.args.per_device_train_batch_size,
+            "processes": self.accelerator.num_processes,
+        }
 
     def save_checkpoint(self) -> None:
         """A resumable checkpoint of the current step: weights, optimiser, scheduler, RNG, trainer state."""
@@ -155,6 +174,22 @@ class HookedGRPOTrainer(GRPOTrainer):
             model, input_ids, attention_mask, logits_to_keep, compute_entropy=compute_entropy
         )
         return logps, entropies
+
+    @property
+    def sampling_settings(self) -> tuple[int, float]:
+        """(max new tokens, temperature) of training's sampling."""
+        return self.max_completion_length, self.temperature
+
+    @contextlib.contextmanager
+    def policy_for_generation(self):
+        """The policy, ready to generate outside a training step (held-out evaluation): unwrapped as TRL unwraps it
+        for its own generation; under ZeRO-3 its parameters gathered once (trainer.extra.ds3_gather_for_generation),
+        so that generation makes no collective call per forward and every process may run its own number of them."""
+        gather = self.args.ds3_gather_for_generation
+        with unwrap_model_for_generation(
+            self.model_wrapped, self.accelerator, gather_deepspeed3_params=gather
+        ) as model:
+            yield model
 
     def last_rewards(self, name: str) -> list[float]:
         """Reward component `name` of every completion of the last generation batch (gathered), as TRL logged it."""
@@ -253,7 +288,9 @@ class HookedGRPOTrainer(GRPOTrainer):
 
         alone = self.accelerator.num_processes == 1 and not (self.is_deepspeed_enabled or self.is_fsdp_enabled)
         most_rows = None if self.accelerator.num_processes == 1 else self._most_rows
-        return informative_loss(inputs, self.loss_type, loss_of, model.parameters() if alone else None, most_rows)
+        loss = informative_loss(inputs, self.loss_type, loss_of, model.parameters() if alone else None, most_rows)
+        extra = None if return_outputs else self.auxiliary_loss(model)
+        return loss if extra is None else loss + extra
 
     # ---- reading TRL's state -------------------------------------------------------------------------------
 
@@ -342,17 +379,6 @@ class HookedGRPOTrainer(GRPOTrainer):
             advantages=torch.tensor(list(self._logs["advantages"]), dtype=torch.float32),
             lengths=self.accelerator.gather(policy_tokens.sum(dim=1)).float().cpu(),
         )
-
-
-@contextlib.contextmanager
-def policy_for_generation(trainer):
-    """The policy, ready to generate outside a training step (held-out evaluation): unwrapped as TRL unwraps it for
-    its own generation; under ZeRO-3 its parameters gathered once (trainer.extra.ds3_gather_for_generation), so
-    that generation makes no collective call per forward and every process may run its own number of them."""
-    with unwrap_model_for_generation(
-        trainer.model_wrapped, trainer.accelerator, gather_deepspeed3_params=trainer.args.ds3_gather_for_generation
-    ) as model:
-        yield model
 
 
 def as_rollout_func(rollout):

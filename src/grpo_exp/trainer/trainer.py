@@ -5,22 +5,21 @@ TRL's sampling and loss are untouched; through the seam (grpo_exp.trainer.seam):
   verification prompts built from recent on-policy samples (grpo_exp.verification.task), per the schedule;
 - after scoring, the ScoredBatch (prompts, completions, per-component rewards, advantages) is summarised per
   group by grpo_exp.stats; the scalars join TRL's own metrics (averaged and logged each logging step, reaching
-  the tracker through TRL's report_to and metrics.jsonl alike). Histograms of the per-group reward go to the
-  tracker (grpo_exp.run.trackers: each backend takes what it can), and every `stats.table_every` steps a few whole
-  groups go to its table and to samples.jsonl. Labelled generation samples feed the self-verification buffer.
+  the tracker through TRL's report_to and metrics.jsonl alike). Histograms of the per-group reward, and every
+  `stats.table_every` steps a few whole groups, go to the callables the run hands in (log_histograms,
+  log_samples: the tracker and samples.jsonl). Labelled generation samples feed the self-verification buffer.
 """
 
-import json
 import math
 import time
-from pathlib import Path
+from collections.abc import Callable
 
 import torch
 from accelerate.utils import gather_object
 
 from grpo_exp.generation import generate_completions
+from grpo_exp.rewards import GRADED_COMPONENTS
 from grpo_exp.rollout.flow import broadcast_to_turns, trajectory_statistics
-from grpo_exp.run import trackers
 from grpo_exp.stats import group_statistics, group_std, label_values, score_statistics
 from grpo_exp.text import completion_text
 from grpo_exp.trainer.scored_batch import ScoredBatch
@@ -30,9 +29,6 @@ from grpo_exp.verification.rule import Verifier
 from grpo_exp.verification.selfverify import NO, YES
 from grpo_exp.verification.task import VERIFY, Ranks, SelfVerificationTask
 
-# Components whose score grades an answer: logged as <name>/mean, <name>/group_std, <name>/auroc every step.
-GRADED_COMPONENTS = {"judge", "confidence"}
-
 
 class GRPOExpTrainer(HookedGRPOTrainer):
     def __init__(
@@ -40,16 +36,18 @@ class GRPOExpTrainer(HookedGRPOTrainer):
         *args,
         verifier: Verifier,
         stats_cfg,
-        samples_path: Path,
         selfverify: SelfVerificationTask | None = None,
+        log_histograms: Callable[[int, dict], None] | None = None,
+        log_samples: Callable[[int, list[dict]], None] | None = None,
         **kwargs,
     ):
+        """log_histograms(step, {name: values}) and log_samples(step, rows): where the per-group histograms and
+        the sampled groups go (the run's tracker and samples.jsonl: grpo_exp.run.sample_log); None: nowhere."""
         super().__init__(*args, **kwargs)
         self.verifier = verifier
         self.stats_cfg = stats_cfg
-        self.samples_path = samples_path
         self.selfverify = selfverify
-        trackers.attach(self)  # TRL's report_to callback logs into the tracker run of this job (its name, group)
+        self.log_histograms, self.log_samples = log_histograms, log_samples
 
     @property
     def wants_scored_batch(self) -> bool:
@@ -65,13 +63,12 @@ class GRPOExpTrainer(HookedGRPOTrainer):
             self.record_metric(key, value)
         return rows
 
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        """TRL's loss, plus (selfverify objective=supervised) the verdict loss of this step's verification
-        examples, once per generated batch."""
-        loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+    def auxiliary_loss(self, model) -> torch.Tensor | None:
+        """(selfverify objective=supervised) the verdict loss of this step's verification examples, once per
+        generated batch."""
         task = self.selfverify
-        if task is None or not task.pending_verdict_examples or return_outputs:
-            return loss
+        if task is None or not task.pending_verdict_examples:
+            return None
         examples, task.pending_verdict_examples = task.pending_verdict_examples, []
         weights, task.pending_verdict_weights = task.pending_verdict_weights, []
         tokenizer = self.processing_class
@@ -82,7 +79,7 @@ class GRPOExpTrainer(HookedGRPOTrainer):
         if any(weights):
             self.record_metric("selfverify/verdict_loss", cross_entropy.mean().item())
         weighted = (cross_entropy * torch.tensor(weights, device=log_p.device)).sum()
-        return loss + task.cfg.supervised_weight * weighted
+        return task.cfg.supervised_weight * weighted
 
     def loss_token_mask(self, rows, completion_ids, completion_mask):
         """Self-verification (loss_on=verdict): a verification completion counts up to its verdict."""
@@ -159,31 +156,25 @@ class GRPOExpTrainer(HookedGRPOTrainer):
 
     def _sample_answers(self, prompts: list) -> list[str]:
         """verify_only: the current policy's answers to judge (sampled as in training, not trained on)."""
+        max_new_tokens, temperature = self.sampling_settings
         return generate_completions(
-            self.model,
-            self.processing_class,
-            prompts,
-            self.max_completion_length,
-            len(prompts),
-            None,
-            self.temperature,
+            self.model, self.processing_class, prompts, max_new_tokens, len(prompts), None, temperature
         )
 
-    # ---- sampled groups: the tracker's histograms and tables, samples.jsonl -------------------------------
+    # ---- sampled groups: histograms and tables (the tracker's, samples.jsonl) ----------------------------------
 
     def _log_groups(self, step: int, batch: ScoredBatch, correct: torch.Tensor) -> None:
         size, texts, total = batch.group_size, batch.texts, batch.total
-        tracker = trackers.active()
-        if tracker is not None:
+        if self.log_histograms is not None:
             grouped_total = batch.grouped(total)
-            tracker.log_histograms(
+            self.log_histograms(
                 step,
                 {
                     "groups/reward_mean_hist": _histogram_values(torch.nanmean(grouped_total, dim=1)),
                     "groups/reward_std_hist": _histogram_values(group_std(grouped_total)),
                 },
             )
-        if (step - 1) % self.stats_cfg.table_every:
+        if (step - 1) % self.stats_cfg.table_every or self.log_samples is None:
             return
         rows = []
         trajectory_columns = _trajectory_columns(batch)
@@ -203,10 +194,8 @@ class GRPOExpTrainer(HookedGRPOTrainer):
                         **trajectory_columns[i],
                     }
                 )
-        with self.samples_path.open("a", encoding="utf-8") as f:
-            f.writelines(json.dumps(row) + "\n" for row in rows)
-        if tracker is not None and rows:
-            tracker.log_table(step, "groups/samples", rows)
+        if rows:
+            self.log_samples(step, rows)
 
 
 def _trajectory_columns(batch: ScoredBatch) -> list[dict]:

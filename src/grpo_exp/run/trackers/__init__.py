@@ -1,17 +1,17 @@
 """Experiment trackers (logger=wandb | trackio | tensorboard | mlflow), one module per backend behind TrackerRun.
 
 A run opens with grpo_exp's identity (named by what differs, grouped by sweep, redacted config, tags); TRL's
-`report_to` callback is attached to it (`attach`); grpo_exp's own histograms and sample tables reach it through
-`active()`; the Tracker (grpo_exp.run.tracking) adds the summary and finishes it."""
+`report_to` callback is attached to it; the Tracker (grpo_exp.run.tracking) holds it, hands grpo_exp's own
+histograms and sample tables to it, adds the summary and finishes it."""
 
 import importlib
 import importlib.util
 
 from grpo_exp.errors import UserError
-from grpo_exp.run.trackers.base import RunInfo, TrackerRun, active, set_active
+from grpo_exp.run.trackers.base import RunInfo, TrackerRun
 from grpo_exp.schema import LoggerBackend
 
-__all__ = ["RunInfo", "TrackerRun", "active", "attach", "close_run", "open_run", "require"]
+__all__ = ["RunInfo", "TrackerRun", "open_run", "require"]
 
 # backend: (its module here, its class, the module it imports, the package that provides it)
 BACKENDS = {
@@ -32,24 +32,8 @@ def require(backend: LoggerBackend) -> None:
 
 
 def open_run(logger_cfg, info: RunInfo) -> TrackerRun:
-    """Open the run and make it this process's active one."""
+    """Open the backend's run."""
     require(logger_cfg.backend)
     module, name, _, _ = BACKENDS[logger_cfg.backend]
     kind = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    run = kind(logger_cfg, info)
-    set_active(run)
-    return run
-
-
-def close_run(run: TrackerRun, failed: bool) -> None:
-    try:
-        run.finish(failed)
-    finally:
-        set_active(None)
-
-
-def attach(trainer) -> None:
-    """The trainer's report_to callback logs into the active run (a no-op without one)."""
-    run = active()
-    if run is not None:
-        run.attach(trainer)
+    return kind(logger_cfg, info)

@@ -62,19 +62,6 @@ class TrackerRun:
         pass
 
 
-_active: TrackerRun | None = None
-
-
-def active() -> TrackerRun | None:
-    """The run the Tracker of this process has open (None: logger=none, not the main process, or none yet)."""
-    return _active
-
-
-def set_active(run: TrackerRun | None) -> None:
-    global _active
-    _active = run
-
-
 def table(rows: list[dict]) -> tuple[list[str], list[list]]:
     """Columns and cells of rows; a list cell (a multi-turn run's per-turn advantages) as its JSON text."""
     columns = list(rows[0])

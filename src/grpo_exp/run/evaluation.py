@@ -1,0 +1,221 @@
+"""HeldoutEval: the run's one held-out evaluation, shared by training (before, each validation, after) and
+`grpo-exp evaluate`; it holds what it measured. BeforeTraining: the callback that measures before the first step.
+
+Every method that takes a model runs on every process (each answers a share of the problems; the main process alone
+asks the judge and writes files), on the model where it is: the caller hands it ready to generate
+(HookedGRPOTrainer.policy_for_generation in training).
+"""
+
+import json
+import logging
+import time
+from pathlib import Path
+
+from datasets import Dataset
+from transformers import TrainerCallback
+
+from grpo_exp.run.build import RunParts
+from grpo_exp.run.distributed import is_main_process
+from grpo_exp.run.files import BENCHMARK_FILE, eval_file
+from grpo_exp.run.heldout import (
+    EvalResult,
+    benchmark_statistics,
+    judge_statistics,
+    run_heldout_accuracy,
+    sampled_metrics,
+    validation_metrics,
+    verification_benchmark,
+)
+from grpo_exp.run.resolve import RunSpec
+from grpo_exp.run.resume import Attempt, write_record
+from grpo_exp.run.validation import untouched_rng
+from grpo_exp.verification.benchmark import load_benchmark
+
+log = logging.getLogger("grpo_exp.train")
+
+
+class HeldoutEval:
+    """Greedy held-out accuracy (with the tools, for rollout=multiturn); with self-verification or the judge on,
+    their held-out measures too; the verification benchmark when it is on; pass@k / maj@k from sampled answers.
+    `run_dir`: where eval_<when>.jsonl and the benchmark go (None: nowhere)."""
+
+    def __init__(
+        self, spec: RunSpec, parts: RunParts, tokenizer, heldout: Dataset, run_dir: Path | None, train: Dataset
+    ):
+        self.spec, self.parts, self.tokenizer, self.heldout, self.run_dir, self.train = (
+            spec,
+            parts,
+            tokenizer,
+            heldout,
+            run_dir,
+            train,
+        )
+        every_problems = spec.cfg.eval.every_problems or len(heldout)
+        self.problems = heldout.select(range(min(every_problems, len(heldout))))  # what validations answer
+        self.before: EvalResult | None = None
+        self.after: EvalResult | None = None
+        self.benchmark = None  # the verification benchmark's examples, once built
+        self.validated: tuple[int, EvalResult] | None = None  # the last validation's step and greedy answers
+        self.seconds = 0.0  # spent before training (not training time)
+
+    # ---- training: before, validations, after -----------------------------------------------------------------
+
+    def before_training(self, model, attempt: Attempt | None) -> None:
+        """The verification benchmark (from the initial policy) and the accuracy before training; a resumed run
+        takes its first attempt's (measured on the initial model)."""
+        started = time.perf_counter()
+        if self.spec.cfg.eval.verification_benchmark.enabled:
+            self.prepare_benchmark(model)
+        recorded = attempt.record.get("heldout_before") if attempt else None
+        if recorded:
+            self.before = EvalResult(**recorded)
+        elif self.spec.cfg.eval.before:
+            self.before = self.measure(model, "before")
+        self.seconds = time.perf_counter() - started
+
+    def validate(self, model, step: int) -> dict[str, float]:
+        """A validation's metrics on `problems` (greedy; pass@k / maj@k with eval.every_samples)."""
+        eval_cfg = self.spec.cfg.eval
+        result = run_heldout_accuracy(model, self.tokenizer, self.problems, self.spec, self.parts, None)
+        self.validated = (step, result)
+        metrics = validation_metrics(result.samples, self.parts)
+        if eval_cfg.every_samples:
+            sampled = self.sampled(model, self.problems, eval_cfg.every_samples)
+            metrics |= {f"heldout/{key}": value for key, value in sampled.items()}
+        return metrics
+
+    def initial(self, model) -> dict[str, float]:
+        """The initial model's validation: the answers of the evaluation before training to these problems, when
+        it ran (greedy: the same answers, up to the padding of a last, partial batch), scored as validations are."""
+        if self.before is None or self.spec.cfg.eval.every_samples:
+            return self.validate(model, 0)
+        return validation_metrics(self.before.samples[: len(self.problems)], self.parts)
+
+    def after_training(self, model, step: int) -> None:
+        """The accuracy after training; a validation at this step on every held-out problem has answered already."""
+        validated = self.validated
+        reuse = validated is not None and validated[0] == step and len(self.problems) == len(self.heldout)
+        self.after = self.measure(model, "after", answered=validated[1] if reuse else None)
+
+    # ---- any model --------------------------------------------------------------------------------------------
+
+    def measure(self, model, when: str, answered: EvalResult | None = None) -> EvalResult:
+        """Every held-out problem answered greedily and scored, with the measures the run has on; each problem's
+        completion and label go to eval_<when>.jsonl. answered: the same model's greedy answers to all of them,
+        already measured, taken instead of answering again."""
+        spec, parts = self.spec, self.parts
+        result = answered or run_heldout_accuracy(
+            model, self.tokenizer, self.heldout, spec, parts, f"held-out eval ({when})"
+        )
+        log.info("Held-out accuracy %s training: %.3f (%d/%d)", when, result.accuracy, result.correct, result.scored)
+        if result.rollout:
+            log.info("Held-out trajectories %s training: %s", when, _rounded(result.rollout))
+        if parts.selfverify is not None:
+            result.verification = parts.selfverify.heldout_metrics(
+                model, self.tokenizer, self.heldout, spec.eval_max_new_tokens, spec.cfg.eval.batch_size
+            )
+            log.info("Held-out self-verification %s training: %s", when, result.verification)
+        if self.benchmark is not None:
+            measured = self.benchmark_metrics(model)
+            result.verification |= measured
+            log.info("Verification benchmark %s training: %s", when, _rounded(measured))
+        if not is_main_process():  # the judge's requests and the files: once
+            return result
+        if parts.judge is not None:
+            result.judge = judge_statistics(parts.judge, result.samples)
+            log.info("Held-out judge %s training: %s", when, _rounded(result.judge))
+        if self.run_dir is not None:
+            with (self.run_dir / eval_file(when)).open("w", encoding="utf-8") as f:
+                f.writelines(json.dumps(sample) + "\n" for sample in result.samples)
+        return result
+
+    def greedy(self, model, desc: str | None = "greedy") -> EvalResult:
+        """Every held-out problem answered greedily and scored, nothing else measured."""
+        return run_heldout_accuracy(model, self.tokenizer, self.heldout, self.spec, self.parts, desc)
+
+    def prepare_benchmark(self, model) -> None:
+        """The verification benchmark: the run directory's own set when it has one (its initial policy's answers),
+        else from the cache or built now from `model`, which must then be the initial policy."""
+        own = self.run_dir / BENCHMARK_FILE if self.run_dir is not None else None
+        if own is not None and own.is_file():
+            self.benchmark = load_benchmark(own)
+            return
+        self.benchmark = verification_benchmark(
+            self.spec, model, self.tokenizer, self.train, self.heldout, self.parts.verifier, self.run_dir
+        )
+
+    def benchmark_metrics(self, model) -> dict[str, float]:
+        """The model's own P(Yes) on the verification benchmark (prepare_benchmark first)."""
+        return benchmark_statistics(model, self.tokenizer, self.benchmark, self.spec)
+
+    def sampled(self, model, problems: Dataset, samples: int) -> dict[str, float]:
+        """pass@1..k and maj@k from `samples` answers per problem at eval.temperature."""
+        spec = self.spec
+        return sampled_metrics(
+            model,
+            self.tokenizer,
+            problems,
+            self.parts.verifier,
+            samples,
+            spec.cfg.eval.temperature,
+            spec.eval_max_new_tokens,
+            spec.cfg.eval.batch_size,
+            self.parts.rollout,
+        )
+
+    def accuracy_before(self) -> float | None:
+        return _accuracy(self.before)
+
+    def summary(self) -> dict:
+        """For summary.json: the accuracy and every other held-out measure, before and after."""
+        summary = {"heldout_accuracy_before": _accuracy(self.before), "heldout_accuracy_after": _accuracy(self.after)}
+        for when, result in (("before", self.before), ("after", self.after)):
+            if result is not None:
+                measured = result.verification | result.rollout | result.judge
+                summary |= {f"heldout_{k.replace('/', '_')}_{when}": v for k, v in measured.items()}
+        return summary
+
+
+class OnPolicy:
+    """HeldoutEval on the trainer's live policy, made ready to generate for each measurement (unwrapped as TRL
+    unwraps it; under ZeRO-3 gathered once): what the training callbacks call."""
+
+    def __init__(self, trainer, evaluation: HeldoutEval):
+        self.trainer, self.evaluation = trainer, evaluation
+
+    def validate(self) -> dict[str, float]:
+        with self.trainer.policy_for_generation() as policy:
+            return self.evaluation.validate(policy, self.trainer.state.global_step)
+
+    def initial(self) -> dict[str, float]:
+        with self.trainer.policy_for_generation() as policy:  # verifier=self scores with the policy
+            return self.evaluation.initial(policy)
+
+    def after_training(self) -> None:
+        with self.trainer.policy_for_generation() as policy:
+            self.evaluation.after_training(policy, self.trainer.state.global_step)
+
+
+class BeforeTraining(TrainerCallback):
+    """When training begins, the model is where it trains (on its device, wrapped or sharded by accelerate), so that
+    every process can evaluate a share of the problems: the evaluation before training, then the attempt's record
+    (what a resumed attempt needs: `record` and the accuracy before)."""
+
+    def __init__(self, on_policy: OnPolicy, attempt: Attempt | None, record: dict):
+        self.on_policy, self.attempt, self.record = on_policy, attempt, record
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        evaluation = self.on_policy.evaluation
+        with untouched_rng(), self.on_policy.trainer.policy_for_generation() as policy:
+            evaluation.before_training(policy, self.attempt)
+        if is_main_process():
+            before = evaluation.before and evaluation.before.recorded()
+            write_record(evaluation.run_dir, self.record | {"heldout_before": before})
+
+
+def _accuracy(result: EvalResult | None) -> float | None:
+    return result.accuracy if result else None
+
+
+def _rounded(values: dict[str, float]) -> dict[str, float]:
+    return {key: round(value, 3) for key, value in values.items()}
