@@ -7,24 +7,18 @@ python -m grpo_exp.evaluate --config-dir configs path/to/checkpoint reward=math+
 """
 
 import argparse
-import contextlib
 import json
 import os
 import sys
 import time
 import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import yaml
-from hydra import compose, version
-from hydra._internal.hydra import Hydra
-from hydra._internal.utils import create_config_search_path
-from hydra.core.config_search_path import SearchPathQuery
+from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
-from hydra.initialize import get_gh_backup, restore_gh_from_backup
 from rich.console import Console
 from rich.table import Table
 
@@ -37,7 +31,7 @@ from grpo_exp.run.build import build_parts
 from grpo_exp.run.evaluation import HeldoutEval
 from grpo_exp.run.files import EVALUATION_FILE, FINAL_CHECKPOINT_DIR
 from grpo_exp.run.kept_models import BEST_CHECKPOINT_DIR, TOP_CHECKPOINTS_DIR
-from grpo_exp.run.resolve import resolve
+from grpo_exp.run.resolve import resolve, saved_path_overrides
 from grpo_exp.run.tracking import Tracker
 from grpo_exp.schema import register_schemas
 
@@ -105,6 +99,7 @@ def resolve_source(argv: list[str], config_dirs: list[str] | None = None) -> Sou
         # checkpoint.
         run_overrides = yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text()) or []
         kept = [o for o in run_overrides if not o.lstrip("+~").startswith("hydra.")]
+        kept += saved_path_overrides(run_dir)  # its relative paths were read against the run's directory
         run_sources, run_cwd = run_config_sources(run_dir)
     elif (source / "config.json").is_file():
         checkpoint, kept = source, []
@@ -154,22 +149,18 @@ def run_config_sources(run_dir: Path) -> tuple[list[tuple[str, str]], str | None
     return sources, cwd
 
 
-@contextlib.contextmanager
-def config_search(sources: list[tuple[str, str]]) -> Iterator[None]:
-    """Hydra initialised on conf/ (as initialize_config_dir does) with these config sources added where Hydra's
-    `--config-dir` puts its directory: before the structured schema (those already there, e.g. a plugin's, once)."""
-    backup = get_gh_backup()
-    try:
-        version.setbase("1.3")
-        search_path = create_config_search_path(str(CONF_DIR))
-        present = {e.path if "://" in (e.path or "") else f"file://{e.path}" for e in search_path.get_path()}
-        for provider, path in sources:
-            if path not in present:
-                search_path.prepend(provider=provider, path=path, anchor=SearchPathQuery(provider="schema"))
-        Hydra.create_main_hydra2(task_name="app", config_search_path=search_path)
-        yield
-    finally:
-        restore_gh_from_backup(backup)
+def compose_with(sources: list[tuple[str, str]], overrides: list[str]):
+    """The training config composed on conf/ (Hydra's compose API), with these config directories on the search
+    path where Hydra's --config-dir and hydra.searchpath put theirs: after conf/, before the structured schema."""
+    paths = [path for _, path in sources]
+    searchpath = [f"hydra.searchpath=[{','.join(_quoted(path) for path in paths)}]"] if paths else []
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose("config", overrides=overrides + searchpath)
+
+
+def _quoted(text: str) -> str:
+    """A string in Hydra's override grammar, whatever it holds (spaces, commas, quotes)."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -180,9 +171,8 @@ def main(argv: list[str] | None = None) -> dict:
     ensure_cwd_importable()  # the user's modules (reward components, verifier, dataset function), as in training
     if source.run_cwd and os.path.isdir(source.run_cwd) and source.run_cwd not in sys.path:
         sys.path.append(source.run_cwd)  # ...else from the directory the run was started in
-    with config_search(source.config_sources):
-        cfg = compose("config", overrides=overrides)
-    spec = resolve(cfg, processes=1)
+    cfg = compose_with(source.config_sources, overrides)
+    spec = resolve(cfg, processes=1, evaluating=True)
     out_dir = out_dir or Path(cfg.outputs_dir) / "eval" / time.strftime("%Y-%m-%d_%H-%M-%S")
     parts = build_parts(spec)
     train, heldout = load_splits(cfg.dataset)

@@ -140,3 +140,29 @@ def topped_up(keep: torch.Tensor, rows: int) -> torch.Tensor:
     missing = max(rows - int(keep.sum()), 0)
     fillers = (~keep).nonzero().squeeze(1)[:missing]
     return keep.clone().index_fill_(0, fillers, True)
+
+
+def settle(
+    scored: Scored,
+    rows: int,
+    group_size: int,
+    mode: ZeroVarianceGroups,
+    max_batches: int,
+    generate: Callable[[int], Scored],
+    pad_token_id: int,
+    leave_out: bool,
+    process_index: int,
+) -> tuple[dict, dict[str, float]]:
+    """A training step's batch, its no-spread groups settled: resampled (`generate(attempt)` gives a fresh batch of
+    as many groups), then, when `leave_out`, marked for the loss to leave out (this process's `rows` rows of the
+    gathered batch). Returns TRL's batch and the metrics to record."""
+    output, no_spread = scored
+    metrics: dict[str, float] = {}
+    if mode is ZeroVarianceGroups.resample:
+        groups = rows // group_size
+        (output, no_spread), metrics = resample(scored, groups, max_batches, generate, pad_token_id, group_size)
+    if leave_out:
+        keep = informative_rows(no_spread, group_size, process_index * rows, rows)
+        output[INFORMATIVE] = keep.to(output["advantages"].device)
+        metrics["zero_variance/groups_left_out"] = float(no_spread.sum())
+    return output, metrics
