@@ -6,16 +6,24 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra.errors import ConfigCompositionException, MissingConfigException
+from hydra.errors import MissingConfigException
 from transformers import AutoModelForCausalLM
 from trl import GRPOTrainer
 
 from grpo_exp.data import load_splits
 from grpo_exp.errors import UserError
 from grpo_exp.models import load_tokenizer
+from grpo_exp.paths import CONF_DIR
 from grpo_exp.run.resolve import resolve
-from grpo_exp.schema import AdvantageEstimator
-from grpo_exp.trainer.advantages import dr_grpo, estimate, pass_at_k, reinforce_pp_baseline, rloo
+from grpo_exp.trainer.advantages import (
+    ESTIMATORS,
+    TRL_ADVANTAGES,
+    dr_grpo,
+    estimate,
+    pass_at_k,
+    reinforce_pp_baseline,
+    rloo,
+)
 from grpo_exp.trainer.config import grpo_exp_config
 from support.config import TINY_RUN, compose_config
 from tests.helpers.tiny_trainer import PLAIN_TRL, Recording, knob_overrides
@@ -85,7 +93,10 @@ def test_pass_at_k_edge_cases_of_k():
         pass_at_k(one_right, 4, k=5)
 
 
-@pytest.mark.parametrize("name", [e for e in AdvantageEstimator if e is not AdvantageEstimator.grpo])
+OURS = [name for name, registered in ESTIMATORS.items() if registered.function is not None]
+
+
+@pytest.mark.parametrize("name", OURS)
 def test_every_estimator_gives_a_group_without_spread_zero(name):
     close(estimate(name, torch.tensor([0.3, 0.3, 0.3, 0.7, 0.7, 0.7]), 3), [0] * 6)
 
@@ -107,7 +118,8 @@ def test_an_unscorable_completion_is_left_out_of_the_statistics_and_gets_zero_as
     half = 0.5 / math.sqrt(0.5 + 1e-8)  # centred 0.5, -0.5: unbiased variance 0.5
     alone = {"dr_grpo": [0.5, -0.5], "rloo": [1, -1], "reinforce_pp_baseline": [half, -half], "pass_at_k": [0, 0]}
     for name in alone:
-        close(estimate(AdvantageEstimator(name), torch.tensor([NAN, NAN, 1.0, 0.0]), 2, k=2), [0, 0, *alone[name]])
+        settings = {"k": 2} if name == "pass_at_k" else {}
+        close(estimate(name, torch.tensor([NAN, NAN, 1.0, 0.0]), 2, **settings), [0, 0, *alone[name]])
     # fewer than k scored: 0
     close(pass_at_k(torch.tensor([1.0, NAN, NAN, 0.0]), 4, k=3), [0, 0, 0, 0])
 
@@ -122,19 +134,30 @@ def test_dr_grpo_is_trls_advantage_without_std_scaling():
 # ---- the config's rules ---------------------------------------------------------------------------------------------
 
 
-def test_the_default_is_grpo_and_every_option_composes():
-    assert compose_config().algorithm.name is AdvantageEstimator.grpo
-    for name in AdvantageEstimator:
-        assert compose_config([f"algorithm={name.value}"]).algorithm.name is name
+def test_the_default_is_grpo_and_every_registered_estimator_has_its_option():
+    assert compose_config().algorithm.name == TRL_ADVANTAGES == "grpo"
+    assert ESTIMATORS[TRL_ADVANTAGES].function is None, "grpo is TRL's own computation"
+    assert sorted(p.stem for p in (CONF_DIR / "algorithm").glob("*.yaml")) == sorted(ESTIMATORS)
+    for name, registered in ESTIMATORS.items():
+        algorithm = compose_config([f"algorithm={name}"]).algorithm
+        # The option is the estimator with its settings at their defaults (the function's keyword defaults).
+        assert dict(algorithm) == {"name": name, **registered.settings}
+
+
+def test_pass_at_k_declares_its_settings_as_keyword_parameters():
+    assert ESTIMATORS["pass_at_k"].settings == {"k": 2, "threshold": 0.5}
+    assert ESTIMATORS["rloo"].settings == {}
 
 
 def test_an_unknown_algorithm_lists_the_options():
     with pytest.raises(MissingConfigException) as err:
         compose_config(["algorithm=unknown"])
     assert "rloo" in str(err.value) and "pass_at_k" in str(err.value)
-    with pytest.raises(ConfigCompositionException) as err:
-        compose_config(["algorithm.name=unknown"])
-    assert err.value.__cause__.full_key == "algorithm.name" and "reinforce_pp_baseline" in str(err.value.__cause__)
+    with pytest.raises(UserError) as err:
+        resolve(compose_config([*TINY_RUN, "logger=none", "algorithm.name=unknown"]), processes=1)
+    assert str(err.value).startswith("algorithm.name=unknown: no such estimator") and "reinforce_pp_baseline" in str(
+        err.value
+    )
 
 
 @pytest.mark.parametrize(
@@ -142,9 +165,10 @@ def test_an_unknown_algorithm_lists_the_options():
     [
         (
             ["algorithm=pass_at_k", "algorithm.k=3"],  # trainer=debug: G=2
-            "algorithm.k=3 must be at most trainer.num_generations=2",
+            "algorithm=pass_at_k algorithm.k=3 algorithm.threshold=0.5 with trainer.num_generations=2: "
+            "pass@k needs 1 <= k <= the group size 2, not k=3",
         ),
-        (["algorithm=pass_at_k", "algorithm.k=0"], "algorithm.k=0 must be at least 1"),
+        (["algorithm=pass_at_k", "algorithm.k=0"], "pass@k needs 1 <= k <= the group size 2, not k=0"),
         (
             ["algorithm=rloo", "trainer.scale_rewards=batch"],
             "trainer.scale_rewards=batch is TRL's scaling of its advantages, which algorithm=rloo replaces",
@@ -157,9 +181,13 @@ def test_an_unknown_algorithm_lists_the_options():
             ["algorithm=pass_at_k", "+trainer.extra.multi_objective_aggregation=normalize_then_sum"],
             "trainer.extra.multi_objective_aggregation=normalize_then_sum is TRL's own advantage estimator",
         ),
-        (["algorithm=rloo", "algorithm.k=3"], "algorithm.k=3 is a setting of algorithm=pass_at_k"),
-        (["algorithm.threshold=0.9"], "algorithm.threshold=0.9 is a setting of algorithm=pass_at_k"),
-        (["algorithm=pass_at_k", "algorithm.threshold=nan"], "algorithm.threshold=nan: must be a finite number"),
+        (["algorithm=rloo", "+algorithm.k=3"], "algorithm.k=3: algorithm=rloo has no setting 'k' (its settings: none)"),
+        (["+algorithm.threshold=0.9"], "algorithm.threshold=0.9: algorithm=grpo has no setting 'threshold'"),
+        (["algorithm=pass_at_k", "algorithm.threshold=nan"], "algorithm.threshold=nan"),  # not a finite number
+        (
+            ["algorithm=pass_at_k", "algorithm.k=two"],
+            "algorithm.k='two': algorithm=pass_at_k takes int for k (default 2)",
+        ),
     ],
 )
 def test_a_bad_algorithm_setting_fails_naming_the_keys(overrides, message):
@@ -185,7 +213,7 @@ def test_pass_rate_scaling_is_accepted_by_the_estimators_that_keep_a_groups_scal
     assert spec.selfverify.scale_by_pass_rate
     # Two groups alike but for their pass-rate factors 0.25 and 0.5: the second's advantages are twice the first's.
     rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0]) * torch.tensor([0.25] * 4 + [0.5] * 4)
-    advantages = estimate(AdvantageEstimator(algorithm), rewards, 4)
+    advantages = estimate(algorithm, rewards, 4)
     assert torch.allclose(advantages[4:], 2 * advantages[:4])
     assert advantages[0] > 0
 
@@ -208,17 +236,9 @@ def test_the_estimator_reaches_the_trainers_config():
         [*TINY_RUN, "logger=none", "trainer.num_generations=4", "algorithm=pass_at_k", "algorithm.k=3"]
     )
     args = resolve(cfg, processes=1, trainer_dir=Path("unused")).args
-    assert (args.advantage_estimator, args.pass_at_k, args.pass_at_k_threshold) == (
-        AdvantageEstimator.pass_at_k,
-        3,
-        0.5,
-    )
-    assert (
-        resolve(
-            compose_config([*TINY_RUN, "logger=none"]), processes=1, trainer_dir=Path("unused")
-        ).args.advantage_estimator
-        is AdvantageEstimator.grpo
-    )
+    assert (args.advantage_estimator, args.advantage_settings) == ("pass_at_k", {"k": 3, "threshold": 0.5})
+    default = resolve(compose_config([*TINY_RUN, "logger=none"]), processes=1, trainer_dir=Path("unused")).args
+    assert (default.advantage_estimator, default.advantage_settings) == ("grpo", {})
 
 
 # ---- training: TRL's own GRPOTrainer really trains -------------------------------------------------------------------
@@ -255,7 +275,7 @@ def test_the_default_algorithm_trains_as_trl_to_the_bit(tmp_path, tiny_model_dir
     """algorithm=grpo through the seam and TRL's own GRPOTrainer, from the same weights and seed: the same losses,
     gradient norms and rewards, and the same weights after the step (the advantages are TRL's, recomputed nowhere)."""
     ours = train(Recording, tmp_path / "ours", tiny_model_dir, [], steps=1)
-    assert ours.args.advantage_estimator is AdvantageEstimator.grpo
+    assert ours.args.advantage_estimator == TRL_ADVANTAGES
     theirs = train(GRPOTrainer, tmp_path / "trl", tiny_model_dir, [], steps=1)
     (batch,) = ours.batches
     assert batch.grouped(batch.advantages).abs().sum() > 0  # the step had something to learn from
@@ -278,11 +298,11 @@ def test_a_non_default_estimator_is_what_trl_trains_with(tmp_path, tiny_model_di
     estimator on the rewards TRL logged, and TRL's loss is the one of those advantages (at the first of one iteration,
     PPO's ratio is 1: the dapo loss is -sum(A_i * tokens_i) / sum(tokens_i))."""
     trainer = train(Recording, tmp_path, tiny_model_dir, overrides, steps=2)
-    name, algorithm = trainer.args.advantage_estimator, compose_config(overrides).algorithm
-    assert name is algorithm.name and len(trainer.batches) == 2
+    name, settings = trainer.args.advantage_estimator, trainer.args.advantage_settings
+    assert name == compose_config(overrides).algorithm.name and len(trainer.batches) == 2
     steps = [step for step in trainer.state.log_history if "loss" in step]
     for batch, step in zip(trainer.batches, steps, strict=True):
-        expected = estimate(name, batch.total, 4, k=algorithm.k, threshold=algorithm.threshold)
+        expected = estimate(name, batch.total, 4, **settings)
         assert torch.equal(batch.advantages, expected)
         loss = -(batch.advantages * batch.lengths).sum() / batch.lengths.sum()
         assert step["loss"] == pytest.approx(loss.item(), abs=1e-5)
@@ -293,4 +313,4 @@ def test_a_non_default_estimator_is_what_trl_trains_with(tmp_path, tiny_model_di
     output = trainer.generate_and_score([trainer.train_dataset[i] for i in range(2) for _ in range(4)])
     batch = trainer.batches[-1]
     assert torch.equal(output["advantages"].cpu(), batch.advantages)
-    assert torch.equal(batch.advantages, estimate(name, batch.total, 4, k=algorithm.k, threshold=algorithm.threshold))
+    assert torch.equal(batch.advantages, estimate(name, batch.total, 4, **settings))

@@ -76,14 +76,6 @@ class ZeroVarianceGroups(Enum):
     resample = "resample"  # DAPO's dynamic sampling: generate more prompts' groups until the step has spread
 
 
-class AdvantageEstimator(Enum):  # the `algorithm` config group (conf/algorithm/*.yaml: each cites its paper)
-    grpo = "grpo"  # TRL's own advantages, untouched (trainer.scale_rewards applies)
-    dr_grpo = "dr_grpo"  # Dr. GRPO: reward - group mean, no std division
-    rloo = "rloo"  # RLOO: reward - mean of the group's other rewards
-    reinforce_pp_baseline = "reinforce_pp_baseline"  # REINFORCE++-baseline: group mean out, batch std divided
-    pass_at_k = "pass_at_k"  # pass@k training's analytic advantage (binary correctness, algorithm.k)
-
-
 class RolloutName(Enum):
     single = "single"  # one completion, TRL's own generation
     multiturn = "multiturn"  # several turns with tools between them (grpo_exp.rollout)
@@ -495,19 +487,6 @@ class TrainerSchema:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-# ---- algorithm (the advantage estimator) --------------------------------------------------------------------
-
-
-@dataclass
-class AlgorithmSchema:
-    # How TRL's rewards become advantages (grpo_exp.trainer.advantages); grpo: TRL's own, nothing recomputed.
-    name: AdvantageEstimator = AdvantageEstimator.grpo
-    # pass_at_k only (refused with another estimator): the k of pass@k, at most trainer.num_generations...
-    k: int = knob(2, ge=1)
-    # ...and a completion counts as correct when its total (weighted) reward is above this (1/0 rewards: 0.5)
-    threshold: float = 0.5
-
-
 TURN_LIMITS = "rollout.max_turns and rollout.max_tokens_per_turn must be at least 1"
 
 
@@ -626,7 +605,10 @@ class Schema:
     verifier: VerifierSchema = MISSING
     judge: JudgeSchema = MISSING
     trainer: TrainerSchema = MISSING
-    algorithm: AlgorithmSchema = MISSING
+    # The advantage estimator (conf/algorithm/<name>.yaml): `name`, an estimator registered in
+    # grpo_exp.trainer.advantages (grpo: TRL's own advantages, untouched), and the estimator's settings, its keyword
+    # parameters (pass_at_k: k, threshold), each at the top of the node (algorithm.k). Checked at resolve time.
+    algorithm: dict[str, Any] = MISSING
     rollout: RolloutSchema = MISSING
     logger: LoggerSchema = MISSING
     eval: EvalSchema = field(default_factory=EvalSchema)

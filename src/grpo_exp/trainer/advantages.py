@@ -1,25 +1,116 @@
 """Advantage estimators (the `algorithm` config group): how a generation batch's total rewards become advantages.
 
 Each estimator is a pure function of the total rewards [N] of a whole generation batch (every process's rows,
-gathered), in groups of `group_size` consecutive rows (one prompt each), returning advantages [N]. A NaN reward is a
-completion no reward component could score; as in TRL 1.16 it is left out of every statistic (group means, batch
-statistics, counts) and its own advantage is 0. `grpo` is not here: it is TRL's own computation, which the seam
-(grpo_exp.trainer.seam) leaves untouched; the others replace TRL's advantages right after TRL has scored the batch.
+gathered), in groups of `group_size` consecutive rows (one prompt each), returning advantages [N]; its settings are
+its keyword parameters, with their defaults (conf/algorithm/<name>.yaml sets them: `algorithm.<setting>`). A NaN
+reward is a completion no reward component could score; as in TRL 1.16 it is left out of every statistic (group
+means, batch statistics, counts) and its own advantage is 0. `grpo` is registered without a function: it is TRL's
+own computation, which the seam (grpo_exp.trainer.seam) leaves untouched; the others replace TRL's advantages right
+after TRL has scored the batch.
 
-`check_algorithm` holds the rules between algorithm.* and the trainer's knobs, checked before any model loads.
+A new estimator is one function here, registered with `@register_estimator("name")`, and conf/algorithm/<name>.yaml.
+Its rules against the trainer's knobs are data on the registration (`requires`: Requirement), checked by
+`check_algorithm` before any model loads, as is the estimator itself on a small batch of the run's group size.
 """
 
+import inspect
 import math
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from grpo_exp.errors import UserError
-from grpo_exp.schema import AdvantageEstimator, AlgorithmSchema, ScaleRewards, TrainerSchema
+from grpo_exp.schema import TrainerSchema
 
 # verl's whitening: (x - mean) * rsqrt(var + 1e-8)
 WHITEN_EPS = 1e-8
+# algorithm.name of TRL's own advantages (the default): nothing recomputed.
+TRL_ADVANTAGES = "grpo"
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """A trainer knob that must keep one value with an estimator: `key` under trainer (dotted: trainer.extra's),
+    `value` the one allowed (None: the schema's default); `why`, with {key}, {value}, {required} and {name}."""
+
+    key: str
+    why: str
+    value: Any = None
+
+    def required(self) -> Any:
+        if self.value is not None:
+            return self.value
+        default = TrainerSchema.__dataclass_fields__[self.key].default
+        return getattr(default, "value", default)
+
+    def check(self, name: str, trainer_cfg: DictConfig) -> None:
+        *parents, last = self.key.split(".")
+        node = trainer_cfg
+        for parent in parents:
+            node = node[parent]
+        value = node.get(last, self.required())
+        value = getattr(value, "value", value)
+        if value != self.required():
+            message = self.why.format(key=f"trainer.{self.key}", value=value, required=self.required(), name=name)
+            raise UserError(message)
+
+
+# What every estimator that replaces TRL's advantages needs (TRL's own scaling and per-component normalisation off).
+DEFAULT_SCALE_REWARDS = Requirement(
+    "scale_rewards",
+    "{key}={value} is TRL's scaling of its advantages, which algorithm={name} replaces with its own: leave {key} at "
+    "its default ({required}, then not applied), or use algorithm=grpo",
+)
+SUM_THEN_NORMALIZE = Requirement(
+    "extra.multi_objective_aggregation",
+    "{key}={value} is TRL's own advantage estimator (each component normalised in its group, then the batch); "
+    "algorithm={name} works on the summed reward: use it with {required} (the default), or algorithm=grpo",
+    value="sum_then_normalize",
+)
+REPLACES_TRL = (DEFAULT_SCALE_REWARDS, SUM_THEN_NORMALIZE)
+
+
+@dataclass(frozen=True)
+class Estimator:
+    """A registered estimator: `function(rewards [N], group_size, **settings) -> advantages [N]` (None: TRL's own),
+    the trainer knobs it requires, and whether it keeps a group's scale (a group's rewards times c give advantages
+    times c: reward.components.selfverify.scale_by_pass_rate acts only then)."""
+
+    name: str
+    function: Callable[..., torch.Tensor] | None
+    requires: tuple[Requirement, ...] = REPLACES_TRL
+    keeps_group_scale: bool = True
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+ESTIMATORS: dict[str, Estimator] = {}
+
+
+def settings_of(function: Callable) -> dict[str, Any]:
+    """An estimator's settings: its parameters after (rewards, group_size), with their defaults."""
+    parameters = list(inspect.signature(function).parameters.values())[2:]
+    return {p.name: p.default for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+def register_estimator(
+    name: str, *, requires: tuple[Requirement, ...] = REPLACES_TRL, keeps_group_scale: bool = True
+) -> Callable:
+    """Decorator: the function is the estimator `name` (algorithm=name), its keyword parameters its settings."""
+
+    def register(function: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        if name in ESTIMATORS:
+            raise ValueError(f"an estimator named {name!r} is already registered")
+        ESTIMATORS[name] = Estimator(name, function, requires, keeps_group_scale, settings_of(function))
+        return function
+
+    return register
+
+
+# TRL's own advantages: registered for their name and rules (none), computed by TRL.
+ESTIMATORS[TRL_ADVANTAGES] = Estimator(TRL_ADVANTAGES, None, requires=())
 
 
 def _grouped(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -35,6 +126,7 @@ def _centred(rewards: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torc
     return grouped - torch.nanmean(grouped, dim=1, keepdim=True), scorable
 
 
+@register_estimator("dr_grpo")
 def dr_grpo(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     """Dr. GRPO (Liu et al. 2025, arXiv 2503.20783): reward - its group's mean, no std division (TRL's advantages
     under scale_rewards=none)."""
@@ -42,6 +134,7 @@ def dr_grpo(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     return torch.nan_to_num(centred, nan=0.0).view(-1)
 
 
+@register_estimator("rloo")
 def rloo(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     """RLOO (Ahmadian et al. 2024, arXiv 2402.14740): reward - the mean of the other rewards of its group, which is
     n/(n-1) * (reward - group mean) with n the group's scorable completions (G when all are); a completion alone in
@@ -53,6 +146,7 @@ def rloo(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     return torch.nan_to_num(advantages, nan=0.0).view(-1)
 
 
+@register_estimator("reinforce_pp_baseline")
 def reinforce_pp_baseline(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     """REINFORCE++ w/ baseline (Hu et al. 2025, arXiv 2501.03262), as verl's reinforce_plus_plus_baseline: centred =
     reward - its group's mean; then whitened over the whole batch, (centred - mean(centred)) / sqrt(var(centred) +
@@ -68,15 +162,19 @@ def reinforce_pp_baseline(rewards: torch.Tensor, group_size: int) -> torch.Tenso
     return torch.nan_to_num((centred - mean) / torch.sqrt(var + WHITEN_EPS), nan=0.0).view(-1)
 
 
+@register_estimator("pass_at_k", keeps_group_scale=False)
 def pass_at_k(rewards: torch.Tensor, group_size: int, k: int = 2, threshold: float = 0.5) -> torch.Tensor:
     """Pass@k training's analytic advantage (Chen et al. 2025, arXiv 2508.10751). A completion is correct when its
     reward is above `threshold` (strictly). In a group of N scorable completions, N_pos correct, N_neg = N - N_pos:
     R = 1 - C(N_neg, k)/C(N, k) (the group's pass@k), sigma = sqrt(R(1 - R)); a correct completion gets
     (1 - R)/sigma, an incorrect one (1 - R - C(N_neg-1, k-1)/C(N-1, k-1))/sigma. A group with sigma = 0 (all
     correct, all wrong, or N_neg < k, where every k-subset holds a correct one) or with fewer than k scorable
-    completions gets 0, as do unscorable completions. k=1 is GRPO's advantage with the population std."""
+    completions gets 0, as do unscorable completions. k=1 is GRPO's advantage with the population std.
+    It does not keep a group's scale: it counts the rewards above the threshold and divides by the group's spread."""
     if not 1 <= k <= group_size:
         raise ValueError(f"pass@k needs 1 <= k <= the group size {group_size}, not k={k}")
+    if not math.isfinite(threshold):
+        raise ValueError(f"the threshold must be a finite number, not {threshold}")
     grouped = _grouped(rewards, group_size)
     advantages = torch.zeros_like(grouped, dtype=torch.float64)
     for g, group in enumerate(grouped.tolist()):
@@ -97,64 +195,70 @@ def pass_at_k(rewards: torch.Tensor, group_size: int, k: int = 2, threshold: flo
     return advantages.float().view(-1)
 
 
-# The estimators that replace TRL's advantages (grpo: TRL's own, so not here).
-ESTIMATORS: dict[AdvantageEstimator, Callable[..., torch.Tensor]] = {
-    AdvantageEstimator.dr_grpo: dr_grpo,
-    AdvantageEstimator.rloo: rloo,
-    AdvantageEstimator.reinforce_pp_baseline: reinforce_pp_baseline,
-    AdvantageEstimator.pass_at_k: pass_at_k,
-}
+def estimator(name: str) -> Estimator:
+    """The registered estimator `name`, or one UserError listing them."""
+    if name not in ESTIMATORS:
+        raise UserError(f"algorithm.name={name}: no such estimator; the registered ones: {', '.join(ESTIMATORS)}")
+    return ESTIMATORS[name]
 
 
-def estimate(
-    name: AdvantageEstimator, rewards: torch.Tensor, group_size: int, *, k: int = 2, threshold: float = 0.5
-) -> torch.Tensor:
-    """Estimator `name` on a whole batch's total rewards [N] (grouped by `group_size`): advantages [N], float32.
-    `k` and `threshold` are pass_at_k's settings (algorithm.k, algorithm.threshold)."""
-    if name is AdvantageEstimator.grpo:
-        raise ValueError("algorithm=grpo is TRL's own computation: nothing to estimate")
-    if name is AdvantageEstimator.pass_at_k:
-        return pass_at_k(rewards, group_size, k=k, threshold=threshold)
-    return ESTIMATORS[name](rewards, group_size)
+def estimate(name: str, rewards: torch.Tensor, group_size: int, **settings) -> torch.Tensor:
+    """Estimator `name` on a whole batch's total rewards [N] (grouped by `group_size`), with its `settings`
+    (algorithm.<setting>): advantages [N], float32."""
+    found = estimator(name)
+    if found.function is None:
+        raise ValueError(f"algorithm={name} is TRL's own computation: nothing to estimate")
+    return found.function(rewards, group_size, **settings).float()
+
+
+def algorithm_settings(algorithm: DictConfig) -> dict[str, Any]:
+    """The estimator's settings as the run sets them: every key of the algorithm node but its name."""
+    return {key: value for key, value in OmegaConf.to_container(algorithm, resolve=True).items() if key != "name"}
 
 
 # ---- rules between algorithm.* and the trainer, before any model loads ------------------------------------------
 
-PASS_AT_K_SETTINGS = ("k", "threshold")
-
 
 def check_algorithm(algorithm: DictConfig, trainer_cfg: DictConfig) -> None:
-    """algorithm.* against the trainer: no value that the run would ignore, k within the group."""
-    name = AdvantageEstimator(algorithm.name)
-    if name is not AdvantageEstimator.pass_at_k:
-        for key in PASS_AT_K_SETTINGS:
-            if algorithm[key] != AlgorithmSchema.__dataclass_fields__[key].default:
-                raise UserError(
-                    f"algorithm.{key}={algorithm[key]} is a setting of algorithm=pass_at_k, which this run does not "
-                    f"use (algorithm={name.value}): leave it out, or use algorithm=pass_at_k"
-                )
-    if name is AdvantageEstimator.grpo:
-        return
-    scale = ScaleRewards(trainer_cfg.scale_rewards)
-    default = TrainerSchema.__dataclass_fields__["scale_rewards"].default
-    if scale is not default:
-        raise UserError(
-            f"trainer.scale_rewards={scale.value} is TRL's scaling of its advantages, which algorithm={name.value} "
-            f"replaces with its own: leave trainer.scale_rewards at its default ({default.value}, then not applied), "
-            "or use algorithm=grpo"
-        )
-    aggregation = trainer_cfg.extra.get("multi_objective_aggregation", "sum_then_normalize")
-    if aggregation != "sum_then_normalize":
-        raise UserError(
-            f"trainer.extra.multi_objective_aggregation={aggregation} is TRL's own advantage estimator (each "
-            f"component normalised in its group, then the batch); algorithm={name.value} works on the summed "
-            "reward: use it with sum_then_normalize (the default), or algorithm=grpo"
-        )
-    if name is AdvantageEstimator.pass_at_k:
-        if not algorithm.k <= trainer_cfg.num_generations:
+    """algorithm.* against the trainer: a known estimator, no setting it does not take, the trainer knobs it
+    requires (its registration's `requires`), and the estimator itself on a batch of the run's group size (its own
+    refusals of its settings, named)."""
+    if algorithm.get("name") is None:
+        raise UserError(f"algorithm.name: missing; choose an estimator: algorithm={' | '.join(ESTIMATORS)}")
+    name = algorithm.name
+    found = estimator(name)
+    settings = algorithm_settings(algorithm)
+    for key, value in settings.items():
+        if key not in found.settings:
+            takes = ", ".join(found.settings) or "none"
             raise UserError(
-                f"algorithm.k={algorithm.k} must be at most trainer.num_generations={trainer_cfg.num_generations} "
-                "(pass@k of a group of that many completions): lower algorithm.k or raise trainer.num_generations"
+                f"algorithm.{key}={value}: algorithm={name} has no setting '{key}' (its settings: {takes}); "
+                "leave it out, or choose the estimator that takes it"
             )
-        if not math.isfinite(algorithm.threshold):
-            raise UserError(f"algorithm.threshold={algorithm.threshold}: must be a finite number")
+        check_setting_type(name, key, value, found.settings[key])
+    for requirement in found.requires:
+        requirement.check(name, trainer_cfg)
+    if found.function is not None:
+        try_estimator(name, settings, trainer_cfg.num_generations)
+
+
+def check_setting_type(name: str, key: str, value: Any, default: Any) -> None:
+    """A setting of the type of its default, where that is a plain one (an int is a float too)."""
+    kinds = {bool: (bool,), int: (int,), float: (int, float), str: (str,)}.get(type(default))
+    if kinds is None or value is None:
+        return
+    if isinstance(value, kinds) and (isinstance(value, bool) == isinstance(default, bool)):
+        return
+    raise UserError(
+        f"algorithm.{key}={value!r}: algorithm={name} takes {type(default).__name__} for {key} (default {default})"
+    )
+
+
+def try_estimator(name: str, settings: dict, group_size: int) -> None:
+    """The estimator on two groups of the run's size, or one UserError: its own refusal of its settings."""
+    rewards = torch.tensor([float(i % 2) for i in range(2 * group_size)])
+    try:
+        estimate(name, rewards, group_size, **settings)
+    except (ValueError, TypeError) as err:
+        shown = "".join(f" algorithm.{key}={value}" for key, value in settings.items())
+        raise UserError(f"algorithm={name}{shown} with trainer.num_generations={group_size}: {err}") from None

@@ -8,6 +8,7 @@ import typing
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import torch
 from accelerate.utils import parse_flag_from_env
@@ -15,7 +16,8 @@ from omegaconf import DictConfig, OmegaConf
 from trl import GRPOConfig
 
 from grpo_exp.errors import UserError
-from grpo_exp.schema import AdvantageEstimator, AlgorithmSchema, TrainerSchema, ZeroVarianceGroups
+from grpo_exp.schema import TrainerSchema, ZeroVarianceGroups
+from grpo_exp.trainer.advantages import TRL_ADVANTAGES, algorithm_settings
 from grpo_exp.trainer.sampling import (
     check_fast_generation_device,
     check_generation_path,
@@ -56,24 +58,19 @@ class GRPOExpConfig(GRPOConfig):
         default=_schema_default("fast_generation"),
         metadata={"help": "CPU: sample from a copy with prepacked weights and a shared prefill. None: auto."},
     )
-    # The `algorithm` config group (grpo_exp.schema.AlgorithmSchema; grpo_exp.trainer.advantages).
-    advantage_estimator: AdvantageEstimator = field(
-        default=AlgorithmSchema.name,
-        metadata={
-            "help": "How rewards become advantages: grpo (TRL's own), dr_grpo, rloo, reinforce_pp_baseline, pass_at_k."
-        },
+    # The `algorithm` config group (grpo_exp.trainer.advantages): the estimator and its settings (keyword arguments).
+    advantage_estimator: str = field(
+        default=TRL_ADVANTAGES,
+        metadata={"help": "How rewards become advantages: a registered estimator (grpo_exp.trainer.advantages)."},
     )
-    pass_at_k: int = field(default=AlgorithmSchema.k, metadata={"help": "advantage_estimator=pass_at_k: its k."})
-    pass_at_k_threshold: float = field(
-        default=AlgorithmSchema.threshold,
-        metadata={"help": "advantage_estimator=pass_at_k: a completion is correct when its reward is above this."},
+    advantage_settings: dict[str, Any] = field(
+        default_factory=dict, metadata={"help": "The estimator's settings, passed to it as keyword arguments."}
     )
 
     def __post_init__(self):
         super().__post_init__()
         # A str from the config or a saved JSON (to_dict writes the value), as TrainingArguments reads its own enums.
         self.zero_variance_groups = ZeroVarianceGroups(self.zero_variance_groups)
-        self.advantage_estimator = AdvantageEstimator(self.advantage_estimator)
         check_generation_path(
             self.bfloat16_generation, self.fast_generation, self.use_vllm, self.use_transformers_paged
         )
@@ -222,11 +219,7 @@ def grpo_exp_config(
         "use_cpu": not torch.cuda.is_available(),  # on CPU, accelerate's multi-process mode needs it (gloo)
     }
     if algorithm is not None:
-        ours |= {
-            "advantage_estimator": AdvantageEstimator(algorithm.name),
-            "pass_at_k": algorithm.k,
-            "pass_at_k_threshold": algorithm.threshold,
-        }
+        ours |= {"advantage_estimator": algorithm.name, "advantage_settings": algorithm_settings(algorithm)}
     try:
         return GRPOExpConfig(**(ours | knobs | extra))
     except (TypeError, ValueError) as err:  # GRPOConfig's own checks (a pass-through value of the wrong kind)

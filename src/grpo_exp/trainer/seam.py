@@ -29,10 +29,10 @@ from trl import GRPOTrainer
 from trl.extras.profiling import profiling_context
 from trl.models.utils import unwrap_model_for_generation
 
-from grpo_exp.schema import AdvantageEstimator, ZeroVarianceGroups
+from grpo_exp.schema import ZeroVarianceGroups
 from grpo_exp.stats import impute_group_means
 from grpo_exp.text import completion_text
-from grpo_exp.trainer.advantages import estimate
+from grpo_exp.trainer.advantages import TRL_ADVANTAGES, estimate
 from grpo_exp.trainer.sampling import Sampler, fast_generation_pays
 from grpo_exp.trainer.scored_batch import ROW_KEYS, ScoredBatch, aggregated_reward
 from grpo_exp.trainer.shared_prompt import shared_prompt_forward
@@ -298,7 +298,7 @@ class HookedGRPOTrainer(GRPOTrainer):
         """TRL's generation and scoring of one batch; the after_scoring hook; the loss_token_mask hook; which
         groups have no spread (None where nothing asks)."""
         output = super()._generate_and_score_completions(inputs)
-        if self.args.advantage_estimator is not AdvantageEstimator.grpo:
+        if self.args.advantage_estimator != TRL_ADVANTAGES:
             self._replace_advantages(len(inputs), output)
         batch = None
         if self.wants_scored_batch or self.args.zero_variance_groups is not ZeroVarianceGroups.keep:
@@ -318,13 +318,8 @@ class HookedGRPOTrainer(GRPOTrainer):
         rewards = torch.tensor([list(self._logs["rewards"][n]) for n in names], dtype=torch.float32).T
         weights = self.reward_weights.cpu()
         total = aggregated_reward(rewards, weights, self.multi_objective_aggregation, self.num_generations)
-        advantages = estimate(
-            self.args.advantage_estimator,
-            total,
-            self.num_generations,
-            k=self.args.pass_at_k,
-            threshold=self.args.pass_at_k_threshold,
-        )
+        settings = self.args.advantage_settings
+        advantages = estimate(self.args.advantage_estimator, total, self.num_generations, **settings)
         first = self.accelerator.process_index * rows
         output["advantages"] = advantages[first : first + rows].to(output["advantages"])
         self._logs["advantages"].clear()
