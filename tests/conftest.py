@@ -1,3 +1,4 @@
+import copy
 from pathlib import Path
 
 import pytest
@@ -5,6 +6,16 @@ import pytest
 from grpo_exp.schema import register_schemas
 from support.config import TINY_RUN, compose_config
 from support.environment import hub_offline, without_wandb_key
+from tests.helpers.cli import (
+    CONFIDENCE_RUN,
+    DDP,
+    TINY_CLI_RUN,
+    TINY_DDP_RUN,
+    TINY_SWEEP,
+    CliRun,
+    recorded_launch,
+    run_cli,
+)
 
 
 def pytest_configure(config):
@@ -18,6 +29,27 @@ def pytest_configure(config):
 @pytest.fixture
 def tmp_run_dir(tmp_path: Path) -> Path:
     return tmp_path / "run"
+
+
+# ---- the composed config -------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def tiny_config():
+    """The composed config of a tiny run (TINY_RUN), composed once per session. Shared: read it, never change it
+    (tests that change it take `cfg_train`)."""
+    return compose_config(TINY_RUN)
+
+
+@pytest.fixture
+def cfg_train(tiny_config):
+    """The composed config of a tiny run (TINY_RUN), the test's own copy to change: `cfg_train.trainer.beta = 0.1`
+    where a test would compose `[*TINY_RUN, "trainer.beta=0.1"]` (a config group, `logger=none`, still needs
+    compose_config)."""
+    return copy.deepcopy(tiny_config)
+
+
+# ---- the tiny model ------------------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="session")
@@ -37,17 +69,58 @@ def tiny_model_dirs(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(tiny_model_dirs) -> Path:
+def tiny_model_dir(tiny_model_dirs, tiny_config) -> Path:
     """The tiny model a tiny training run starts from (its weights drawn with trainer.seed)."""
-    return tiny_model_dirs(compose_config(TINY_RUN).trainer.seed)
+    return tiny_model_dirs(tiny_config.trainer.seed)
 
 
 @pytest.fixture(scope="module")
-def tiny_policy(tiny_model_dir):
+def tiny_policy(tiny_model_dir, tiny_config):
     """The tiny random model, loaded as a trainer would load it (eval mode), with its tokenizer."""
     from transformers import AutoModelForCausalLM
 
     from grpo_exp.models import load_tokenizer
 
-    cfg = compose_config(TINY_RUN)
-    return AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval(), load_tokenizer(cfg.model, cfg.cache_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    return model, load_tokenizer(tiny_config.model, tiny_config.cache_dir)
+
+
+# ---- tiny training runs through the command line, each trained once and read by several tests --------------
+
+
+@pytest.fixture(scope="session")
+def tiny_cli_run(tmp_path_factory) -> CliRun:
+    """`python -m grpo_exp.train` with TINY_CLI_RUN, finished. Shared: read its directory; a test that writes into
+    a run directory copies it (tests.helpers.cli.copied_run)."""
+    run_dir = tmp_path_factory.mktemp("tiny_cli_run") / "run"
+    result = run_cli(*TINY_CLI_RUN, f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return CliRun(run_dir, result)
+
+
+@pytest.fixture(scope="session")
+def tiny_sweep(tmp_path_factory) -> CliRun:
+    """`python -m grpo_exp.train` with TINY_SWEEP, finished: the sweep directory as `run_dir`. Shared: read it."""
+    sweep_dir = tmp_path_factory.mktemp("tiny_sweep") / "sweep"
+    result = run_cli(*TINY_SWEEP, f"hydra.sweep.dir={sweep_dir}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return CliRun(sweep_dir, result)
+
+
+@pytest.fixture(scope="session")
+def confidence_run(tmp_path_factory) -> CliRun:
+    """`python -m grpo_exp.train` with CONFIDENCE_RUN, finished (test_validation.py, test_selfverify.py). Shared."""
+    run_dir = tmp_path_factory.mktemp("confidence_run") / "run"
+    result = run_cli(*CONFIDENCE_RUN, f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return CliRun(run_dir, result)
+
+
+@pytest.fixture(scope="session")
+def tiny_ddp_run(tmp_path_factory) -> CliRun:
+    """TINY_DDP_RUN under `accelerate launch` (2 gloo processes), each rank's torch.distributed calls recorded
+    (tests/helpers/recorded_run.py): the run in <dir>/run, the records in <dir>/calls. Shared: read it."""
+    record_dir = tmp_path_factory.mktemp("tiny_ddp_run")
+    result = recorded_launch(record_dir, *TINY_DDP_RUN, accelerate_config=DDP)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return CliRun(record_dir / "run", result, record_dir)

@@ -7,12 +7,10 @@ from pathlib import Path
 import pytest
 
 from grpo_exp.paths import REPO_ROOT
-from support.config import TINY_RUN
 from support.servers import free_port, stub_judge_overrides, stub_server
-from tests.helpers.cli import accelerate_launch, logged_steps
+from tests.helpers.cli import EVAL_SHARES, SPREAD, logged_steps, recorded_launch
 from tests.helpers.recorder import mismatch, read_records
 
-DDP = REPO_ROOT / "accelerate_configs" / "ddp.yaml"
 # The tiny model is never right and never boxes an answer: keep its answers as candidates, "No" examples all.
 SELFVERIFY = [
     "reward=math+selfverify",
@@ -22,8 +20,9 @@ SELFVERIFY = [
     "reward.components.selfverify.balance=share",
 ]
 
+# Each a run of its own; the defaults (evaluation before and after, W&B, checkpoints) are tests/conftest.py's
+# tiny_ddp_run, shared with the tests below and in test_distributed.py.
 FEATURES = {
-    "defaults, evaluation before and after": [],
     "keep, shared prompt off": ["trainer.zero_variance_groups=keep", "trainer.shared_prompt_forward=false"],
     "skip, shared prompt on": ["trainer.zero_variance_groups=skip", "trainer.shared_prompt_forward=true"],
     "selfverify joint": SELFVERIFY,
@@ -37,28 +36,6 @@ FEATURES = {
     "multi-turn rollout": ["rollout=multiturn"],
     "validation every step, the best two checkpoints": ["eval.every=1", "eval.every_problems=3", "eval.keep_top_k=2"],
 }
-
-
-def recorded_launch(
-    record_dir: Path,
-    *overrides: str,
-    env: dict | None = None,
-    timeout: int = 600,
-    accelerate_config: Path = DDP,
-    launch_args: tuple[str, ...] = (),
-):
-    return accelerate_launch(
-        str(record_dir / "calls"),
-        *TINY_RUN,
-        "logger=none",
-        f"hydra.run.dir={record_dir / 'run'}",
-        *overrides,
-        accelerate_config=accelerate_config,
-        module="tests.helpers.recorded_run",
-        timeout=timeout,
-        env=env,
-        launch_args=launch_args,
-    )
 
 
 def assert_same_calls(record_dir: Path, allow_early_end: bool = False) -> dict[int, list[dict]]:
@@ -91,17 +68,21 @@ def test_with_the_judge_every_rank_makes_the_same_collective_calls(tmp_path):
 
 
 @pytest.mark.e2e
-def test_a_run_resumed_from_a_checkpoint_makes_the_same_calls_on_every_rank(tmp_path):
-    first = recorded_launch(tmp_path / "first", "trainer.save_steps=1", "trainer.keep_checkpoints=true")
-    assert first.returncode == 0, first.stderr[-4000:]
-    assert_same_calls(tmp_path / "first")
-    checkpoint = tmp_path / "first" / "run" / "trainer" / "checkpoint-2"
+def test_with_the_defaults_every_rank_makes_the_same_collective_calls(tiny_ddp_run):
+    """tests/conftest.py's tiny_ddp_run: evaluation before, at every step and after, W&B, a checkpoint per step."""
+    assert_same_calls(tiny_ddp_run.record_dir)
+    assert json.loads((tiny_ddp_run.run_dir / "summary.json").read_text())["processes"] == 2
+
+
+@pytest.mark.e2e
+def test_a_run_resumed_from_a_checkpoint_makes_the_same_calls_on_every_rank(tiny_ddp_run, tmp_path):
+    checkpoint = tiny_ddp_run.run_dir / "trainer" / "checkpoint-3"
     assert (checkpoint / "trainer_state.json").is_file()
-    resumed = recorded_launch(tmp_path / "resumed", "trainer.max_steps=3", f"trainer.resume={checkpoint}")
+    resumed = recorded_launch(tmp_path, "trainer.max_steps=4", f"trainer.resume={checkpoint}")
     assert resumed.returncode == 0, resumed.stderr[-4000:]
-    assert_same_calls(tmp_path / "resumed")
-    summary = json.loads((tmp_path / "resumed" / "run" / "summary.json").read_text())
-    assert summary["steps"] == 3 and summary["resumed_from"] == str(checkpoint)
+    assert_same_calls(tmp_path)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["steps"] == 4 and summary["resumed_from"] == str(checkpoint)
 
 
 @pytest.mark.e2e
@@ -174,20 +155,15 @@ def test_a_dead_judge_endpoint_stops_every_rank_at_the_same_step_with_the_endpoi
 
 
 # Sharded training on CPU processes: DeepSpeed ZeRO (accelerate runs FSDP on GPUs only; see test_distributed.py).
-SPREAD = ["reward=math+format+length", "trainer.zero_variance_groups=keep", "trainer.max_steps=3", "eval.every=1"]
-EVAL_SHARES = ["dataset.eval_size=5", "eval.batch_size=2"]  # uneven shares: one process repeats a batch
 
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("config", ["zero2.yaml", "zero3.yaml"])
-def test_deepspeed_zero_on_two_cpu_processes_trains_evaluates_and_saves_as_ddp_does(tmp_path, config):
+def test_deepspeed_zero_on_two_cpu_processes_trains_evaluates_and_saves_as_ddp_does(tiny_ddp_run, tmp_path, config):
     """The shipped ZeRO configs (2 processes, no mixed precision on CPU): ZeRO-3 partitions the parameters from
     the start (zero.Init), so held-out evaluation before and after and the final save run on every process
-    together. Same gradients as DDP's, step by step, and the same calls on both processes."""
-    ddp = accelerate_launch(
-        *TINY_RUN, *SPREAD, *EVAL_SHARES, "logger=none", f"hydra.run.dir={tmp_path / 'ddp'}", accelerate_config=DDP
-    )
-    assert ddp.returncode == 0, ddp.stderr[-4000:]
+    together. Same gradients as DDP's (tests/conftest.py's tiny_ddp_run: SPREAD, EVAL_SHARES), step by step, and
+    the same calls on both processes."""
     zero = recorded_launch(
         tmp_path / "zero",
         *SPREAD,
@@ -204,7 +180,7 @@ def test_deepspeed_zero_on_two_cpu_processes_trains_evaluates_and_saves_as_ddp_d
     assert len((run_dir / "eval_after.jsonl").read_text().splitlines()) == 5
     assert list((run_dir / "checkpoint-final").glob("*.safetensors"))
     assert list((run_dir / "checkpoint-best").glob("*.safetensors")), "saved from the shards, every process together"
-    norms = [[m["grad_norm"] for m in logged_steps(d) if "grad_norm" in m] for d in (tmp_path / "ddp", run_dir)]
+    norms = [[m["grad_norm"] for m in logged_steps(d) if "grad_norm" in m] for d in (tiny_ddp_run.run_dir, run_dir)]
     assert len(norms[0]) == 3 and norms[0] == pytest.approx(norms[1], rel=1e-4)
     assert all(n > 0 for n in norms[0]), "groups with a spread: a real update"
 

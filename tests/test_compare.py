@@ -15,31 +15,27 @@ from grpo_exp.compare import main as compare_main
 from grpo_exp.paths import REPO_ROOT
 from grpo_exp.run.comparison import side_by_side
 from grpo_exp.run.files import METRICS_FILE, STATUS_FILE, SUMMARY_FILE
-from tests.helpers.cli import run_cli
+from tests.helpers.cli import copied_run, run_cli
 
 
 @pytest.fixture(scope="module")
-def tiny_sweep(tmp_path_factory):
-    sweep = tmp_path_factory.mktemp("sweep")
-    result = run_cli(
-        "-m", "+experiment=smoke", "trainer.num_generations=2,3", "trainer.max_steps=3", f"hydra.sweep.dir={sweep}"
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return sweep
+def compared_sweep(tiny_sweep, tmp_path_factory):
+    """A copy of tests/conftest.py's tiny_sweep (G = 2 and 3, three steps each): the tools write into it."""
+    return copied_run(tiny_sweep, tmp_path_factory.mktemp("compared") / "sweep")
 
 
 @pytest.mark.e2e
-def test_compare_writes_a_table_and_plots_of_the_sweep(tiny_sweep, capsys):
-    assert compare_main([str(tiny_sweep)]) == 0
+def test_compare_writes_a_table_and_plots_of_the_sweep(compared_sweep, capsys):
+    assert compare_main([str(compared_sweep)]) == 0
     printed = capsys.readouterr().out
     assert "trainer.num_generations" in printed  # the swept parameter is a column
-    rows = (tiny_sweep / "compare" / "comparison.csv").read_text().splitlines()
+    rows = (compared_sweep / "compare" / "comparison.csv").read_text().splitlines()
     assert rows[0].startswith("run,trainer.num_generations,status,steps,final reward,best reward")
     assert len(rows) == 3 and {r.split(",")[1] for r in rows[1:]} == {"2", "3"}
     assert all(r.split(",")[2:4] == ["finished", "3"] for r in rows[1:])  # three steps each
-    plot = tiny_sweep / "compare" / "reward.png"
+    plot = compared_sweep / "compare" / "reward.png"
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert (tiny_sweep / "compare" / "groups_pass_at_1.png").is_file()
+    assert (compared_sweep / "compare" / "groups_pass_at_1.png").is_file()
 
 
 def test_compare_refuses_a_directory_without_runs(tmp_path):
@@ -48,8 +44,8 @@ def test_compare_refuses_a_directory_without_runs(tmp_path):
 
 
 @pytest.mark.e2e
-def test_the_notebook_runs_on_the_sweep(tiny_sweep, monkeypatch):
-    monkeypatch.setenv("GRPO_EXP_RUNS", str(tiny_sweep))
+def test_the_notebook_runs_on_the_sweep(compared_sweep, monkeypatch):
+    monkeypatch.setenv("GRPO_EXP_RUNS", str(compared_sweep))
     notebook = nbformat.read(REPO_ROOT / "notebooks" / "compare_runs.ipynb", as_version=4)
     NotebookClient(
         notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(REPO_ROOT)}}
@@ -60,11 +56,11 @@ def test_the_notebook_runs_on_the_sweep(tiny_sweep, monkeypatch):
 
 
 @pytest.mark.e2e
-def test_the_learning_curve_report_summarises_runs_and_draws_the_figure(tiny_sweep, capsys):
+def test_the_learning_curve_report_summarises_runs_and_draws_the_figure(compared_sweep, capsys):
     from benchmarks.learning_curve import main as curve_main
 
-    figure = tiny_sweep / "curve.png"
-    curve_main([str(tiny_sweep), "--out", str(figure)])
+    figure = compared_sweep / "curve.png"
+    curve_main([str(compared_sweep), "--out", str(figure)])
     printed = capsys.readouterr().out
     assert "2 seeds" in printed and "held-out accuracy after:" in printed and "gain:" in printed
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -7,8 +7,6 @@ from transformers import TrainerControl, TrainerState
 
 from grpo_exp.run.console import ConsoleView, format_step
 from grpo_exp.run.tracking import read_metrics
-from support.config import TINY_RUN
-from tests.helpers.cli import run_cli
 
 STEP_LOGS = {
     "loss": 0.01,
@@ -54,15 +52,12 @@ def test_log_events_that_are_not_training_steps_print_nothing(capsys):
 
 
 @pytest.mark.e2e
-def test_a_tiny_run_prints_the_compact_line_and_still_records_every_metric(tmp_path):
-    run_dir = tmp_path / "run"
-    result = run_cli(*TINY_RUN, "logger=none", "eval.after=false", "save_model=false", f"hydra.run.dir={run_dir}")
-    assert result.returncode == 0, result.stderr[-3000:]
-    console = result.stdout + result.stderr
+def test_a_tiny_run_prints_the_compact_line_and_still_records_every_metric(tiny_cli_run):
+    console = tiny_cli_run.console
     assert "step 2/2 | reward " in console and "held-out before " in console
     # transformers' dump of the whole metric dict is gone
     assert "'completions/mean_length'" not in console and "'train_runtime'" not in console
-    metrics = read_metrics(run_dir / "metrics.jsonl")
+    metrics = read_metrics(tiny_cli_run.run_dir / "metrics.jsonl")
     steps = [m for m in metrics if "reward" in m]
     assert len(steps) == 2 and all("completions/mean_length" in m and "rewards/math/mean" in m for m in steps)
     assert any("train_runtime" in m for m in metrics)

@@ -17,24 +17,15 @@ from grpo_exp.paths import REPO_ROOT
 from grpo_exp.run.tracking import read_metrics
 from grpo_exp.trainer.config import check_trainer, ddp_timeout, grpo_exp_config
 from support.config import TINY_RUN, compose_config
-from tests.helpers.cli import accelerate_launch, run_cli
+from tests.helpers.cli import EVAL_SHARES, accelerate_launch, run_cli
 
 ACCELERATE_DIR = REPO_ROOT / "accelerate_configs"
 
 
 @pytest.mark.e2e
-def test_two_processes_train_data_parallel_and_only_the_main_one_writes(tmp_path):
-    outputs = tmp_path / "outputs"
-    result = accelerate_launch(
-        *TINY_RUN,
-        "reward=math+format+length",
-        "trainer.max_steps=3",
-        "logger=wandb",
-        f"outputs_dir={outputs}",
-        accelerate_config=ACCELERATE_DIR / "ddp.yaml",
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    [run_dir] = [p.parent for p in (outputs / "runs").rglob("summary.json")]
+def test_two_processes_train_data_parallel_and_only_the_main_one_writes(tiny_ddp_run):
+    """tests/conftest.py's tiny_ddp_run: 3 steps of the tiny model on 2 processes, W&B offline."""
+    run_dir = tiny_ddp_run.run_dir
     summary = json.loads((run_dir / "summary.json").read_text())
     # 2 prompts x G=2 per step in total: one group's worth of completions on each of the two processes
     assert summary["processes"] == 2 and summary["per_device_train_batch_size"] == 2 and summary["steps"] == 3
@@ -121,12 +112,12 @@ def test_the_accelerate_configs_are_valid_for_accelerate(name, kind, detail):
     assert detail.items() <= section.items()
 
 
-def test_the_batch_must_split_evenly_over_the_processes():
-    cfg = compose_config([*TINY_RUN, "trainer.prompts_per_step=3", "trainer.num_generations=3"])
+def test_the_batch_must_split_evenly_over_the_processes(cfg_train):
+    cfg_train.trainer.prompts_per_step = cfg_train.trainer.num_generations = 3
     with pytest.raises(UserError, match="9 completions per step cannot be split evenly over 2 processes"):
-        check_trainer(cfg.trainer, 2, multiturn=False, policy_dtype=torch.float32)
+        check_trainer(cfg_train.trainer, 2, multiturn=False, policy_dtype=torch.float32)
     # 3 completions per process (the 2-process run above checks what TRL derives)
-    check_trainer(cfg.trainer, 3, multiturn=False, policy_dtype=torch.float32)
+    check_trainer(cfg_train.trainer, 3, multiturn=False, policy_dtype=torch.float32)
 
 
 @pytest.mark.parametrize("option", ["vllm_colocate", "vllm_server"])
@@ -139,9 +130,8 @@ def test_vllm_generation_is_a_config_switch_for_trl(option):
             check_trainer(cfg.trainer, 1, multiturn=False, policy_dtype=torch.float32)
 
 
-def test_generation_defaults_to_transformers():
-    cfg = compose_config(TINY_RUN)
-    assert not grpo_exp_config(cfg.trainer, Path("unused"), "none", [1.0, 0.2], False).use_vllm
+def test_generation_defaults_to_transformers(cfg_train):
+    assert not grpo_exp_config(cfg_train.trainer, Path("unused"), "none", [1.0, 0.2], False).use_vllm
 
 
 @pytest.mark.parametrize("processes", [1, 2, 3, 8])
@@ -156,31 +146,26 @@ def test_evaluation_shares_are_whole_batches_that_cover_every_item_once(count, b
 
 
 @pytest.mark.e2e
-def test_two_processes_evaluate_a_share_each_and_answer_as_one_process_does(tmp_path):
+def test_two_processes_evaluate_a_share_each_and_answer_as_one_process_does(tiny_ddp_run, tmp_path):
     """Held-out evaluation runs on every process, each answering whole batches (5 problems in batches of 2: one
     process answers 2 batches, the other 1 and repeats one, as a sharded model needs); greedy answers, gathered,
-    are those of a one-process run."""
-    overrides = [*TINY_RUN, "dataset.eval_size=5", "eval.batch_size=2", "trainer.max_steps=1", "logger=none"]
-    alone = run_cli(*overrides, f"hydra.run.dir={tmp_path / 'one'}")
+    are those of a one-process run (tests/conftest.py's tiny_ddp_run: EVAL_SHARES, beside a one-process run)."""
+    alone = run_cli(*TINY_RUN, *EVAL_SHARES, "trainer.max_steps=1", "logger=none", f"hydra.run.dir={tmp_path}")
     assert alone.returncode == 0, alone.stderr[-4000:]
-    together = accelerate_launch(
-        *overrides, f"hydra.run.dir={tmp_path / 'two'}", accelerate_config=ACCELERATE_DIR / "ddp.yaml"
-    )
-    assert together.returncode == 0, together.stderr[-4000:]
     for when in ("before", "after"):
-        samples = [(tmp_path / run / f"eval_{when}.jsonl").read_text().splitlines() for run in ("one", "two")]
+        samples = [(run / f"eval_{when}.jsonl").read_text().splitlines() for run in (tmp_path, tiny_ddp_run.run_dir)]
         assert len(samples[1]) == 5
         if when == "before":  # the same initial weights (training differs: one process's batch is not DDP's)
             assert samples[0] == samples[1]
-    summary = json.loads((tmp_path / "two" / "summary.json").read_text())
+    summary = json.loads((tiny_ddp_run.run_dir / "summary.json").read_text())
     assert summary["processes"] == 2 and summary["heldout_accuracy_after"] is not None
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="accelerate runs FSDP on GPUs")
-def test_fsdp_on_cpu_processes_is_refused_since_accelerate_would_train_them_as_ddp(monkeypatch):
+def test_fsdp_on_cpu_processes_is_refused_since_accelerate_would_train_them_as_ddp(monkeypatch, cfg_train):
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     with pytest.raises(UserError, match=r"FSDP \(accelerate_configs/fsdp.yaml\) needs GPUs.*zero3.yaml"):
-        check_trainer(compose_config(TINY_RUN).trainer, 1, multiturn=False, policy_dtype=torch.float32)
+        check_trainer(cfg_train.trainer, 1, multiturn=False, policy_dtype=torch.float32)
 
 
 @pytest.mark.e2e

@@ -3,16 +3,16 @@
 import json
 
 import pytest
+import yaml
 
-from tests.helpers.cli import run_cli
+from grpo_exp.evaluate import resolve_source
+from tests.helpers.cli import copied_run, run_cli
 
 
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("run")
-    result = run_cli("+experiment=smoke", "eval.before=false", "eval.after=false", f"hydra.run.dir={run_dir}")
-    assert result.returncode == 0, result.stderr[-3000:]
-    return run_dir
+def tiny_run(tiny_cli_run, tmp_path_factory):
+    """A copy of the shared tiny run (tests/conftest.py's tiny_cli_run): evaluate writes into the run directory."""
+    return copied_run(tiny_cli_run, tmp_path_factory.mktemp("evaluated") / "run")
 
 
 @pytest.mark.e2e
@@ -21,7 +21,7 @@ def test_evaluate_a_run_directory_with_samples(tiny_run):
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads((tiny_run / "evaluation.json").read_text())
     assert results["model"] == str((tiny_run / "checkpoint-final").resolve())
-    assert results["problems"] == 4  # the run's own held-out split (experiment=smoke: eval_size 4)
+    assert results["problems"] == 4  # the run's own held-out split (TINY_RUN: eval_size 4)
     assert {"greedy accuracy", "pass@1", "pass@2", "maj@2"} <= set(results)
     assert "greedy accuracy" in result.stdout
 
@@ -84,3 +84,13 @@ def test_evaluate_the_embedded_model(tmp_path, monkeypatch):
     results = json.loads(path.read_text())
     assert results["problems"] == 8
     assert 0.0 <= results["pass@1"] <= results["pass@2"] <= 1.0
+
+
+def test_a_runner_up_checkpoint_is_evaluated_with_its_runs_config(tmp_path):
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(["dataset=chain_sum", "hydra.job.name=x"]))
+    runner_up = tmp_path / "checkpoint-top" / "step-20"
+    runner_up.mkdir(parents=True)
+    source = resolve_source([str(runner_up)])
+    assert "dataset=chain_sum" in source.overrides
+    assert f"model.name_or_path={runner_up.resolve()}" in source.overrides

@@ -41,9 +41,8 @@ def test_expected_score_renormalises_over_the_five_tokens():
 
 
 @pytest.fixture(scope="module")
-def tiny(tiny_model_dirs):
-    cfg = compose_config(TINY_RUN)
-    tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
+def tiny(tiny_model_dirs, tiny_config):
+    tokenizer = load_tokenizer(tiny_config.model, tiny_config.cache_dir)
     return AutoModelForCausalLM.from_pretrained(tiny_model_dirs(seed=0)).eval(), tokenizer
 
 

@@ -15,7 +15,7 @@ from grpo_exp.errors import UserError
 from grpo_exp.run.resume import carry_history, explicit_attempt, find_attempt, last_checkpoint, load_attempt
 from grpo_exp.run.tracking import read_metrics
 from support.config import TINY_RUN
-from tests.helpers.cli import run_cli
+from tests.helpers.cli import TINY_CLI_RUN, run_cli
 
 # Eight steps, a resumable checkpoint every two; `length` gives the tiny model's completions a reward spread.
 RUN = [*TINY_RUN, "reward=math+format+length", "trainer.max_steps=8", "trainer.save_steps=2"]
@@ -89,14 +89,12 @@ def test_an_interrupted_run_resumes_from_its_checkpoint_and_ends_as_if_never_sto
 
 
 @pytest.mark.e2e
-def test_the_same_command_twice_gives_the_same_metrics(tmp_path):
-    dirs = []
-    for attempt in ("a", "b"):
-        result = run_cli(*TINY_RUN, "reward=math+format+length", "logger=none", f"hydra.run.dir={tmp_path / attempt}")
-        assert result.returncode == 0, result.stderr[-3000:]
-        dirs.append(tmp_path / attempt)
-    assert per_step(dirs[0]) == per_step(dirs[1])
-    samples = [(d / "samples.jsonl").read_text() for d in dirs]
+def test_the_same_command_twice_gives_the_same_metrics(tiny_cli_run, tmp_path):
+    """The shared tiny run's command, run again."""
+    result = run_cli(*TINY_CLI_RUN, f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert per_step(tiny_cli_run.run_dir) == per_step(tmp_path)
+    samples = [(d / "samples.jsonl").read_text() for d in (tiny_cli_run.run_dir, tmp_path)]
     assert samples[0] == samples[1] and samples[0]
 
 

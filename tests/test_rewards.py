@@ -1,9 +1,12 @@
 """Reward components on hand-written cases: correct, wrong, unparseable, adversarial."""
 
+import math
+
 import pytest
 from omegaconf import OmegaConf
 
 from grpo_exp.errors import UserError
+from grpo_exp.rewards.custom import checked_rewards
 from grpo_exp.rewards.format import make_format_reward
 from grpo_exp.rewards.length import make_length_reward
 from grpo_exp.rewards.math import make_math_reward
@@ -144,3 +147,11 @@ def test_build_rewards_rejects_bad_components(components, message):
     with pytest.raises(UserError) as err:
         typed_components(OmegaConf.create({"components": components}))
     assert message in str(err.value)
+
+
+@pytest.mark.parametrize("bad", [math.inf, -math.inf])
+def test_a_users_reward_that_is_not_finite_stops_the_run_naming_the_component(bad):
+    with pytest.raises(
+        UserError, match=r"reward component 'mine' .* returned -?inf for completion 1: rewards are finite"
+    ):
+        checked_rewards("mine", "my_rewards:f", [0.5, bad], 2)

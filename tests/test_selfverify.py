@@ -3,9 +3,11 @@ P(Yes) against a hand-computed softmax, and end-to-end tiny-model runs of each s
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM
@@ -284,16 +286,25 @@ SELFVERIFY_TINY = [
 ]
 
 
-@pytest.mark.e2e
-@pytest.mark.parametrize(
-    "schedule,verification_steps", [("joint", [2, 3]), ("interleave", [2]), ("verify_only", [1, 2, 3])]
-)
-def test_each_schedule_trains_on_verification_prompts(schedule, verification_steps, tmp_path):
-    run_dir = tmp_path / "run"
-    result = run_cli(
-        *TINY_RUN, *SELFVERIFY_TINY, f"reward.components.selfverify.schedule={schedule}", f"hydra.run.dir={run_dir}"
-    )
+SCHEDULES = {"joint": [2, 3], "interleave": [2], "verify_only": [1, 2, 3]}  # each one's verification steps
+
+
+@pytest.fixture(scope="module")
+def schedule_sweep(tmp_path_factory) -> Path:
+    """A tiny run of each schedule, in one multirun: job i is the i-th of SCHEDULES."""
+    sweep = tmp_path_factory.mktemp("schedules")
+    schedules = f"reward.components.selfverify.schedule={','.join(SCHEDULES)}"
+    result = run_cli("-m", *TINY_RUN, *SELFVERIFY_TINY, schedules, f"hydra.sweep.dir={sweep}")
     assert result.returncode == 0, result.stderr[-3000:]
+    return sweep
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(("schedule", "verification_steps"), SCHEDULES.items())
+def test_each_schedule_trains_on_verification_prompts(schedule, verification_steps, schedule_sweep):
+    run_dir = schedule_sweep / str(list(SCHEDULES).index(schedule))
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert saved["reward"]["components"]["selfverify"]["schedule"] == schedule
     steps = {m["step"]: m for m in read_metrics(run_dir / "metrics.jsonl") if "grad_norm" in m}
     assert [s for s, m in steps.items() if (m.get("selfverify/groups") or 0) > 0] == verification_steps
     samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
@@ -314,20 +325,10 @@ def test_confidence_needs_a_generative_verifier():
 
 
 @pytest.mark.e2e
-def test_confidence_reward_from_a_frozen_genrm_trains_end_to_end(tmp_path):
-    run_dir = tmp_path / "run"
-    result = run_cli(
-        *TINY_RUN,
-        "reward=confidence",
-        "verifier=genrm",
-        "verifier.model=tiny",
-        "logger=none",
-        "reward.components.confidence.show=solution",  # the random tiny model never writes a final answer
-        "eval.before=false",
-        f"hydra.run.dir={run_dir}",
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    steps = [m for m in read_metrics(run_dir / "metrics.jsonl") if "rewards/confidence/mean" in m]
+def test_confidence_reward_from_a_frozen_genrm_trains_end_to_end(confidence_run):
+    """tests/conftest.py's confidence_run: reward=math+confidence (the random tiny model is never right: its
+    updates come from the confidence component's spread)."""
+    steps = [m for m in read_metrics(confidence_run.run_dir / "metrics.jsonl") if "rewards/confidence/mean" in m]
     assert len(steps) == 2 and all(0 < m["rewards/confidence/mean"] < 1 for m in steps)
     assert any(m["grad_norm"] > 0 for m in steps)
 

@@ -95,13 +95,13 @@ def sweep_over_group_sizes(sweep_dir: Path, *launcher: str):
 
 
 @pytest.mark.e2e
-def test_the_joblib_launcher_runs_jobs_in_parallel(tmp_path):
-    result = sweep_over_group_sizes(tmp_path, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2")
-    first, second = job_dirs(tmp_path)
+def test_the_joblib_launcher_runs_jobs_in_parallel(tiny_sweep):
+    """tests/conftest.py's tiny_sweep: two jobs through the joblib launcher, two at a time."""
+    first, second = job_dirs(tiny_sweep.run_dir)
     assert {summary_of(first)["trl_num_generations"], summary_of(second)["trl_num_generations"]} == {2, 3}
     (start_a, end_a), (start_b, end_b) = _log_span(first), _log_span(second)
     assert start_a < end_b and start_b < end_a, "the two jobs did not overlap in time"
-    assert "sweep " in result.stdout
+    assert "sweep " in tiny_sweep.result.stdout
 
 
 @pytest.mark.e2e

@@ -12,34 +12,40 @@ from grpo_exp.run.tracking import read_metrics
 from support.config import TINY_RUN, compose_config
 from tests.helpers.cli import run_cli
 
+# ---- the shared tiny run (tests/conftest.py's tiny_cli_run: TINY_CLI_RUN through the command line) ------------
+
 
 @pytest.mark.e2e
-def test_tiny_training_updates_the_weights_and_writes_the_run_directory(tmp_path, tiny_model_dir):
-    run_dir = tmp_path / "run"
-    # `length` gives random completions a reward spread, so the advantages (and the gradients) are not zero.
-    result = run_cli(*TINY_RUN, "reward=math+format+length", "logger=wandb", f"hydra.run.dir={run_dir}")
-    assert result.returncode == 0, result.stderr[-3000:]
-
-    summary = json.loads((run_dir / "summary.json").read_text())
+def test_tiny_training_runs_its_steps_and_evaluates_before_and_after(tiny_cli_run):
+    summary = json.loads((tiny_cli_run.run_dir / "summary.json").read_text())
     assert summary["steps"] == 2
     assert summary["heldout_accuracy_before"] is not None and summary["heldout_accuracy_after"] is not None
-    steps = [m for m in read_metrics(run_dir / "metrics.jsonl") if "reward" in m]
+    steps = [m for m in read_metrics(tiny_cli_run.run_dir / "metrics.jsonl") if "reward" in m]
     assert len(steps) == 2
     assert all("rewards/length/mean" in m and "rewards/math/mean" in m for m in steps)
     assert any(m["grad_norm"] > 0 for m in steps)
+    assert (tiny_cli_run.run_dir / "train.log").is_file()
 
-    trained = AutoModelForCausalLM.from_pretrained(run_dir / "checkpoint-final")
+
+@pytest.mark.e2e
+def test_tiny_training_updates_the_weights(tiny_cli_run, tiny_model_dir):
+    trained = AutoModelForCausalLM.from_pretrained(tiny_cli_run.run_dir / "checkpoint-final")
     initial = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
     changed = [name for name, p in trained.state_dict().items() if not torch.equal(p, initial[name])]
     assert changed, "GRPO did not change any weight"
 
-    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+
+@pytest.mark.e2e
+def test_tiny_training_saves_the_resolved_config(tiny_cli_run):
+    saved = yaml.safe_load((tiny_cli_run.run_dir / "config.yaml").read_text())
     assert list(saved["reward"]["components"]) == ["math", "format", "length"]
     assert saved["trainer"]["num_generations"] == 2
-    assert (run_dir / "train.log").is_file()
-    # W&B without an API key: an offline run, finished, with the sync command printed.
-    assert list((run_dir / "wandb").glob("offline-run-*"))
-    assert "wandb sync" in result.stdout
+
+
+@pytest.mark.e2e
+def test_tiny_training_without_a_wandb_key_logs_an_offline_run_and_prints_its_sync_command(tiny_cli_run):
+    assert list((tiny_cli_run.run_dir / "wandb").glob("offline-run-*"))
+    assert "wandb sync" in tiny_cli_run.result.stdout
 
 
 @pytest.mark.e2e
@@ -49,6 +55,8 @@ def test_multirun_over_reward_mixes_runs_every_job_as_one_wandb_group(tmp_path):
         *TINY_RUN,
         "logger=wandb",
         "eval.before=false",
+        "eval.after=false",
+        "trainer.max_steps=1",  # what is checked is each job's config and W&B identity, not its training
         "reward=math+length,format+length",
         "trainer.num_generations=2,3",
         f"hydra.sweep.dir={tmp_path}",

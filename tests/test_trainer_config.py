@@ -10,7 +10,6 @@ from grpo_exp.errors import UserError
 from grpo_exp.schema import TrainerSchema, ZeroVarianceGroups
 from grpo_exp.trainer.config import GRPOExpConfig, grpo_exp_config
 from grpo_exp.trainer.sampling import check_fast_generation_device, runs_sharded
-from support.config import TINY_RUN, compose_config
 
 KNOBS = (
     "zero_variance_groups",
@@ -21,11 +20,11 @@ KNOBS = (
 )
 
 
-def test_its_defaults_are_the_schemas_and_the_config_sets_them():
+def test_its_defaults_are_the_schemas_and_the_config_sets_them(cfg_train):
     args = GRPOExpConfig(output_dir="unused", use_cpu=True)
     assert {k: getattr(args, k) for k in KNOBS} == {k: getattr(TrainerSchema(), k) for k in KNOBS}
-    cfg = compose_config([*TINY_RUN, "trainer.zero_variance_groups=resample", "trainer.max_resample_batches=2"])
-    built = grpo_exp_config(cfg.trainer, Path("unused"), "none", [1.0], False)
+    cfg_train.trainer.zero_variance_groups, cfg_train.trainer.max_resample_batches = "resample", 2
+    built = grpo_exp_config(cfg_train.trainer, Path("unused"), "none", [1.0], False)
     assert built.zero_variance_groups is ZeroVarianceGroups.resample and built.max_resample_batches == 2
 
 

@@ -90,3 +90,9 @@ def test_what_it_returns_is_checked_naming_the_key(user_module, function, overri
     with pytest.raises(UserError) as err:
         load_splits(data_cfg(user_module, function, *overrides))
     assert f"dataset.function={user_module}:{function}" in str(err.value) and message in str(err.value)
+
+
+def test_a_dataset_function_without_dataset_function_is_refused():
+    cfg = compose_config(["dataset.function=my_data:rows"])
+    with pytest.raises(UserError, match=r"dataset.function is read only with dataset=function .* add dataset=function"):
+        check_data_files(cfg.dataset)

@@ -206,8 +206,7 @@ def test_a_bad_rubric_in_the_config_dir_or_on_the_command_line_names_the_key(con
     resolve(compose_config([*TINY_RUN, "judge.rubric.criteria=[]"]), processes=1)
 
 
-def test_the_tiny_tokenizer_writes_every_digit_as_one_score_token():
-    cfg = compose_config(TINY_RUN)
-    tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
+def test_the_tiny_tokenizer_writes_every_digit_as_one_score_token(cfg_train):
+    tokenizer = load_tokenizer(cfg_train.model, cfg_train.cache_dir)
     digits = score_token_ids(tokenizer, 'Rate it.\n{"depth": ', Rubric(("depth",), 0, 9))
     assert [tokenizer.decode([i]) for i in digits] == [str(d) for d in range(10)]

@@ -113,6 +113,18 @@ def test_a_wrong_result_is_one_message_naming_the_key(func, batched, message):
     assert message in str(err.value)
 
 
+def test_what_the_users_labels_raise_is_one_message_naming_the_key():
+    def is_correct(completion, solution):
+        return {"a": True}[completion]
+
+    verify = user_verifier(is_correct, "my_checks:is_correct", batched=False)
+    assert verify(["a"], ["x"]) == [True]
+    with pytest.raises(
+        UserError, match=r"verifier.labels=my_checks:is_correct raised KeyError: 'b' \(on completion 1\)"
+    ):
+        verify(["a", "b"], ["x", "y"])
+
+
 def test_the_correct_reward_follows_the_run_labels():
     components = typed_components(compose_config(["reward=correct"]).reward)
     for labels, expected in [("math_verify", [1.0, None, None]), ("exact_match", [1.0, 1.0, None])]:
@@ -122,8 +134,8 @@ def test_the_correct_reward_follows_the_run_labels():
         assert correct(prompts=[], completions=completions, solution=["4", "four", None]) == expected
 
 
-def test_the_verification_benchmark_is_cached_per_labeller():
-    cfg = compose_config(TINY_RUN)
+def test_the_verification_benchmark_is_cached_per_labeller(cfg_train):
+    cfg = cfg_train
     args = (cfg.eval.verification_benchmark, cfg.model, cfg.dataset, 16)
     assert benchmark_key(*args) == benchmark_key(*args, "math_verify")
     assert benchmark_key(*args, "exact_match") != benchmark_key(*args)

@@ -26,7 +26,7 @@ from grpo_exp.stats import (
     slope_interval,
 )
 from support.config import TINY_RUN, compose_config
-from tests.helpers.cli import run_cli
+from tests.helpers.cli import CliRun, copied_run, run_cli
 
 
 def test_the_best_validation_is_the_highest_and_ties_go_to_the_earlier_step():
@@ -200,50 +200,52 @@ def test_training_stops_when_the_patience_is_spent(tmp_path):
     assert "Training stops early at step 1" in result.stdout + result.stderr
 
 
-@pytest.mark.e2e
-def test_validation_every_step_is_logged_at_its_step_and_the_best_checkpoint_kept(tmp_path):
-    result = run_cli(
-        *TINY_RUN,
-        "eval.every=1",
-        "eval.every_problems=2",
-        "logger=none",
-        "eval.before=false",
-        f"hydra.run.dir={tmp_path}",
-    )
+# Validation at every step of a tiny run, its resumable checkpoints kept (to resume from).
+VALIDATED = [*TINY_RUN, "eval.every=1", "eval.every_problems=2", "logger=none", "eval.before=false"]
+
+
+@pytest.fixture(scope="module")
+def validated_run(tmp_path_factory) -> CliRun:
+    run_dir = tmp_path_factory.mktemp("validated") / "run"
+    result = run_cli(*VALIDATED, "trainer.save_steps=1", "trainer.keep_checkpoints=true", f"hydra.run.dir={run_dir}")
     assert result.returncode == 0, result.stderr[-3000:]
-    metrics = read_metrics(tmp_path / "metrics.jsonl")
+    return CliRun(run_dir, result)
+
+
+@pytest.mark.e2e
+def test_validation_every_step_is_logged_at_its_step_and_the_best_checkpoint_kept(validated_run):
+    run_dir = validated_run.run_dir
+    metrics = read_metrics(run_dir / "metrics.jsonl")
     steps = {m["step"]: m for m in metrics if "reward" in m}
     assert sorted(steps) == [1, 2] and all("heldout/accuracy" in m for m in steps.values())
     initial = [m for m in metrics if m["step"] == 0]
     assert len(initial) == 1 and "heldout/accuracy" in initial[0], "the initial model, validated at step 0"
-    assert "held-out now" in result.stdout + result.stderr
-    best = json.loads((tmp_path / "checkpoint-best" / "best.json").read_text())
+    assert "held-out now" in validated_run.console
+    best = json.loads((run_dir / "checkpoint-best" / "best.json").read_text())
     assert best["step"] == 0, "the random tiny model scores 0 at every step: a tie goes to the earliest, the initial"
-    assert list((tmp_path / "checkpoint-best").glob("*.safetensors"))
-    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert list((run_dir / "checkpoint-best").glob("*.safetensors"))
+    summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["best_step"] == 0 and summary["checkpoint_best"].endswith("checkpoint-best")
-    # `evaluate` takes the best checkpoint with the run's own config, and writes beside it
-    evaluated = run_cli(str(tmp_path / "checkpoint-best"), "eval.samples=0", module="grpo_exp.evaluate")
-    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
-    assert json.loads((tmp_path / "checkpoint-best" / "evaluation.json").read_text())["problems"] == 4
 
 
 @pytest.mark.e2e
-def test_a_resumed_run_keeps_its_validation_history_and_its_best_checkpoint(tmp_path):
-    overrides = [*TINY_RUN, "eval.every=1", "eval.every_problems=2", "logger=none", "eval.before=false"]
-    first = run_cli(
-        *overrides, "trainer.save_steps=1", "trainer.keep_checkpoints=true", f"hydra.run.dir={tmp_path / 'a'}"
-    )
-    assert first.returncode == 0, first.stderr[-3000:]
-    checkpoint = tmp_path / "a" / "trainer" / "checkpoint-2"  # the last one kept (save_total_limit)
-    resumed = run_cli(
-        *overrides, "trainer.max_steps=3", f"trainer.resume={checkpoint}", f"hydra.run.dir={tmp_path / 'b'}"
-    )
+def test_evaluate_takes_the_best_checkpoint_with_its_runs_config(validated_run, tmp_path):
+    """`evaluate` on checkpoint-best (a copy of the run: it writes beside the checkpoint) reads the run's config."""
+    run_dir = copied_run(validated_run, tmp_path / "run")
+    evaluated = run_cli(str(run_dir / "checkpoint-best"), "eval.samples=0", module="grpo_exp.evaluate")
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert json.loads((run_dir / "checkpoint-best" / "evaluation.json").read_text())["problems"] == 4
+
+
+@pytest.mark.e2e
+def test_a_resumed_run_keeps_its_validation_history_and_its_best_checkpoint(validated_run, tmp_path):
+    checkpoint = validated_run.run_dir / "trainer" / "checkpoint-2"  # the last one kept (save_total_limit)
+    resumed = run_cli(*VALIDATED, "trainer.max_steps=3", f"trainer.resume={checkpoint}", f"hydra.run.dir={tmp_path}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    logged = [m["step"] for m in read_metrics(tmp_path / "b" / "metrics.jsonl") if "heldout/accuracy" in m]
+    logged = [m["step"] for m in read_metrics(tmp_path / "metrics.jsonl") if "heldout/accuracy" in m]
     assert logged == [0, 1, 2, 3], "steps 0 to 2 carried from the first attempt (step 0 not validated again), 3 now"
-    assert json.loads((tmp_path / "b" / "checkpoint-best" / "best.json").read_text())["step"] == 0
-    assert json.loads((tmp_path / "b" / "summary.json").read_text())["best_step"] == 0
+    assert json.loads((tmp_path / "checkpoint-best" / "best.json").read_text())["step"] == 0
+    assert json.loads((tmp_path / "summary.json").read_text())["best_step"] == 0
 
 
 def test_the_slope_interval_of_a_clean_line_is_tight_and_of_noise_straddles_zero():
@@ -332,25 +334,12 @@ def test_the_alarm_is_recorded_once_and_stops_training_when_asked(tmp_path, acti
 
 
 @pytest.mark.e2e
-def test_validation_measures_the_learned_components_and_pass_at_k(tmp_path):
+def test_validation_measures_the_learned_components_and_pass_at_k(confidence_run):
     """The confidence component (a frozen generative verifier) scored on the held-out answers at each validation,
     the initial model's included, and pass@k / maj@k from eval.every_samples sampled answers; the last validation
-    answers for the evaluation after training."""
-    result = run_cli(
-        *TINY_RUN,
-        "reward=math+confidence",
-        "verifier=genrm",
-        "verifier.model=tiny",
-        "reward.components.confidence.show=solution",  # the random tiny model never writes a final answer
-        "eval.every=1",
-        "eval.every_samples=2",
-        "eval.best_metric=heldout/confidence/mean",  # the random model is never right: its accuracy always ties
-        "eval.keep_top_k=2",
-        "logger=none",
-        f"hydra.run.dir={tmp_path}",
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    validated = {m["step"]: m for m in read_metrics(tmp_path / "metrics.jsonl") if "heldout/accuracy" in m}
+    answers for the evaluation after training (tests/conftest.py's confidence_run: CONFIDENCE_RUN)."""
+    run_dir = confidence_run.run_dir
+    validated = {m["step"]: m for m in read_metrics(run_dir / "metrics.jsonl") if "heldout/accuracy" in m}
     assert sorted(validated) == [0, 1, 2]
     for metrics in validated.values():
         assert 0 < metrics["heldout/confidence/mean"] < 1
@@ -358,16 +347,16 @@ def test_validation_measures_the_learned_components_and_pass_at_k(tmp_path):
         assert {"heldout/pass@1", "heldout/pass@2", "heldout/maj@2"} <= set(metrics)
     # the best two validations by the named metric keep their models
     best, second = sorted(validated, key=lambda step: (-validated[step]["heldout/confidence/mean"], step))[:2]
-    chosen = json.loads((tmp_path / "checkpoint-best" / "best.json").read_text())
+    chosen = json.loads((run_dir / "checkpoint-best" / "best.json").read_text())
     assert chosen["step"] == best and chosen["metric"] == "heldout/confidence/mean"
-    assert list((tmp_path / "checkpoint-top").iterdir()) == [tmp_path / "checkpoint-top" / f"step-{second}"]
-    assert list((tmp_path / "checkpoint-top" / f"step-{second}").glob("*.safetensors"))
+    assert list((run_dir / "checkpoint-top").iterdir()) == [run_dir / "checkpoint-top" / f"step-{second}"]
+    assert list((run_dir / "checkpoint-top" / f"step-{second}").glob("*.safetensors"))
     # the evaluation after training takes the last validation's answers (all 4 held-out problems, the same model)
-    summary = json.loads((tmp_path / "summary.json").read_text())
+    summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["best_step"] == best and summary["best_metric"] == "heldout/confidence/mean"
     assert [entry["step"] for entry in summary["top_k"]] == [best, second]
     assert summary["heldout_accuracy_after"] == validated[2]["heldout/accuracy"]
-    assert len((tmp_path / "eval_after.jsonl").read_text().splitlines()) == 4
+    assert len((run_dir / "eval_after.jsonl").read_text().splitlines()) == 4
 
 
 def test_a_fresh_run_validates_the_initial_model_even_when_another_process_wrote_step_0_already(tmp_path):
@@ -387,3 +376,10 @@ def test_a_fresh_run_validates_the_initial_model_even_when_another_process_wrote
     )
     callback.on_train_begin(None, TrainerState(), TrainerControl())
     assert callback.kept.kept == [Best(0, 0.25)] and len(saved) == 1
+
+
+def test_validations_that_measured_nothing_neither_spend_the_patience_nor_crash():
+    nan = math.nan
+    assert stop_reason([nan, nan, nan], [nan, nan, nan], patience=2, stop_at=None) is None
+    assert validations_without_improvement([0.6, nan, nan], [0.05, nan, nan]) == 0
+    assert "(best 0.600)" in stop_reason([0.6, nan, 0.55, 0.58], [0.05, nan, 0.05, 0.05], patience=2, stop_at=None)

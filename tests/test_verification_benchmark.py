@@ -14,7 +14,6 @@ from grpo_exp.verification.benchmark import (
     score_benchmark,
 )
 from grpo_exp.verification.selfverify import Candidate
-from support.config import TINY_RUN, compose_config
 
 
 def test_auroc_counts_ties_half_and_needs_both_labels():
@@ -67,8 +66,9 @@ def test_a_benchmark_is_saved_whole_and_read_back(tmp_path):
     assert load_benchmark(path) == EXAMPLES and not path.with_suffix(".partial").exists()
 
 
-def test_a_model_is_scored_on_the_benchmark_by_its_p_yes(tiny_model_dirs):
-    cfg = compose_config([*TINY_RUN, "eval.verification_benchmark.resamples=50"])
+def test_a_model_is_scored_on_the_benchmark_by_its_p_yes(tiny_model_dirs, cfg_train):
+    cfg = cfg_train
+    cfg.eval.verification_benchmark.resamples = 50
     tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dirs(seed=0))
     bench_cfg = cfg.eval.verification_benchmark

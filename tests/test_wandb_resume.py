@@ -24,8 +24,7 @@ from grpo_exp.run.wandb_offline import (
     segments_so_far,
     sync_command,
 )
-from support.config import TINY_RUN
-from tests.helpers.cli import run_cli
+from tests.helpers.cli import TINY_CLI_RUN, run_cli
 
 # ---- the log format, on hand-made files ------------------------------------------------------------------
 
@@ -121,24 +120,18 @@ def test_a_resumed_offline_run_is_a_second_segment_whose_steps_restart(tmp_path)
 
 # ---- end to end: a run, and a resumption from its first checkpoint --------------------------------------
 
-WANDB_RUN = [
-    *TINY_RUN,
-    "logger=wandb",
-    "logger.mode=offline",
-    "trainer.save_steps=1",
-    "trainer.save_total_limit=2",
-    "trainer.keep_checkpoints=true",
-]
-
 
 @pytest.mark.e2e
-def test_training_resumed_offline_appends_to_the_same_wandb_run(tmp_path):
-    first_dir, second_dir = tmp_path / "a", tmp_path / "b"
-    first = run_cli(*WANDB_RUN, "trainer.max_steps=2", f"hydra.run.dir={first_dir}")
-    assert first.returncode == 0, first.stderr[-3000:]
+def test_training_resumed_offline_appends_to_the_same_wandb_run(tiny_cli_run, tmp_path):
+    """The shared tiny run (tests/conftest.py's tiny_cli_run: W&B offline, a checkpoint per step kept), resumed from
+    its first checkpoint for a third step. The resumption reads the first attempt's directory, never writes it."""
+    first_dir, second_dir = tiny_cli_run.run_dir, tmp_path / "b"
+    first_record = (first_dir / "attempt.json").read_text()
     checkpoint = first_dir / "trainer" / "checkpoint-1"
-    second = run_cli(*WANDB_RUN, "trainer.max_steps=3", f"trainer.resume={checkpoint}", f"hydra.run.dir={second_dir}")
+    resume = [f"trainer.resume={checkpoint}", f"hydra.run.dir={second_dir}"]
+    second = run_cli(*TINY_CLI_RUN, "trainer.max_steps=3", *resume)
     assert second.returncode == 0, second.stderr[-3000:]
+    assert (first_dir / "attempt.json").read_text() == first_record
 
     run_id = json.loads((first_dir / "attempt.json").read_text())["wandb_id"]
     summary = json.loads((second_dir / "summary.json").read_text())

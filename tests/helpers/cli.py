@@ -2,11 +2,81 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from grpo_exp.paths import REPO_ROOT
+from support.config import TINY_RUN
+
+DDP = REPO_ROOT / "accelerate_configs" / "ddp.yaml"
+
+# The tiny run that tests/conftest.py's `tiny_cli_run` trains once for the tests that read it: a reward spread
+# (`length`: random completions are scored apart, so the advantages and the gradients are not zero), W&B (offline:
+# no API key in tests), held-out evaluation before and after, and the resumable checkpoint of every step kept.
+TINY_CLI_RUN = [
+    *TINY_RUN,
+    "reward=math+format+length",
+    "logger=wandb",
+    "trainer.save_steps=1",
+    "trainer.save_total_limit=2",
+    "trainer.keep_checkpoints=true",
+]
+
+# What the zero variants are compared against: a reward spread, groups kept, three steps, validation at every step.
+SPREAD = ["reward=math+format+length", "trainer.zero_variance_groups=keep", "trainer.max_steps=3", "eval.every=1"]
+EVAL_SHARES = ["dataset.eval_size=5", "eval.batch_size=2"]  # uneven shares: one process repeats a batch
+# The 2-process DDP run that tests/conftest.py's `tiny_ddp_run` trains once (TINY_RUN under tests.helpers.recorded_run):
+# SPREAD and EVAL_SHARES, W&B (the main process only), the checkpoint of every step kept (to resume from).
+TINY_DDP_RUN = [*SPREAD, *EVAL_SHARES, "logger=wandb", "trainer.save_steps=1", "trainer.keep_checkpoints=true"]
+
+# The confidence reward (a frozen generative verifier, the tiny model) in a tiny run validated at every step, the
+# best two validations' models kept: tests/conftest.py's `confidence_run`.
+CONFIDENCE_RUN = [
+    *TINY_RUN,
+    "reward=math+confidence",
+    "verifier=genrm",
+    "verifier.model=tiny",
+    "reward.components.confidence.show=solution",  # the random tiny model never writes a final answer
+    "eval.every=1",
+    "eval.every_samples=2",
+    "eval.best_metric=heldout/confidence/mean",  # the random model is never right: its accuracy always ties
+    "eval.keep_top_k=2",
+    "logger=none",
+]
+
+# Two tiny jobs (G = 2 and 3, three steps each) run in parallel by the joblib launcher: tests/conftest.py's
+# `tiny_sweep` (test_sweeps.py's launcher test, test_compare.py's tools on a real sweep).
+TINY_SWEEP = [
+    "-m",
+    "hydra/launcher=joblib",
+    "hydra.launcher.n_jobs=2",
+    *TINY_RUN,
+    "reward=math+format+length",
+    "logger=none",
+    "trainer.num_generations=2,3",
+    "trainer.max_steps=3",
+]
+
+
+@dataclass(frozen=True)
+class CliRun:
+    """A finished run: its directory, the command's result, and (under tests.helpers.recorded_run) the records."""
+
+    run_dir: Path
+    result: subprocess.CompletedProcess
+    record_dir: Path | None = None
+
+    @property
+    def console(self) -> str:
+        return self.result.stdout + self.result.stderr
+
+
+def copied_run(run: CliRun, destination: Path) -> Path:
+    """A copy of a shared run's directory, for a test that writes into it."""
+    return Path(shutil.copytree(run.run_dir, destination))
 
 
 def run_cli(
@@ -46,3 +116,28 @@ def accelerate_launch(
 def logged_steps(run_dir: Path) -> list[dict]:
     """Every line of a run's metrics.jsonl."""
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def recorded_launch(
+    record_dir: Path,
+    *overrides: str,
+    env: dict | None = None,
+    timeout: int = 600,
+    accelerate_config: Path = DDP,
+    launch_args: tuple[str, ...] = (),
+):
+    """A tiny run (TINY_RUN; logger=none unless `overrides` name one) in <record_dir>/run under accelerate launch,
+    each rank's torch.distributed calls recorded in <record_dir>/calls (tests/helpers/recorded_run.py)."""
+    logger = [] if any(o.startswith("logger=") for o in overrides) else ["logger=none"]
+    return accelerate_launch(
+        str(record_dir / "calls"),
+        *TINY_RUN,
+        *logger,
+        f"hydra.run.dir={record_dir / 'run'}",
+        *overrides,
+        accelerate_config=accelerate_config,
+        module="tests.helpers.recorded_run",
+        timeout=timeout,
+        env=env,
+        launch_args=launch_args,
+    )
