@@ -99,7 +99,7 @@ def bare_trl_trainer(steps: int, out_dir: Path, overrides: list[str]):
         max_steps=steps,
         learning_rate=t.learning_rate,
         beta=t.beta,
-        loss_type=t.loss_type.value,
+        loss_type=t.loss_type,
         temperature=t.temperature,
         lr_scheduler_type=t.lr_scheduler_type,
         seed=t.seed,

@@ -53,17 +53,6 @@ class AnswerFormat(Enum):
     gsm8k = "gsm8k"  # the answer column holds a solution whose final answer follows '####'
 
 
-class LossType(Enum):  # TRL 1.16's loss_type values
-    grpo = "grpo"
-    dapo = "dapo"
-    dr_grpo = "dr_grpo"
-    bnpo = "bnpo"
-    cispo = "cispo"
-    sapo = "sapo"
-    luspo = "luspo"
-    vespo = "vespo"
-
-
 class ScaleRewards(Enum):
     group = "group"
     batch = "batch"
@@ -438,7 +427,9 @@ class TrainerSchema:
     max_steps: int = knob(40, ge=1)
     learning_rate: float = knob(1e-5, gt=0.0)
     beta: float = knob(0.0, ge=0.0)  # KL coefficient to the frozen reference model (0: no reference model)
-    loss_type: LossType = LossType.dapo
+    # TRL's loss type (grpo, dapo, dr_grpo, bnpo, cispo, sapo, luspo, vespo: passed straight through), or a per-token
+    # policy loss by import path, module:name (grpo_exp.trainer.losses: its contract); checked at resolve time
+    loss_type: str = "dapo"
     scale_rewards: ScaleRewards = ScaleRewards.group
     epsilon: float = knob(0.2, gt=0.0)
     num_iterations: int = knob(1, ge=1)

@@ -13,6 +13,7 @@ Its rules against the trainer's knobs are data on the registration (`requires`: 
 `check_algorithm` before any model loads, as is the estimator itself on a small batch of the run's group size.
 """
 
+import functools
 import inspect
 import math
 from collections.abc import Callable
@@ -23,6 +24,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from grpo_exp.errors import UserError
+from grpo_exp.plugins import import_callable, signature_of
 from grpo_exp.schema import TrainerSchema
 
 # verl's whitening: (x - mean) * rsqrt(var + 1e-8)
@@ -84,6 +86,7 @@ class Estimator:
     requires: tuple[Requirement, ...] = REPLACES_TRL
     keeps_group_scale: bool = True
     settings: dict[str, Any] = field(default_factory=dict)
+    takes_any_setting: bool = False  # a **kwargs parameter
 
 
 ESTIMATORS: dict[str, Estimator] = {}
@@ -91,8 +94,13 @@ ESTIMATORS: dict[str, Estimator] = {}
 
 def settings_of(function: Callable) -> dict[str, Any]:
     """An estimator's settings: its parameters after (rewards, group_size), with their defaults."""
-    parameters = list(inspect.signature(function).parameters.values())[2:]
-    return {p.name: p.default for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    parameters = list(inspect.signature(function).parameters.values())
+    first_two = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][:2]
+    return {
+        p.name: p.default
+        for p in parameters
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p not in first_two
+    }
 
 
 def register_estimator(
@@ -195,20 +203,59 @@ def pass_at_k(rewards: torch.Tensor, group_size: int, k: int = 2, threshold: flo
     return advantages.float().view(-1)
 
 
+CONTRACT = (
+    "an estimator is f(rewards, group_size, **settings) -> advantages: rewards a float32 tensor [N] (groups of "
+    "group_size consecutive completions; NaN: unscorable), advantages a float tensor [N], finite"
+)
+
+
 def estimator(name: str) -> Estimator:
-    """The registered estimator `name`, or one UserError listing them."""
-    if name not in ESTIMATORS:
-        raise UserError(f"algorithm.name={name}: no such estimator; the registered ones: {', '.join(ESTIMATORS)}")
-    return ESTIMATORS[name]
+    """The registered estimator `name`, or the user's by import path (module:name; the current directory is
+    importable), which replaces TRL's advantages as ours do; or one UserError listing them."""
+    if name in ESTIMATORS:
+        return ESTIMATORS[name]
+    if ":" not in name and "." not in name:
+        raise UserError(
+            f"algorithm.name={name}: no such estimator; the registered ones: {', '.join(ESTIMATORS)}; or your own "
+            "by import path, module:name"
+        )
+    return users_estimator(name)
+
+
+@functools.cache
+def users_estimator(path: str) -> Estimator:
+    function = import_callable(path, "algorithm.name", "an advantage estimator")
+    signature = signature_of(function)
+    if signature is not None:
+        try:
+            signature.bind_partial(None, None)
+        except TypeError as err:
+            raise UserError(
+                f"algorithm.name={path}: cannot be called as {CONTRACT}: {err}; its signature is {signature}"
+            ) from None
+    takes_any = signature is None or any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
+    settings = {} if signature is None else settings_of(function)
+    return Estimator(path, function, settings=settings, takes_any_setting=takes_any)
 
 
 def estimate(name: str, rewards: torch.Tensor, group_size: int, **settings) -> torch.Tensor:
     """Estimator `name` on a whole batch's total rewards [N] (grouped by `group_size`), with its `settings`
-    (algorithm.<setting>): advantages [N], float32."""
+    (algorithm.<setting>): advantages [N], float32. Its result is checked: one finite number per completion."""
     found = estimator(name)
     if found.function is None:
         raise ValueError(f"algorithm={name} is TRL's own computation: nothing to estimate")
-    return found.function(rewards, group_size, **settings).float()
+    advantages = found.function(rewards, group_size, **settings)
+    where = f"algorithm.name={name}"
+    if not isinstance(advantages, torch.Tensor):
+        raise UserError(f"{where} returned a {type(advantages).__name__}, not a tensor: {CONTRACT}")
+    if tuple(advantages.shape) != tuple(rewards.shape) or not advantages.is_floating_point():
+        raise UserError(
+            f"{where} returned a {advantages.dtype} tensor of shape {tuple(advantages.shape)} for rewards of shape "
+            f"{tuple(rewards.shape)}: {CONTRACT}"
+        )
+    if not bool(torch.isfinite(advantages).all()):
+        raise UserError(f"{where} returned advantages that are not finite (nan or inf): {CONTRACT}")
+    return advantages.detach().float().cpu()
 
 
 def algorithm_settings(algorithm: DictConfig) -> dict[str, Any]:
@@ -229,13 +276,13 @@ def check_algorithm(algorithm: DictConfig, trainer_cfg: DictConfig) -> None:
     found = estimator(name)
     settings = algorithm_settings(algorithm)
     for key, value in settings.items():
-        if key not in found.settings:
+        if key not in found.settings and not found.takes_any_setting:
             takes = ", ".join(found.settings) or "none"
             raise UserError(
                 f"algorithm.{key}={value}: algorithm={name} has no setting '{key}' (its settings: {takes}); "
                 "leave it out, or choose the estimator that takes it"
             )
-        check_setting_type(name, key, value, found.settings[key])
+        check_setting_type(name, key, value, found.settings.get(key, inspect.Parameter.empty))
     for requirement in found.requires:
         requirement.check(name, trainer_cfg)
     if found.function is not None:
@@ -259,6 +306,9 @@ def try_estimator(name: str, settings: dict, group_size: int) -> None:
     rewards = torch.tensor([float(i % 2) for i in range(2 * group_size)])
     try:
         estimate(name, rewards, group_size, **settings)
-    except (ValueError, TypeError) as err:
+    except UserError:
+        raise
+    except Exception as err:  # noqa: BLE001 - the estimator's refusal (or a user's function failing), in one line
         shown = "".join(f" algorithm.{key}={value}" for key, value in settings.items())
-        raise UserError(f"algorithm={name}{shown} with trainer.num_generations={group_size}: {err}") from None
+        error = str(err) if name in ESTIMATORS else f"raised {type(err).__name__}: {err}"
+        raise UserError(f"algorithm={name}{shown} with trainer.num_generations={group_size}: {error}") from None

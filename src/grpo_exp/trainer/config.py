@@ -18,6 +18,7 @@ from trl import GRPOConfig
 from grpo_exp.errors import UserError
 from grpo_exp.schema import TrainerSchema, ZeroVarianceGroups
 from grpo_exp.trainer.advantages import TRL_ADVANTAGES, algorithm_settings
+from grpo_exp.trainer.losses import check_loss, is_trls, trl_loss_type
 from grpo_exp.trainer.sampling import (
     check_fast_generation_device,
     check_generation_path,
@@ -65,6 +66,11 @@ class GRPOExpConfig(GRPOConfig):
     )
     advantage_settings: dict[str, Any] = field(
         default_factory=dict, metadata={"help": "The estimator's settings, passed to it as keyword arguments."}
+    )
+    # trainer.loss_type when it is not one of TRL's (grpo_exp.trainer.losses): TRL's loss_type is then dapo's.
+    policy_loss: str | None = field(
+        default=None,
+        metadata={"help": "A per-token policy loss of grpo_exp's or the user's (module:name) in place of TRL's."},
     )
 
     def __post_init__(self):
@@ -118,6 +124,7 @@ def check_trainer(trainer_cfg: DictConfig, processes: int, *, multiturn: bool, p
         check_vllm()
     check_fsdp_device(fsdp=bool(parse_flag_from_env("ACCELERATE_USE_FSDP") or extra.get("fsdp")))
     check_zero_variance_groups(trainer_cfg.zero_variance_groups, processes)
+    check_loss(trainer_cfg)
     known = {f.name for f in dataclasses.fields(GRPOConfig)}
     for key, value in extra.items():
         if key not in known:
@@ -205,6 +212,8 @@ def grpo_exp_config(
         knobs.pop(key, None)
     if not knobs["save_steps"]:
         knobs.pop("save_steps")
+    loss = knobs["loss_type"]
+    knobs |= {"loss_type": trl_loss_type(loss), "policy_loss": None if is_trls(loss) else loss}
     # prompts_per_step is per optimisation step over all processes, so adding processes keeps the experiment.
     completions_per_process = trainer_cfg.prompts_per_step * trainer_cfg.num_generations // processes
     ours = {

@@ -33,6 +33,7 @@ from grpo_exp.schema import ZeroVarianceGroups
 from grpo_exp.stats import impute_group_means
 from grpo_exp.text import completion_text
 from grpo_exp.trainer.advantages import TRL_ADVANTAGES, estimate
+from grpo_exp.trainer.losses import policy_loss
 from grpo_exp.trainer.sampling import Sampler, fast_generation_pays
 from grpo_exp.trainer.scored_batch import ROW_KEYS, ScoredBatch, aggregated_reward
 from grpo_exp.trainer.shared_prompt import shared_prompt_forward
@@ -61,6 +62,7 @@ TRL_METHODS = {
         "compute_aux_loss",
     ),
     "compute_loss": ("model", "inputs", "return_outputs", "num_items_in_batch"),
+    "_compute_loss": ("model", "inputs"),
     "_save_checkpoint": ("model", "trial"),
 }
 # The trainer's attributes the seam reads (dotted: an attribute of one).
@@ -374,6 +376,12 @@ class HookedGRPOTrainer(GRPOTrainer):
             advantages=torch.tensor(list(self._logs["advantages"]), dtype=torch.float32),
             lengths=self.accelerator.gather(policy_tokens.sum(dim=1)).float().cpu(),
         )
+
+    def _compute_loss(self, model, inputs):
+        """TRL's loss, or a per-token loss of ours in its place (trainer.loss_type=module:name: trainer.losses)."""
+        if self.args.policy_loss is None:
+            return super()._compute_loss(model, inputs)
+        return policy_loss(self, model, inputs)
 
 
 def as_rollout_func(rollout):
