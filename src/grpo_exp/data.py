@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from reasoning_gym.factory import DATASETS
 
 from grpo_exp.errors import UserError
-from grpo_exp.plugins import check_takes, import_callable
+from grpo_exp.plugins import call_user, check_takes, import_callable
 from grpo_exp.schema import AnswerFormat, DataSource
 
 log = logging.getLogger(__name__)
@@ -129,7 +129,7 @@ def _table_rows(table: Dataset, data_cfg: DictConfig, limit: int | None) -> list
         table = table.select(range(min(limit, len(table))))
     return _rows(
         [str(q) for q in table[data_cfg.question_field]],
-        [str(a) for a in table[data_cfg.answer_field]],
+        ["" if a is None else str(a) for a in table[data_cfg.answer_field]],  # null: no answer (refused if all are)
         data_cfg,
     )
 
@@ -192,7 +192,9 @@ def check_data_function(data_cfg: DictConfig) -> None:
 def _function_splits(data_cfg: DictConfig) -> tuple[Dataset, Dataset]:
     """The user's rows, called once with dataset.function_args: a mapping of splits taken as it is, else carved."""
     where = f"{FUNCTION_KEY}={data_cfg.function}"
-    returned = _data_function(data_cfg)(**OmegaConf.to_container(data_cfg.function_args, resolve=True))
+    kwargs = OmegaConf.to_container(data_cfg.function_args, resolve=True)
+    given = f"the keys of dataset.function_args {sorted(kwargs)}" if kwargs else "no dataset.function_args"
+    returned = call_user(_data_function(data_cfg), where, given=given, **kwargs)
     if isinstance(returned, Mapping):  # a dict of splits, or a DatasetDict
         missing = [key for key in (data_cfg.train_split, data_cfg.eval_split) if key not in returned]
         if missing:
@@ -231,7 +233,9 @@ def _function_table(rows, data_cfg: DictConfig, where: str) -> Dataset:
             ]
             if missing:
                 raise UserError(f"{where}: row {index} has no {' and no '.join(missing)}; its keys: {list(row)}")
-        table = Dataset.from_dict({field: [str(row[field]) for row in rows] for field in fields})
+        table = Dataset.from_dict(
+            {field: ["" if row[field] is None else str(row[field]) for row in rows] for field in fields}
+        )
     else:
         raise UserError(f"{where} returned a {type(rows).__name__}: {FUNCTION_CONVENTION}")
     if not len(table):
@@ -264,6 +268,7 @@ def check_data_files(data_cfg: DictConfig) -> None:
         _check_hub(data_cfg)
     for key, path in files:
         _check_first_row(data_cfg, _first_row(path, key), key, path)
+        _check_some_answer(data_cfg, key, path)
 
 
 def _local_file(path: str, key: str) -> Path:
@@ -309,11 +314,64 @@ def _check_first_row(data_cfg: DictConfig, row: dict, key: str, path: str) -> No
         )
 
 
+def scorable(answer, data_cfg: DictConfig) -> bool:
+    """An answer a completion can be scored against: not empty (nor null), GSM8K's final answer included."""
+    if answer is None:
+        return False
+    text = gsm8k_final_answer(str(answer)) if data_cfg.answer_format is AnswerFormat.gsm8k else str(answer)
+    return bool(text.strip())
+
+
+def _answers(file: Path, field: str):
+    """The file's answers, one by one (read lazily: the first one that is not empty is enough)."""
+    if file.suffix == ".parquet":
+        parquet = pq.ParquetFile(file)
+        for group in range(parquet.num_row_groups):
+            yield from parquet.read_row_group(group, columns=[field]).column(field).to_pylist()
+    elif file.suffix == ".jsonl":
+        with file.open(encoding="utf-8") as f:
+            for line in f:
+                if line.strip():
+                    row = json.loads(line)
+                    yield row.get(field) if isinstance(row, dict) else None
+    else:
+        yield from load_dataset("json", data_files=str(file), split="train")[field]
+
+
+def _check_some_answer(data_cfg: DictConfig, key: str, path: str) -> None:
+    """A file whose every answer is empty cannot be scored at all (no reward, no accuracy): refused, naming it."""
+    try:
+        if any(scorable(answer, data_cfg) for answer in _answers(Path(path).expanduser(), data_cfg.answer_field)):
+            return
+    except (OSError, ValueError, KeyError, pa.ArrowException, DatasetGenerationError) as err:
+        raise UserError(f"{key}='{path}' could not be read: {str(err).splitlines()[0]}") from None
+    what = " after '####'" if data_cfg.answer_format is AnswerFormat.gsm8k else ""
+    raise UserError(
+        f"{key}='{path}': every answer in its column dataset.answer_field='{data_cfg.answer_field}' is empty{what}, so "
+        "no completion can be scored against it; fill in the answers, or point dataset.answer_field at the column "
+        "that holds them"
+    )
+
+
+def _check_scorable(rows: list[dict], data_cfg: DictConfig, split: str) -> None:
+    """The same for rows from any source (a hub dataset, a dataset function), once loaded, before any model loads."""
+    if rows and not any(row["solution"].strip() for row in rows):
+        source = data_cfg.function if data_cfg.source is DataSource.function else data_cfg.path
+        key = "dataset.function" if data_cfg.source is DataSource.function else "dataset.path"
+        raise UserError(
+            f"{key}={source}: every answer of its {split} split in dataset.answer_field='{data_cfg.answer_field}' is "
+            "empty, so no completion can be scored against it; fill in the answers, or point dataset.answer_field "
+            "at the column that holds them"
+        )
+
+
 def load_splits(data_cfg: DictConfig) -> tuple[Dataset, Dataset]:
     if data_cfg.source is DataSource.reasoning_gym:
         train, held_out = _reasoning_gym_splits(data_cfg)
     else:
         train, held_out = _table_splits(data_cfg)
+        _check_scorable(train, data_cfg, "training")
+        _check_scorable(held_out, data_cfg, "held-out")
     if not train or not held_out:
         raise UserError(f"dataset '{data_cfg.name}' gave {len(train)} training and {len(held_out)} held-out rows")
     log.info("Dataset %s: %d training prompts, %d held-out", data_cfg.name, len(train), len(held_out))

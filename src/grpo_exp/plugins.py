@@ -2,7 +2,8 @@
 
 Import paths are resolved as Hydra's `_target_` users expect from their project directory: the current working
 directory is importable (first on sys.path, as under `python -m`). Every failure (no such module, no such
-attribute, not callable) is one UserError naming the config key and its value, never a traceback.
+attribute, not callable, an error the user's code raises when called: call_user) is one UserError naming the config
+key and its value, never a traceback.
 """
 
 import importlib
@@ -90,3 +91,20 @@ def check_takes(func: Callable, kwargs: dict, where: str, settings_key: str) -> 
         raise UserError(
             f"{where}: does not take the keys of {settings_key} {sorted(kwargs)}: {err}; its signature is {signature}"
         ) from None
+
+
+def call_user(func: Callable, where: str, *args, given: str = "", **kwargs) -> Any:
+    """The user's `func` called; what it raises, one UserError (user_error), not a traceback."""
+    try:
+        return func(*args, **kwargs)
+    except Exception as err:  # noqa: BLE001 - the user's code: whatever it raises is theirs to see, in one line
+        raise user_error(where, err, given) from None
+
+
+def user_error(where: str, err: Exception, given: str = "") -> UserError:
+    """What the user's code raised, as one message starting with `where` (the key and its import path): the error's
+    type and first line. `given` says what it was called with, by the settings' keys, never their values (which may be
+    secrets)."""
+    message = f": {str(err).splitlines()[0]}" if str(err).strip() else ""
+    called = f" (called with {given})" if given else ""
+    return UserError(f"{where} raised {type(err).__name__}{message}{called}")

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from omegaconf import DictConfig, OmegaConf
 
 from grpo_exp.errors import UserError
-from grpo_exp.plugins import check_takes, import_callable, signature_of
+from grpo_exp.plugins import call_user, check_takes, import_callable, signature_of, user_error
 from grpo_exp.schema import CustomReward
 
 CONVENTION = (
@@ -87,7 +87,9 @@ def build_custom(name: str, settings: DictConfig) -> Callable:
     else:
         label = settings.factory
         factory = import_callable(label, f"{key}.factory", "a factory returning a reward function")
-        func = factory(**OmegaConf.to_container(settings.settings, resolve=True))
+        kwargs = OmegaConf.to_container(settings.settings, resolve=True)
+        given = f"the keys of {key}.settings {sorted(kwargs)}" if kwargs else "no settings"
+        func = call_user(factory, f"{key}.factory={label}", given=given, **kwargs)
         if not callable(func):
             raise UserError(f"{key}.factory={label} returned a {type(func).__name__}, not a function: {CONVENTION}")
         check_reward_function(func, f"{key}.factory={label}: the function it returned")
@@ -97,15 +99,24 @@ def build_custom(name: str, settings: DictConfig) -> Callable:
 def named_reward(name: str, label: str, func: Callable) -> Callable:
     """`func` called as TRL calls it, its result checked, under the component's name (TRL's rewards/<name>/mean)."""
     call = type(func).__call__ if not inspect.isroutine(func) else None  # a callable object's method
+    where = f"reward component '{name}' ({label})"  # what it raises while training: one message naming it
     if inspect.iscoroutinefunction(func) or (call is not None and inspect.iscoroutinefunction(call)):
 
         async def reward(completions, **kwargs):
-            return checked_rewards(name, label, await func(completions=completions, **kwargs), len(completions))
+            try:
+                rewards = await func(completions=completions, **kwargs)
+            except Exception as err:  # noqa: BLE001 - the user's code: its error in one line, naming the component
+                raise user_error(where, err) from err
+            return checked_rewards(name, label, rewards, len(completions))
 
     else:
 
         def reward(completions, **kwargs):
-            return checked_rewards(name, label, func(completions=completions, **kwargs), len(completions))
+            try:
+                rewards = func(completions=completions, **kwargs)
+            except Exception as err:  # noqa: BLE001 - as above
+                raise user_error(where, err) from err
+            return checked_rewards(name, label, rewards, len(completions))
 
     reward.__name__ = reward.__qualname__ = name
     reward.__doc__ = f"The user's reward component '{name}': {label}."
