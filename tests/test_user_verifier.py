@@ -247,7 +247,7 @@ RESOLVE_CASES = {
         "dataset.function=user_task:rows: row 0 has no dataset.question_field='question' and no "
         "dataset.answer_field='answer'; its keys: ['prompt_text', 'reply']",
     ),
-    "fine": (["dataset=mine", "verifier=self", "verifier.labels=user_task:parity", "reward=correct"], None),
+    "fine": (["dataset=mine", "verifier.labels=user_task:parity", "reward=correct"], None),
     "splits": (
         ["dataset=function", "dataset.function=user_task:splits", "dataset.eval_split=validation"]
         + ["dataset.question_field=prompt_text", "dataset.answer_field=reply"],

@@ -21,10 +21,10 @@ from grpo_exp.errors import UserError
 BOXED_PROMPT = "{question}\nPut your final answer within \\boxed{}."
 
 
-def knob(default: Any = MISSING, *, ge=None, gt=None, le=None, lt=None, contains=(), why=None):
+def knob(default: Any = MISSING, *, ge=None, gt=None, le=None, lt=None, contains=(), why=None, nonfinite=None):
     """A field with the bounds its value must respect (checked by check_values; None always passes: a field that
-    may be None says so in its type)."""
-    limits = {"ge": ge, "gt": gt, "le": le, "lt": lt, "contains": contains, "why": why}
+    may be None says so in its type). Every float must be finite (nan, inf, -inf are refused) unless nonfinite=True."""
+    limits = {"ge": ge, "gt": gt, "le": le, "lt": lt, "contains": contains, "why": why, "nonfinite": nonfinite}
     return field(default=default, metadata={k: v for k, v in limits.items() if v not in (None, ())})
 
 
@@ -623,9 +623,16 @@ def register_schemas() -> None:
 # ---- values a type cannot check ------------------------------------------------------------------------------
 
 
+# Settings of free-form keys whose numbers are checked too: GRPOConfig's pass-through fields, the tiny model's shape,
+# the advantage estimator's settings. (The keyword arguments of the user's own functions, dataset.function_args and a
+# component's settings, are theirs.)
+FREE_FORM_NUMBERS = ("trainer.extra", "model.architecture", "algorithm")
+
+
 def check_values(node: DictConfig, prefix: str = "") -> None:
-    """Every field's bounds (knob metadata), recursively, for a config built on these dataclasses: raises one
-    UserError naming the first bad key, its value and what is allowed."""
+    """Every field's bounds (knob metadata), recursively, for a config built on these dataclasses, and every float
+    finite (a field's own, or one under FREE_FORM_NUMBERS): raises one UserError naming the first bad key, its value
+    and what is allowed."""
     schema = OmegaConf.get_type(node)
     fields = {f.name: f for f in dataclasses.fields(schema)} if dataclasses.is_dataclass(schema) else {}
     for key in node:
@@ -635,20 +642,37 @@ def check_values(node: DictConfig, prefix: str = "") -> None:
         if OmegaConf.is_interpolation(node, key):  # an alias (judge settings under a reward): checked at its source
             continue
         value = node[key]
-        if isinstance(value, DictConfig):
+        if path in FREE_FORM_NUMBERS and isinstance(value, DictConfig | ListConfig):
+            _check_finite(path, OmegaConf.to_container(value, resolve=True))
+        elif isinstance(value, DictConfig):
             check_values(value, f"{path}.")
         elif key in fields and not isinstance(value, ListConfig):
             _check_value(path, value, fields[key].metadata)
+        elif key in fields:
+            _check_finite(path, OmegaConf.to_container(value, resolve=True), fields[key].metadata)
+
+
+def _check_finite(path: str, value: Any, limits: dict | None = None) -> None:
+    """Every float in a value (a list's, a mapping's too) is finite, unless the field allows it."""
+    if (limits or {}).get("nonfinite"):
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_finite(f"{path}.{key}", item)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _check_finite(f"{path}[{index}]", item)
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise UserError(f"{path}={value}: must be a finite number (nan, inf and -inf are not numbers a setting takes)")
 
 
 def _check_value(path: str, value: Any, limits: dict) -> None:
+    _check_finite(path, value, limits)
     if value is None or not limits:
         return
     why = limits.get("why")
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         return
-    if isinstance(value, float) and not math.isfinite(value):
-        raise UserError(f"{path}={value}: must be a finite number")
     for bound, test, words in (
         ("ge", float.__ge__, "at least"),
         ("gt", float.__gt__, "greater than"),

@@ -1,10 +1,12 @@
 """Resolve: the composed config -> the typed run spec, every check of a run made here, once, before anything is built.
 
 The checks run in this order, each raising one UserError that names the key the user typed:
-1. values the user must set, then every value's bounds (the schema's knob metadata);
+1. values the user must set; every path of the right kind (a file, a directory); every value's bounds (the schema's
+   knob metadata, every float finite);
 2. the reward components on their typed schemas (the mix's own settings and weights; a component of the user's
-   own: its import path and signature, grpo_exp.rewards.custom);
-3. the rules between fields: the verifier a component needs, the judge's settings, the trainer's knobs (batch
+   own: its import path and signature, grpo_exp.rewards.custom), and the correctness labels (verifier.labels);
+3. no value for a setting that this run would ignore (grpo_exp.run.inert: e.g. eval.patience without eval.every);
+   then the rules between fields: the verifier a component needs, the judge's settings, the trainer's knobs (batch
    split, zero-variance groups, the sampling copy, pass-through GRPOConfig fields), the advantage estimator
    (algorithm.*) against them, the rollout, the
    self-verification task against the trainer;
@@ -16,25 +18,30 @@ tokenizer or model (a chat template, single-token verdicts or scores, a prepacke
 that object is loaded.
 """
 
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
+import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from grpo_exp.data import check_data_files
 from grpo_exp.errors import UserError
 from grpo_exp.models import check_reachable, torch_dtype, trained_dtype
+from grpo_exp.paths import CONF_DIR
 from grpo_exp.rewards import GRADED_COMPONENTS
 from grpo_exp.rewards.judge import check_judge
 from grpo_exp.rewards.registry import reward_weights, typed_components
 from grpo_exp.rewards.rubric import load_rubric_file
 from grpo_exp.rollout.tools import check_tool_names
 from grpo_exp.run.distributed import world_size
+from grpo_exp.run.files import CONFIG_FILE
+from grpo_exp.run.inert import check_only_with
 from grpo_exp.run.resume import Attempt, resolve_attempt
 from grpo_exp.run.tracking import redact, report_to
 from grpo_exp.run.validation import check_validation
-from grpo_exp.schema import RolloutName, VerifierName, check_values
+from grpo_exp.schema import DataSource, RolloutName, VerifierName, check_values
 from grpo_exp.trainer.advantages import check_algorithm
 from grpo_exp.trainer.config import GRPOExpConfig, check_trainer, grpo_exp_config
 from grpo_exp.verification.labels import check_labels
@@ -78,14 +85,18 @@ class RunSpec:
         return "confidence" in self.components or "selfverify" in self.components
 
 
-def resolve(cfg: DictConfig, processes: int | None = None, trainer_dir: Path | None = None) -> RunSpec:
+def resolve(
+    cfg: DictConfig, processes: int | None = None, trainer_dir: Path | None = None, evaluating: bool = False
+) -> RunSpec:
     """`processes`: how many processes train together (default: this launch's); `trainer_dir`: where the trainer
-    writes its checkpoints, for a training run (its GRPOExpConfig is made and checked too)."""
+    writes its checkpoints, for a training run (its GRPOExpConfig is made and checked too); `evaluating`: a
+    checkpoint is evaluated in place of the config's model (grpo_exp.evaluate), whose own settings are not checked."""
     check_required(cfg)
+    check_paths(cfg)
     load_rubric_file(cfg.judge)  # judge.rubric_file: its rubric replaces judge.rubric, recorded in the run's config
     check_values(cfg)
     components = typed_components(cfg.reward)
-    saved_config = redact(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
+    saved_config = absolute_paths(redact(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)))
     spec = RunSpec(
         cfg=cfg,
         components=components,
@@ -95,6 +106,7 @@ def resolve(cfg: DictConfig, processes: int | None = None, trainer_dir: Path | N
         saved_config=saved_config,
     )
     check_verifier(spec)
+    check_only_with(cfg, evaluating)  # once each setting is known to be valid on its own
     if "judge" in spec.components:
         check_judge(cfg.judge, spec.processes)
     check_trainer(cfg.trainer, spec.processes, multiturn=spec.multiturn, policy_dtype=spec.policy_dtype)
@@ -145,3 +157,91 @@ def check_rollout(spec: RunSpec) -> None:
     if spec.cfg.trainer.extra.get("use_vllm"):
         raise UserError("rollout=multiturn generates with transformers; use generation=transformers")
     check_tool_names(list(spec.cfg.rollout.tools))
+
+
+# ---- paths: of the right kind before anything loads, saved absolute -----------------------------------------------
+
+FILE, DIRECTORY = "a file", "a directory"
+LOCAL_DATA = (".jsonl", ".json", ".parquet")  # grpo_exp.data.FILE_BUILDERS
+# Settings naming a local path (some may name a hub id, a model option or a URI instead: `_local_path` says when it is
+# a path), the kind each must be, and what it names (for the message).
+PATH_SETTINGS: dict[str, tuple[str, str]] = {
+    "model.name_or_path": (DIRECTORY, "a model directory (with config.json) or a hub id"),
+    "model.chat_template": (FILE, "a Jinja template, or a file holding one"),
+    "dataset.path": (FILE, "a .jsonl, .json or .parquet file (or a hub dataset)"),
+    "dataset.eval_path": (FILE, "a .jsonl, .json or .parquet file"),
+    "judge.rubric_file": (FILE, "a YAML file of a rubric"),
+    "judge.model": (DIRECTORY, "a model option, a model directory, a grpo_exp run directory or a hub id"),
+    "judge.tokenizer": (DIRECTORY, "a model option, a model directory or a hub id"),
+    "verifier.model": (DIRECTORY, "initial_policy, a model option, a model directory, a run directory or a hub id"),
+    "trainer.resume": (DIRECTORY, "auto, a run directory or a checkpoint directory"),
+    "logger.tracking_uri": (DIRECTORY, "a URI or a directory for a local MLflow store"),
+    "cache_dir": (DIRECTORY, "the directory materialised models are kept in"),
+    "outputs_dir": (DIRECTORY, "the directory run directories go in"),
+}
+NOT_PATHS = ("auto", "initial_policy")
+# Saved absolute when they name an existing path, so that `grpo-exp evaluate <run dir>` reads them from anywhere.
+EVALUATION_PATHS = ("model.chat_template", "dataset.path", "dataset.eval_path", "judge.rubric_file", "judge.model")
+EVALUATION_PATHS += ("judge.tokenizer", "verifier.model", "logger.tracking_uri", "cache_dir")
+
+
+def _local_path(key: str, value) -> Path | None:
+    """The local path a setting's value names, or None where it names something else (a hub id, a model option, a
+    URI, a template's text) or nothing."""
+    if not isinstance(value, str) or not value or value in NOT_PATHS or "://" in value or value.startswith("sqlite:"):
+        return None
+    if key in ("judge.model", "judge.tokenizer", "verifier.model") and (CONF_DIR / "model" / f"{value}.yaml").is_file():
+        return None
+    if key == "model.chat_template" and ("\n" in value or "{" in value):
+        return None
+    return Path(value).expanduser()
+
+
+def check_paths(cfg: DictConfig) -> None:
+    """Each path setting that names an existing path names one of its kind (a data file that is a directory, a model
+    directory that is a file...); a directory to create must not lie under a file."""
+    for key, (kind, names) in PATH_SETTINGS.items():
+        path = _local_path(key, OmegaConf.select(cfg, key))
+        if path is None:
+            continue
+        if key == "dataset.path" and path.suffix not in LOCAL_DATA and cfg.dataset.source is DataSource.hub:
+            continue  # a hub dataset's id, or a local directory that datasets loads as one
+        found = next((p for p in (path, *path.parents) if p.exists()), None)
+        if found is None:
+            continue
+        if found == path:
+            if kind is FILE and path.is_dir():
+                raise UserError(f"{key}={path}: a directory, where {key} names {names}")
+            if kind is DIRECTORY and not path.is_dir():
+                raise UserError(f"{key}={path}: a file, where {key} names {names}")
+        elif not found.is_dir():
+            raise UserError(f"{key}={path}: {found} is a file, so nothing can be under it; {key} names {names}")
+
+
+def absolute_paths(saved: dict) -> dict:
+    """The saved config with each path setting naming an existing local path made absolute (it was read against the
+    current directory): a run's config.yaml says which files it read, wherever it is read from."""
+    for key in PATH_SETTINGS:
+        parent, _, name = key.rpartition(".")
+        node = saved.get(parent, {}) if parent else saved
+        path = _local_path(key, node.get(name)) if isinstance(node, dict) else None
+        if path is not None and (path.exists() or key in ("cache_dir", "outputs_dir")):
+            node[name] = os.path.abspath(path)
+    return saved
+
+
+def saved_path_overrides(run_dir: Path) -> list[str]:
+    """Overrides giving a run's re-composed config (grpo_exp.evaluate) the absolute paths its config.yaml saved (where
+    they still exist), in place of the relative ones of its overrides and config files, which were read against the
+    directory the run was started in."""
+    saved_file = run_dir / CONFIG_FILE
+    saved = (yaml.safe_load(saved_file.read_text(encoding="utf-8")) or {}) if saved_file.is_file() else {}
+    overrides = []
+    for key in EVALUATION_PATHS:
+        parent, _, name = key.rpartition(".")
+        node = saved.get(parent, {}) if parent else saved
+        value = node.get(name) if isinstance(node, dict) else None
+        if isinstance(value, str) and os.path.isabs(value) and os.path.exists(value):
+            quoted = value.replace("\\", "\\\\").replace("'", "\\'")
+            overrides.append(f"{key}='{quoted}'")
+    return overrides
