@@ -9,6 +9,10 @@
   experiment/<name>.yaml in their config directory is found by Hydra's own file source, first when given by
   `--config-dir`).
 
+A config of the user's own (in `--config-dir DIR` or `hydra.searchpath`) with the name of a built-in one (conf/'s
+reward/format.yaml, dataset/arith.yaml..., experiments/' presets) is refused, naming the file: Hydra would take the
+built-in (conf/ comes first on the search path) and ignore the user's without a word.
+
 conf/config.yaml puts `grpo-exp://virtual` on its search path, and so does GrpoExpSearchPathPlugin wherever the
 primary config directory is grpo_exp's conf/ (an override `hydra.searchpath=[...]` replaces the config's list): only
 grpo_exp's app sees this source.
@@ -16,6 +20,7 @@ grpo_exp's app sees this source.
 
 import builtins
 import sys
+from pathlib import Path
 
 from hydra._internal.sources_registry import SourcesRegistry
 from hydra.core.config_search_path import ConfigSearchPath
@@ -62,6 +67,7 @@ class GrpoExpConfigSource(ConfigSource):
         # Where to look for a mix's parts; without a search path (not built by Hydra's repository), conf/ alone.
         self._search_path = _search_path_being_initialised() or [("main", f"file://{CONF_DIR}")]
         self._sibling_sources: list[ConfigSource] | None = None
+        self._refuse_shadowing()
 
     @staticmethod
     def scheme() -> str:
@@ -125,6 +131,26 @@ class GrpoExpConfigSource(ConfigSource):
                 names.update(source.list(REWARD, ObjectType.CONFIG))
         return sorted(n for n in names if MIX_SEPARATOR not in n)
 
+    def _refuse_shadowing(self) -> None:
+        """A config directory of the user's must not hold a config with a built-in's path (Hydra would ignore it)."""
+        built_in = built_in_configs()
+        for source in self._siblings():
+            if source.scheme() == "file" and Path(source.path).resolve() == CONF_DIR.resolve():
+                continue
+            if source.scheme() == "pkg" and source.path.startswith("hydra.conf"):
+                continue
+            for config_path in built_in:
+                if source.is_config(config_path):
+                    group, _, name = config_path.rpartition("/")
+                    renamed = f"{group}/my_{name}.yaml" if group else f"my_{name}.yaml"
+                    component = f" and its component components.my_{name}" if group == REWARD else ""
+                    where = source.path if source.scheme() == "file" else source.full_path()
+                    raise ConfigCompositionException(
+                        f"{where}/{config_path}.yaml has the name of grpo_exp's built-in "
+                        f"{config_path}: Hydra takes the built-in one and would ignore yours. Built-in names are "
+                        f"refused for your own configs: rename it (e.g. {renamed}{component})"
+                    )
+
     def _siblings(self) -> builtins.list[ConfigSource]:
         """The search path's other sources (as Hydra's repository makes them), made once, when a mix first needs
         them."""
@@ -138,6 +164,17 @@ class GrpoExpConfigSource(ConfigSource):
                 source_type = SourcesRegistry.instance().resolve(scheme)
                 self._sibling_sources.append(source_type(provider, path))
         return self._sibling_sources
+
+
+def built_in_configs() -> builtins.list[str]:
+    """The config paths grpo_exp ships: every option of conf/'s groups (hydra/ aside), the primary config and the
+    experiments/ presets."""
+    options = [
+        str(path.relative_to(CONF_DIR).with_suffix(""))
+        for path in CONF_DIR.rglob("*.yaml")
+        if path.relative_to(CONF_DIR).parts[0] != "hydra"
+    ]
+    return sorted(options) + [f"experiment/{name}" for name in experiment_presets()]
 
 
 class GrpoExpSearchPathPlugin(SearchPathPlugin):

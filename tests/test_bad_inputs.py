@@ -1,0 +1,363 @@
+"""Classes of bad input (issue 34), each refused with one message naming the key the user typed and what is allowed,
+before any model loads: several cases of each class, in-process where it can be (composition, then resolve), through
+the command line where only that shows it (a user's config directory, evaluating from another directory)."""
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from transformers import AutoModelForCausalLM
+
+from grpo_exp.data import check_data_files, load_splits
+from grpo_exp.errors import UserError
+from grpo_exp.paths import experiment_presets
+from grpo_exp.run.build import build_parts
+from grpo_exp.run.resolve import resolve, saved_path_overrides
+from support.config import TINY_RUN, compose_config
+from tests.helpers.cli import run_cli
+
+GRPO_EXP = Path(sys.executable).with_name("grpo-exp")
+BASE = [*TINY_RUN, "logger=none"]
+
+
+@pytest.fixture
+def no_model_loads(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the config was checked")
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", refuse)
+    monkeypatch.setattr(AutoModelForCausalLM, "from_config", refuse)
+
+
+def refused(overrides: list[str]) -> str:
+    with pytest.raises(UserError) as err:
+        resolve(compose_config([*BASE, *overrides]), processes=1)
+    message = str(err.value)
+    assert "Traceback" not in message and len(message.splitlines()) <= 3, message
+    return message
+
+
+# ---- 1. a setting that has no effect given the others ------------------------------------------------------------
+
+IGNORED = [  # (overrides, the key typed, the key that turns it off)
+    (["eval.patience=3"], "eval.patience", "eval.every=0"),
+    (["eval.every_problems=10"], "eval.every_problems", "eval.every=0"),
+    (["eval.alarm=stop"], "eval.alarm", "eval.every=0"),
+    (["eval.verification_benchmark.problems=50"], "eval.verification_benchmark.problems", "enabled=false"),
+    (["rollout.max_turns=5"], "rollout.max_turns", "rollout=single"),
+    (["rollout.tools=[calculator]"], "rollout.tools", "rollout=single"),
+    (["rollout=multiturn", "rollout.tools=[calculator]", "rollout.python.memory_mb=64"], "rollout.python", "tools"),
+    (["judge.base_url=http://judge:8000/v1"], "judge.base_url", "reward=math has no judge"),
+    (["judge=openai"], "judge.backend", "reward=math has no judge"),
+    (["reward=math+judge", "judge.temperature=0.5"], "judge.temperature", "judge.mode=scores"),
+    (["reward=math+judge", "judge.concurrency=2"], "judge.concurrency", "judge.backend=local"),
+    (["verifier=genrm"], "verifier.name", "reward=math has neither"),
+    (["reward=math+selfverify", "verifier.yes_token=Y"], "verifier.yes_token", "verifier.name=math_verify"),
+    (["reward=confidence", "verifier=self", "verifier.model=tiny"], "verifier.model", "verifier.name=self"),
+    (["model.lora.r=8"], "model.lora.r", "model.lora.enabled=false"),
+    (["model.name_or_path=some/model"], "model.name_or_path", "model.source=tiny"),
+    (["trainer.max_resample_batches=8"], "trainer.max_resample_batches", "trainer.zero_variance_groups=skip"),
+    (["trainer.warmup_steps=5"], "trainer.warmup_steps", "trainer.lr_scheduler_type=constant"),
+    (["dataset.path=train.jsonl"], "dataset.path", "dataset.source=reasoning_gym"),
+    (["dataset.hub_config=main"], "dataset.hub_config", "dataset.source=reasoning_gym"),
+    (["dataset=gsm8k", "dataset.seed=3"], "dataset.seed", "dataset=gsm8k"),
+    (["dataset.function=my_data:rows"], "dataset.function", "dataset.source=reasoning_gym"),
+    (["reward=math+selfverify", "reward.components.selfverify.every=2"], "selfverify.every", "schedule=joint"),
+    (["reward=math+selfverify", "reward.components.selfverify.yes_share=0.3"], "yes_share", "balance=pairs"),
+    (["stats.enabled=false", "stats.table_every=5"], "stats.table_every", "stats.enabled=false"),
+    (["logger.tracking_uri=mlruns"], "logger.tracking_uri", "logger.backend=none"),
+]
+
+
+@pytest.mark.parametrize("overrides,key,switch", IGNORED)
+def test_a_setting_this_run_would_ignore_is_refused_naming_both_keys(overrides, key, switch, no_model_loads):
+    message = refused(overrides)
+    assert key in message.split(" is read only ")[0] and switch in message, message
+    assert "or leave" in message
+
+
+ACTING = [
+    ["eval.every=2", "eval.patience=3", "eval.alarm=stop"],
+    ["rollout=multiturn", "rollout.max_turns=5", "rollout.tools=[calculator]"],
+    ["eval.verification_benchmark.enabled=true", "eval.verification_benchmark.problems=50"],
+    ["model.lora.enabled=true", "model.lora.r=8"],
+    ["trainer.zero_variance_groups=resample", "trainer.max_resample_batches=8"],
+    ["trainer.lr_scheduler_type=linear", "trainer.warmup_steps=1"],
+    ["reward=math+selfverify", "trainer.prompts_per_step=3", "verifier=self", "verifier.yes_token=Yes"],
+    ["reward=math+judge", "judge.mode=text", "judge.temperature=0.5", "judge.model=tiny"],
+]
+
+
+@pytest.mark.parametrize("overrides", [[f"+experiment={name}"] for name in experiment_presets()] + ACTING)
+def test_presets_defaults_and_settings_that_act_still_resolve(overrides, no_model_loads):
+    resolve(compose_config([*overrides, "logger=none"]), processes=1)
+
+
+# ---- 2. an error raised inside the user's own code at build time -------------------------------------------------
+
+USER_MODULE = """
+class Broken(Exception):
+    pass
+
+
+def make_reward(secret):
+    raise Broken("no reward today")
+
+
+def constant(completions, **kwargs):
+    raise ValueError("cannot score")
+
+
+def rows(n=10):
+    raise KeyError("rows")
+
+
+def empty_answers():
+    return [{"question": f"q{i}", "answer": " "} for i in range(8)]
+"""
+
+
+@pytest.fixture
+def user_module(tmp_path, monkeypatch):
+    name = f"user_code_{tmp_path.name}"
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(USER_MODULE))
+    (tmp_path / f"{name}_broken.py").write_text("raise RuntimeError('broken at import')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield name
+    for module in (name, f"{name}_broken"):
+        sys.modules.pop(module, None)
+
+
+def build_error(overrides: list[str]) -> str:
+    with pytest.raises(UserError) as err:
+        spec = resolve(compose_config([*BASE, *overrides]), processes=1)
+        parts = build_parts(spec)
+        load_splits(spec.cfg.dataset)
+        for reward in parts.reward_funcs:
+            reward(prompts=["p"], completions=[[{"role": "assistant", "content": "x"}]], solution=["1"])
+    return str(err.value)
+
+
+@pytest.mark.parametrize(
+    "overrides,expected",
+    [
+        (
+            ["+reward.components.mine.factory={m}:make_reward", "+reward.components.mine.weight=1",
+             "+reward.components.mine.settings.secret=hunter2"],
+            "reward.components.mine.factory={m}:make_reward raised Broken: no reward today (called with the keys of "
+            "reward.components.mine.settings ['secret'])",
+        ),
+        (
+            ["dataset=function", "dataset.function={m}:rows"],
+            "dataset.function={m}:rows raised KeyError: 'rows' (called with no dataset.function_args)",
+        ),
+        (
+            ["+reward.components.mine.function={m}:constant", "+reward.components.mine.weight=1"],
+            "reward component 'mine' ({m}:constant) raised ValueError: cannot score",
+        ),
+        (
+            ["+reward.components.mine.function={m}_broken:f", "+reward.components.mine.weight=1"],
+            "reward.components.mine.function={m}_broken:f: importing '{m}_broken' failed: RuntimeError: broken at",
+        ),
+        (
+            ["rollout=multiturn", "rollout.tools=[{m}_broken:tool]"],
+            "rollout.tools[0]={m}_broken:tool: importing '{m}_broken' failed: RuntimeError: broken at import",
+        ),
+    ],
+)  # fmt: skip
+def test_what_the_users_code_raises_is_one_message_naming_the_key(user_module, overrides, expected, no_model_loads):
+    message = build_error([o.format(m=user_module) for o in overrides])
+    assert expected.format(m=user_module) in message, message
+    assert "hunter2" not in message and "Traceback" not in message
+
+
+def test_the_command_line_prints_what_a_factory_raised_without_a_traceback(tmp_path):
+    (tmp_path / "my_rewards.py").write_text(textwrap.dedent(USER_MODULE))
+    result = subprocess.run(
+        [str(GRPO_EXP), "train", *BASE, f"hydra.run.dir={tmp_path / 'run'}", "+reward.components.mine.weight=1",
+         "+reward.components.mine.factory=my_rewards:make_reward", "+reward.components.mine.settings.secret=hunter2"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "reward.components.mine.factory=my_rewards:make_reward raised Broken: no reward today" in result.stderr
+    said = next(line for line in result.stderr.splitlines() if "raised Broken" in line)
+    assert "hunter2" not in said and "Traceback" not in result.stderr  # (Hydra echoes the overrides typed, above it)
+    assert "Loading model" not in result.stdout + result.stderr
+
+
+# ---- 3. a path that exists but is the wrong kind -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "overrides,expected",
+    [
+        (["model=pretrained", "model.name_or_path={file}"], "model.name_or_path={file}: a file, where"),
+        (["dataset=files", "dataset.path={dir}"], "dataset.path={dir}: a directory, where dataset.path names a"),
+        (["dataset=files", "dataset.path={data}", "dataset.eval_path={dir}"], "dataset.eval_path={dir}: a directory"),
+        (["reward=math+judge", "judge.rubric_file={dir}"], "judge.rubric_file={dir}: a directory, where"),
+        (["reward=math+judge", "judge.model={file}"], "judge.model={file}: a file, where judge.model names"),
+        (["cache_dir={file}"], "cache_dir={file}: a file, where cache_dir names the directory"),
+        (["cache_dir={file}/models"], "cache_dir={file}/models: {file} is a file, so nothing can be under it"),
+        (["outputs_dir={file}"], "outputs_dir={file}: a file, where outputs_dir names"),
+        (["trainer.resume={file}"], "trainer.resume={file}: a file, where trainer.resume names"),
+        (["model.chat_template={dir}"], "model.chat_template={dir}: a directory, where model.chat_template names"),
+        (["logger=mlflow", "logger.tracking_uri={file}"], "logger.tracking_uri={file}: a file, where"),
+    ],
+)
+def test_a_path_of_the_wrong_kind_is_refused_before_any_model_loads(tmp_path, overrides, expected, no_model_loads):
+    paths = {"file": tmp_path / "a_file", "dir": tmp_path / "a_dir.jsonl", "data": tmp_path / "train.jsonl"}
+    paths["file"].write_text("not a directory\n")
+    paths["dir"].mkdir()
+    write_rows(paths["data"], 9)
+    message = refused([o.format(**paths) for o in overrides])
+    assert expected.format(**paths) in message, message
+
+
+# ---- 4. a config of the user's with a built-in's name ------------------------------------------------------------
+
+SHADOWING = {
+    "reward/format.yaml": "defaults:\n  - /reward_component/custom@components.format\n  - _self_\n"
+    "components:\n  format:\n    weight: 1.0\n    function: my_rewards:brevity\n",
+    "dataset/arith.yaml": "name: arith\nsource: files\npath: data.jsonl\n",
+    "experiment/smoke.yaml": "# @package _global_\ntrainer:\n  beta: 0.5\n",
+}
+
+
+@pytest.mark.parametrize("config_path", sorted(SHADOWING))
+@pytest.mark.parametrize("how", ["--config-dir", "hydra.searchpath"])
+def test_a_config_of_yours_with_a_built_in_name_is_refused_naming_the_file(tmp_path, config_path, how):
+    target = tmp_path / "configs" / config_path
+    target.parent.mkdir(parents=True)
+    target.write_text(SHADOWING[config_path])
+    where = ["--config-dir", "configs"] if how == "--config-dir" else [f"hydra.searchpath=[file://{tmp_path}/configs]"]
+    result = subprocess.run(
+        [str(GRPO_EXP), "train", *where, "--cfg", "job"], cwd=tmp_path, capture_output=True, text=True, check=False
+    )
+    assert result.returncode != 0
+    group, name = config_path.removesuffix(".yaml").split("/")
+    assert f"{tmp_path / 'configs'}/{config_path} has the name of grpo_exp's built-in {group}/{name}" in result.stderr
+    assert f"rename it (e.g. {group}/my_{name}.yaml" in result.stderr and "Traceback" not in result.stderr
+
+
+# ---- 5. a run's relative paths saved absolute: evaluated from anywhere -------------------------------------------
+
+
+def write_rows(path: Path, rows: int = 12, answer=lambda i: str(i + 1)) -> Path:
+    path.write_text("".join(json.dumps({"question": f"{i} + 1?", "answer": answer(i)}) + "\n" for i in range(rows)))
+    return path
+
+
+def test_the_saved_config_holds_absolute_paths_and_evaluation_reads_them(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write_rows(tmp_path / "train.jsonl")
+    spec = resolve(compose_config([*BASE, "dataset=files", "dataset.path=train.jsonl", "cache_dir=cache"]), processes=1)
+    saved = spec.saved_config
+    assert saved["dataset"]["path"] == str(tmp_path / "train.jsonl")
+    assert saved["cache_dir"] == str(tmp_path / "cache") and saved["outputs_dir"] == str(tmp_path / "outputs")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.yaml").write_text(yaml.safe_dump(saved))
+    overrides = saved_path_overrides(tmp_path / "run")
+    assert f"dataset.path='{tmp_path / 'train.jsonl'}'" in overrides
+    cfg = compose_config([*BASE, "dataset=files", "dataset.path=train.jsonl", *overrides])
+    assert cfg.dataset.path == str(tmp_path / "train.jsonl")
+
+
+@pytest.mark.e2e
+def test_a_run_is_evaluated_from_another_directory(tmp_path):
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    (project / "data").mkdir(parents=True)
+    elsewhere.mkdir()
+    write_rows(project / "data" / "train.jsonl", 16)
+    run_dir = project / "run"
+    train = subprocess.run(
+        [str(GRPO_EXP), "train", "model=tiny", "trainer=debug", "logger=none", "dataset=files",
+         "dataset.path=data/train.jsonl", "dataset.eval_size=4", "eval.before=false", "eval.after=false",
+         f"hydra.run.dir={run_dir}"],
+        cwd=project, capture_output=True, text=True, timeout=900, check=False,
+    )  # fmt: skip
+    assert train.returncode == 0, train.stderr[-3000:]
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert saved["dataset"]["path"] == str(project / "data" / "train.jsonl")
+    evaluate = subprocess.run(
+        [str(GRPO_EXP), "evaluate", str(run_dir), "eval.samples=0"],
+        cwd=elsewhere, capture_output=True, text=True, timeout=900, check=False,
+    )  # fmt: skip
+    assert evaluate.returncode == 0, evaluate.stderr[-3000:]
+    assert json.loads((run_dir / "evaluation.json").read_text())["problems"] == 4
+
+
+# ---- 6. a number that is not finite ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("trainer.beta=inf", "trainer.beta=inf"),
+        ("reward.components.math.weight=nan", "reward.components.math.weight=nan"),
+        ("eval.temperature=-inf", "eval.temperature=-inf"),
+        ("+trainer.extra.epsilon_high=inf", "trainer.extra.epsilon_high=inf"),
+        ("algorithm=pass_at_k algorithm.threshold=nan", "algorithm.threshold=nan"),
+        ("+model.architecture.rope_theta=nan", "model.architecture.rope_theta=nan"),
+        ("eval.verification_benchmark.temperature=inf", "eval.verification_benchmark.temperature=inf"),
+        ("judge.max_failure_rate=nan", "judge.max_failure_rate=nan"),
+    ],
+)
+def test_a_float_that_is_not_finite_is_refused_naming_the_key(override, key, no_model_loads):
+    assert f"{key}: must be a finite number" in refused(override.split())
+
+
+# ---- 7. a data file whose answers cannot be scored ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name,answers,overrides",
+    [
+        ("train.jsonl", ["", " ", ""], []),
+        ("train.jsonl", [None, None, None], []),
+        ("train.jsonl", ["Because... #### ", "So #### ", "####"], ["dataset.answer_format=gsm8k"]),
+        ("train.parquet", ["", "", ""], []),
+        ("train.json", ["", "", ""], []),
+    ],
+)
+def test_a_data_file_whose_answers_are_all_empty_is_refused_naming_it(tmp_path, name, answers, overrides):
+    path = tmp_path / name
+    rows = [{"question": f"q{i}", "answer": a} for i, a in enumerate(answers * 4)]
+    if name.endswith(".parquet"):
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    elif name.endswith(".json"):
+        path.write_text(json.dumps(rows))
+    else:
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    cfg = compose_config(["dataset=files", f"dataset.path={path}", "dataset.eval_size=2", *overrides])
+    with pytest.raises(UserError) as err:
+        check_data_files(cfg.dataset)
+    assert f"dataset.path='{path}': every answer in its column dataset.answer_field='answer' is empty" in str(err.value)
+
+
+def test_one_answer_is_enough_and_a_held_out_file_is_checked_too(tmp_path):
+    train = write_rows(tmp_path / "train.jsonl", 6, answer=lambda i: "7" if i == 5 else "")
+    held_out = write_rows(tmp_path / "eval.jsonl", 3, answer=lambda i: "")
+    cfg = compose_config(["dataset=files", f"dataset.path={train}"])
+    check_data_files(cfg.dataset)
+    cfg = compose_config(["dataset=files", f"dataset.path={train}", f"dataset.eval_path={held_out}"])
+    with pytest.raises(UserError, match=r"dataset.eval_path='.*eval.jsonl': every answer in its column"):
+        check_data_files(cfg.dataset)
+
+
+def test_a_dataset_function_whose_answers_are_all_empty_is_refused(user_module):
+    cfg = compose_config(["dataset=function", f"dataset.function={user_module}:empty_answers", "dataset.eval_size=2"])
+    with pytest.raises(UserError, match=r"dataset.function=.*:empty_answers: every answer of its training split"):
+        load_splits(cfg.dataset)
+
+
+def test_the_command_line_refuses_an_ignored_setting_without_a_traceback(tmp_path):
+    result = run_cli(*BASE, f"hydra.run.dir={tmp_path}", "eval.patience=3")
+    assert result.returncode != 0
+    assert "eval.patience=3 is read only by validations while training" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and "Loading model" not in result.stderr + result.stdout
