@@ -9,6 +9,7 @@ from support.environment import hub_offline, without_wandb_key
 from tests.helpers.cli import (
     CONFIDENCE_RUN,
     DDP,
+    SKIP_SHARED_PROMPT,
     TINY_CLI_RUN,
     TINY_DDP_RUN,
     TINY_SWEEP,
@@ -122,5 +123,15 @@ def tiny_ddp_run(tmp_path_factory) -> CliRun:
     (tests/helpers/recorded_run.py): the run in <dir>/run, the records in <dir>/calls. Shared: read it."""
     record_dir = tmp_path_factory.mktemp("tiny_ddp_run")
     result = recorded_launch(record_dir, *TINY_DDP_RUN, accelerate_config=DDP)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return CliRun(record_dir / "run", result, record_dir)
+
+
+@pytest.fixture(scope="session")
+def skip_ddp_run(tmp_path_factory) -> CliRun:
+    """SKIP_SHARED_PROMPT in a tiny run under `accelerate launch` (2 gloo processes, calls recorded as for
+    tiny_ddp_run; test_collectives.py, test_distributed.py). Shared: read it."""
+    record_dir = tmp_path_factory.mktemp("skip_ddp_run")
+    result = recorded_launch(record_dir, *SKIP_SHARED_PROMPT, accelerate_config=DDP)
     assert result.returncode == 0, result.stderr[-4000:]
     return CliRun(record_dir / "run", result, record_dir)

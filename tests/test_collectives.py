@@ -21,10 +21,9 @@ SELFVERIFY = [
 ]
 
 # Each a run of its own; the defaults (evaluation before and after, W&B, checkpoints) are tests/conftest.py's
-# tiny_ddp_run, shared with the tests below and in test_distributed.py.
+# tiny_ddp_run, and skip with the shared prompt on its skip_ddp_run, shared with test_distributed.py.
 FEATURES = {
     "keep, shared prompt off": ["trainer.zero_variance_groups=keep", "trainer.shared_prompt_forward=false"],
-    "skip, shared prompt on": ["trainer.zero_variance_groups=skip", "trainer.shared_prompt_forward=true"],
     "selfverify joint": SELFVERIFY,
     "selfverify verify_only": [*SELFVERIFY, "reward.components.selfverify.schedule=verify_only"],
     "selfverify supervised": [*SELFVERIFY, "reward.components.selfverify.objective=supervised"],
@@ -72,6 +71,13 @@ def test_with_the_defaults_every_rank_makes_the_same_collective_calls(tiny_ddp_r
     """tests/conftest.py's tiny_ddp_run: evaluation before, at every step and after, W&B, a checkpoint per step."""
     assert_same_calls(tiny_ddp_run.record_dir)
     assert json.loads((tiny_ddp_run.run_dir / "summary.json").read_text())["processes"] == 2
+
+
+@pytest.mark.e2e
+def test_with_groups_left_out_and_the_prompt_shared_every_rank_makes_the_same_collective_calls(skip_ddp_run):
+    """tests/conftest.py's skip_ddp_run: trainer.zero_variance_groups=skip, trainer.shared_prompt_forward=true."""
+    assert_same_calls(skip_ddp_run.record_dir)
+    assert json.loads((skip_ddp_run.run_dir / "summary.json").read_text())["processes"] == 2
 
 
 @pytest.mark.e2e

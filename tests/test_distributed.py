@@ -76,21 +76,11 @@ def test_two_processes_with_the_defaults_train_when_only_one_process_has_a_group
 
 
 @pytest.mark.e2e
-def test_two_processes_leave_out_groups_without_spread_and_read_prompts_once(tmp_path):
+def test_two_processes_leave_out_groups_without_spread_and_read_prompts_once(skip_ddp_run):
     """The tiny model's groups never have a spread: every step leaves all of them out, and each process still goes
-    through DDP's forward and backward (one row, times 0) so that the gradients are reduced together."""
-    result = accelerate_launch(
-        *TINY_RUN,
-        "trainer.max_steps=2",
-        "logger=none",
-        f"hydra.run.dir={tmp_path}",
-        "trainer.zero_variance_groups=skip",
-        "trainer.shared_prompt_forward=true",
-        "eval.before=false",
-        accelerate_config=ACCELERATE_DIR / "ddp.yaml",
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    steps = [m for m in read_metrics(tmp_path / "metrics.jsonl") if "reward" in m]
+    through DDP's forward and backward (one row, times 0) so that the gradients are reduced together
+    (tests/conftest.py's skip_ddp_run: 2 steps, groups without spread skipped, the prompt shared)."""
+    steps = [m for m in read_metrics(skip_ddp_run.run_dir / "metrics.jsonl") if "reward" in m]
     assert [m["zero_variance/groups_left_out"] for m in steps] == [2.0, 2.0]
     assert all(m["grad_norm"] == 0.0 for m in steps)
 
