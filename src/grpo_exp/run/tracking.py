@@ -191,6 +191,5 @@ class Tracker:
             self.run.log_table(step, key, rows)
 
     def finish(self, failed: bool) -> None:
-        run, self.run = self.run, None
-        if run is not None:
-            run.finish(failed)
+        if self.run is not None:
+            self.run.finish(failed)

@@ -202,15 +202,20 @@ def checked(result: Any, shape: tuple[int, ...], where: str) -> tuple[torch.Tens
 # ---- training: the loss of one micro-batch (grpo_exp.trainer.seam delegates GRPOTrainer._compute_loss here) ------
 
 
-def policy_loss(trainer, model, inputs: dict) -> torch.Tensor:
-    """The loss of trainer.loss_type (a loss of ours) on this micro-batch, TRL's KL term added, aggregated as dapo."""
-    name = trainer.args.policy_loss
-    completion_ids = inputs["completion_ids"]
-    input_ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
-    attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-    logps, entropies = trainer.per_token_logps(
-        model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True
-    )
+def policy_loss(
+    name: str,
+    inputs: dict,
+    logps: torch.Tensor,
+    entropies: torch.Tensor,
+    epsilons: tuple[float, float],
+    beta: float,
+    processes: int,
+    reduce_sum: Callable[[torch.Tensor], torch.Tensor],
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The loss `name` (a loss of ours) on this micro-batch of TRL's generation batch, given the loss forward's
+    per-token log-probabilities and entropies: TRL's KL term (`beta`) added, aggregated as dapo over the step's
+    tokens on `processes` processes. Returns it and the metrics to record (`reduce_sum`: a sum over every process, a
+    collective that every process calls)."""
     mask = loss_mask(inputs)
     old = inputs.get("old_per_token_logps")
     batch = {
@@ -219,25 +224,27 @@ def policy_loss(trainer, model, inputs: dict) -> torch.Tensor:
         "advantages": inputs["advantages"],
         "completion_mask": mask,
     }
-    kwargs = {"epsilon_low": trainer.epsilon_low, "epsilon_high": trainer.epsilon_high}
-    per_token, metrics = call_loss(load_loss(name), f"trainer.loss_type={name}", batch, kwargs)
+    kwargs = {"epsilon_low": epsilons[0], "epsilon_high": epsilons[1]}
+    per_token, returned = call_loss(load_loss(name), f"trainer.loss_type={name}", batch, kwargs)
     if inputs.get("importance_sampling_ratio") is not None:  # TRL's vLLM correction, where TRL computed one
         per_token = per_token * inputs["importance_sampling_ratio"]
-    if trainer.beta != 0.0:
+    metrics = {}
+    if beta != 0.0:
         ref = inputs["ref_per_token_logps"]
         kl = torch.exp(ref - logps) - (ref - logps) - 1
-        per_token = per_token + trainer.beta * kl
-        trainer.record_metric("kl", global_masked_mean(trainer, kl, mask))
-    trainer.record_metric("entropy", global_masked_mean(trainer, entropies, mask))
-    for key, value in metrics.items():
-        trainer.record_metric(f"loss/{key}", value)
+        per_token = per_token + beta * kl
+        metrics["kl"] = global_masked_mean(kl, mask, reduce_sum)
+    metrics["entropy"] = global_masked_mean(entropies, mask, reduce_sum)
+    metrics |= {f"loss/{key}": value for key, value in returned.items()}
     tokens = inputs.get("num_items_in_batch")
-    tokens = mask.sum() * trainer.accelerator.num_processes if tokens is None else tokens
-    return (per_token * mask).sum() / (tokens.clamp(min=1.0) / trainer.accelerator.num_processes)
+    tokens = mask.sum() * processes if tokens is None else tokens
+    return (per_token * mask).sum() / (tokens.clamp(min=1.0) / processes), metrics
 
 
-def global_masked_mean(trainer, values: torch.Tensor, mask: torch.Tensor) -> float:
+def global_masked_mean(
+    values: torch.Tensor, mask: torch.Tensor, reduce_sum: Callable[[torch.Tensor], torch.Tensor]
+) -> float:
     """The mean of `values` over the counted tokens of every process (a collective: every process calls it)."""
     local = torch.stack([(values.detach() * mask).sum(), mask.sum().float()])
-    total = trainer.accelerator.reduce(local, reduction="sum")
+    total = reduce_sum(local)
     return (total[0] / total[1].clamp(min=1.0)).item()

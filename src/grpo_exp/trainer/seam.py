@@ -1,23 +1,13 @@
 """The one seam between grpo_exp and TRL's GRPOTrainer internals: it reads TRL's state and overrides TRL's methods,
-each override a short delegation; the features live beside it (zero_variance, sampling, shared_prompt).
+each override a short delegation to a feature module beside it (zero_variance, imputation, sampling, shared_prompt,
+advantages, scored_batch). It translates; the features decide.
 
-What it touches of TRL 1.16 (pinned to one minor version in pyproject.toml), listed in TRL_METHODS and
-TRL_ATTRIBUTES, which tests/test_trl_contract.py checks against the installed TRL, naming whatever an upgrade moved:
-- methods it overrides or calls: `_calculate_rewards` (the per-component rewards before TRL aggregates them),
-  `_generate_and_score_completions` (a scored generation batch), `_generate_single_turn` (TRL's transformers
-  generation), `_get_per_token_logps_and_entropies` (the loss forward), `compute_loss`, `_save_checkpoint`;
-- state it reads: `_logs` (the last generation batch, gathered; its advantages replaced under a non-grpo
-  `algorithm`, as TRL's batch's are), `_metrics` (the metric store),
-  `_entropy_bonus_enabled`, `aux_loss_enabled`, `beta`, `top_entropy_quantile`, `use_vllm`,
-  `args.use_transformers_paged`, `loss_type`, `multi_objective_aggregation`, `reward_func_names`, `reward_weights`,
-  `num_generations`, `generation_config`, `is_deepspeed_enabled` / `is_fsdp_enabled`, for a custom rollout
-  `model_wrapped`, `generation_kwargs`, and for evaluation `model_wrapped`, `args.ds3_gather_for_generation`;
-- TRL's fused LM head on the policy (`model(..., shift_labels=..., fused_lm_head=True)` -> `.log_probs`,
-  `.entropy`), the layout of its generation batch (grpo_exp.trainer.trl_batch) and its reward aggregation
-  (grpo_exp.trainer.scored_batch.aggregated_reward), which the contract and feature tests check by running TRL.
-
-The trainer subclass (grpo_exp.trainer.trainer) sees hooks and a typed ScoredBatch, never TRL's state; tests use
-the public methods `generate_and_score`, `per_token_logps` and `last_rewards`.
+What it touches of TRL 1.16 (pinned to one minor version in pyproject.toml) is listed in TRL_METHODS and
+TRL_ATTRIBUTES, which tests/test_trl_contract.py checks against the installed TRL, naming whatever an upgrade moved;
+also TRL's fused LM head (`model(..., fused_lm_head=True)` -> `.log_probs`, `.entropy`), the layout of its generation
+batch (grpo_exp.trainer.trl_batch) and its reward aggregation (scored_batch.aggregated_reward: TRL 1.16 computes it
+inline in `_generate_and_score_completions` without exposing it), which the contract and feature tests check by
+running TRL. The trainer subclass (grpo_exp.trainer.trainer) sees hooks and a typed ScoredBatch, never TRL's state.
 """
 
 import contextlib
@@ -30,22 +20,15 @@ from trl.extras.profiling import profiling_context
 from trl.models.utils import unwrap_model_for_generation
 
 from grpo_exp.schema import ZeroVarianceGroups
-from grpo_exp.stats import impute_group_means
 from grpo_exp.text import completion_text
 from grpo_exp.trainer.advantages import TRL_ADVANTAGES, estimate
+from grpo_exp.trainer.hooks import TrainingHooks
+from grpo_exp.trainer.imputation import impute_failures
 from grpo_exp.trainer.losses import policy_loss
 from grpo_exp.trainer.sampling import Sampler, fast_generation_pays
 from grpo_exp.trainer.scored_batch import ROW_KEYS, ScoredBatch, aggregated_reward
 from grpo_exp.trainer.shared_prompt import shared_prompt_forward
-from grpo_exp.trainer.trl_batch import INFORMATIVE
-from grpo_exp.trainer.zero_variance import (
-    fresh_inputs,
-    informative_loss,
-    informative_rows,
-    leaves_groups_out,
-    no_spread_groups,
-    resample,
-)
+from grpo_exp.trainer.zero_variance import fresh_inputs, informative_loss, leaves_groups_out, no_spread_groups, settle
 
 # TRL's methods the seam overrides or calls, with the leading parameters it passes them, in order.
 TRL_METHODS = {
@@ -66,40 +49,19 @@ TRL_METHODS = {
     "_save_checkpoint": ("model", "trial"),
 }
 # The trainer's attributes the seam reads (dotted: an attribute of one).
-TRL_ATTRIBUTES = (
-    "_logs",
-    "_metrics",
-    "_entropy_bonus_enabled",
-    "aux_loss_enabled",
-    "beta",
-    "top_entropy_quantile",
-    "use_vllm",
-    "args.use_transformers_paged",
-    "loss_type",
-    "multi_objective_aggregation",
-    "reward_func_names",
-    "reward_weights",
-    "num_generations",
-    "generation_config",
-    "generation_kwargs",
-    "max_completion_length",
-    "temperature",
-    "args.ds3_gather_for_generation",
-    "model_wrapped",
-    "is_deepspeed_enabled",
-    "is_fsdp_enabled",
+TRL_ATTRIBUTES = tuple(
+    """
+    _logs _metrics _entropy_bonus_enabled aux_loss_enabled beta top_entropy_quantile use_vllm
+    args.use_transformers_paged loss_type multi_objective_aggregation reward_func_names reward_weights
+    num_generations generation_config generation_kwargs max_completion_length temperature epsilon_low
+    epsilon_high args.ds3_gather_for_generation model_wrapped is_deepspeed_enabled is_fsdp_enabled
+    """.split()
 )
 
 
-class HookedGRPOTrainer(GRPOTrainer):
-    """TRL's GRPOTrainer, unmodified, with hooks around its generation-and-scoring step (training only), and
-    grpo_exp's trainer knobs read from `args` (a GRPOExpConfig):
-
-    - `before_generation(inputs)` may replace the batch's rows before TRL generates for them;
-    - `after_scoring(batch)` receives the ScoredBatch TRL has just produced, when `wants_scored_batch` (every
-      generated batch, resampled ones included);
-    - `loss_token_mask(rows, completion_ids, completion_mask)` may leave generated tokens out of the loss.
-    """
+class HookedGRPOTrainer(TrainingHooks, GRPOTrainer):
+    """TRL's GRPOTrainer, unmodified, with the hooks (grpo_exp.trainer.hooks) called around its training step, and
+    grpo_exp's trainer knobs read from `args` (a GRPOExpConfig)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -119,34 +81,15 @@ class HookedGRPOTrainer(GRPOTrainer):
         )
         self._imputed = None
 
-    # ---- hooks ---------------------------------------------------------------------------------------------
-
-    def before_generation(self, inputs: list[dict]) -> list[dict]:
-        return inputs
-
-    def after_scoring(self, batch: ScoredBatch) -> None:
-        pass
-
-    def loss_token_mask(
-        self, rows: list[dict], completion_ids: torch.Tensor, completion_mask: torch.Tensor
-    ) -> torch.Tensor | None:
-        """Which generated tokens of this process's rows the loss counts (1), on top of TRL's completion mask;
-        None: all of them. None or not must be the same in every process (TRL's token count is gathered)."""
-        return None
-
-    def auxiliary_loss(self, model) -> torch.Tensor | None:
-        """A loss added to TRL's at each training forward (None: nothing)."""
-        return None
-
-    @property
-    def wants_scored_batch(self) -> bool:
-        return False
-
     # ---- public: what grpo_exp and its tests may call ------------------------------------------------------
 
     def record_metric(self, key: str, value: float) -> None:
         """A scalar for this step: averaged with TRL's own metrics over the logging step, logged alongside them."""
         self._metrics["train"][key].append(value)
+
+    def _record(self, metrics: dict[str, float]) -> None:
+        for key, value in metrics.items():
+            self.record_metric(key, value)
 
     def save_model_to(self, directory) -> None:
         """The model (and tokenizer) alone, for inference: every process calls it (sharded weights are gathered)."""
@@ -200,17 +143,12 @@ class HookedGRPOTrainer(GRPOTrainer):
     # ---- TRL's methods, overridden -------------------------------------------------------------------------
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        """TRL's per-component rewards (gathered over processes), with a component's failures for some members of
-        a group given the group's mean (stats.impute_group_means). Under normalize_then_sum TRL already gives a
-        missing value a z-score of 0, so nothing is imputed there."""
+        """TRL's per-component rewards (gathered), failures for some of a group imputed (trainer.imputation)."""
         rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        self._imputed = torch.zeros(rewards.shape, dtype=torch.bool)
-        if not self.model.training or self.multi_objective_aggregation != "sum_then_normalize":
-            return rewards
-        rewards, imputed = impute_group_means(rewards, self.num_generations)
-        self._imputed = imputed.cpu()
-        for i, name in enumerate(self.reward_func_names):
-            self.record_metric(f"rewards/{name}/imputed", float(imputed[:, i].sum()))
+        applies = self.model.training and self.multi_objective_aggregation == "sum_then_normalize"
+        names = self.reward_func_names
+        rewards, self._imputed, metrics = impute_failures(rewards, self.num_generations, names, applies)
+        self._record(metrics)
         return rewards
 
     def _generate_and_score_completions(self, inputs):
@@ -218,20 +156,20 @@ class HookedGRPOTrainer(GRPOTrainer):
         to leave out (grpo_exp.trainer.zero_variance)."""
         if not self.model.training:
             return super()._generate_and_score_completions(inputs)
-        output, no_spread = self._generate_scored(self.before_generation(inputs))
-        groups, size = len(inputs) // self.num_generations, self.num_generations
-        if self.args.zero_variance_groups is ZeroVarianceGroups.resample:
-            more, pad = functools.partial(self._generate_fresh, groups), self.processing_class.pad_token_id
-            (output, no_spread), metrics = resample(
-                (output, no_spread), groups, self.args.max_resample_batches, more, pad, size
-            )
-            for key, value in metrics.items():
-                self.record_metric(key, value)
-        if self.leaves_out_no_spread:
-            first_row = self.accelerator.process_index * len(inputs)  # this process's rows of the gathered batch
-            rows = informative_rows(no_spread, size, first_row, len(inputs))
-            output[INFORMATIVE] = rows.to(output["advantages"].device)
-            self.record_metric("zero_variance/groups_left_out", float(no_spread.sum()))
+        args, size = self.args, self.num_generations
+        more = functools.partial(self._generate_fresh, len(inputs) // size)
+        output, metrics = settle(
+            self._generate_scored(self.before_generation(inputs)),
+            len(inputs),
+            size,
+            args.zero_variance_groups,
+            args.max_resample_batches,
+            more,
+            self.processing_class.pad_token_id,
+            self.leaves_out_no_spread,
+            self.accelerator.process_index,
+        )
+        self._record(metrics)
         return output
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
@@ -256,11 +194,11 @@ class HookedGRPOTrainer(GRPOTrainer):
         batch_size=None,
         compute_entropy=False,
         compute_aux_loss=False,
-        **multimodal,
+        **extra,
     ):
         """TRL's per-token log-probabilities (and entropies) of the completions; with shared_prompt_forward, from
         one packed forward in which each group's prompt is read once (text models with a maskable attention)."""
-        text_only = not compute_aux_loss and all(value is None for value in multimodal.values())
+        text_only = not compute_aux_loss and all(value is None for value in extra.values())  # multimodal
         if self.args.shared_prompt_forward and text_only:
             unwrapped = self.accelerator.unwrap_model(model)
             forward = functools.partial(self._fused_forward, model, compute_entropy)
@@ -269,14 +207,7 @@ class HookedGRPOTrainer(GRPOTrainer):
             if packed is not None:
                 return *packed, None
         return super()._get_per_token_logps_and_entropies(
-            model,
-            input_ids,
-            attention_mask,
-            logits_to_keep,
-            batch_size,
-            compute_entropy,
-            compute_aux_loss,
-            **multimodal,
+            model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss, **extra
         )
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
@@ -312,20 +243,23 @@ class HookedGRPOTrainer(GRPOTrainer):
         return output, None if batch is None else no_spread_groups(batch)
 
     def _replace_advantages(self, rows: int, output: dict) -> None:
-        """The `algorithm` estimator's advantages (grpo_exp.trainer.advantages) in place of TRL's: computed from the
-        reward TRL normalised (every process's rows, as TRL logged them: each process computes the same, no
-        collective call), this process's `rows` rows (TRL's slice of the gathered batch) in the batch TRL trains on,
-        and all of them in TRL's logs, which the group statistics and the completion tables read."""
-        names = list(self.reward_func_names)
-        rewards = torch.tensor([list(self._logs["rewards"][n]) for n in names], dtype=torch.float32).T
-        weights = self.reward_weights.cpu()
-        total = aggregated_reward(rewards, weights, self.multi_objective_aggregation, self.num_generations)
-        settings = self.args.advantage_settings
-        advantages = estimate(self.args.advantage_estimator, total, self.num_generations, **settings)
+        """The `algorithm` estimator's advantages (grpo_exp.trainer.advantages) in place of TRL's, from the reward
+        TRL normalised (every process's rows, as TRL logged them: each process computes the same, no collective
+        call): this process's `rows` rows (TRL's slice) in the batch TRL trains on, all of them in TRL's logs."""
+        total, args = self._total_reward(self._logged_rewards()), self.args
+        advantages = estimate(args.advantage_estimator, total, self.num_generations, **args.advantage_settings)
         first = self.accelerator.process_index * rows
         output["advantages"] = advantages[first : first + rows].to(output["advantages"])
         self._logs["advantages"].clear()
         self._logs["advantages"].extend(advantages.tolist())
+
+    def _logged_rewards(self) -> torch.Tensor:
+        """[N, components]: the last generation batch's rewards as TRL logged them (gathered; NaN: skipped)."""
+        return torch.tensor([list(self._logs["rewards"][n]) for n in self.reward_func_names], dtype=torch.float32).T
+
+    def _total_reward(self, rewards: torch.Tensor) -> torch.Tensor:
+        weights, aggregation = self.reward_weights.cpu(), self.multi_objective_aggregation
+        return aggregated_reward(rewards, weights, aggregation, self.num_generations)
 
     def _generate_fresh(self, groups: int, attempt: int) -> tuple[dict, torch.Tensor | None]:
         """_generate_scored for `groups` fresh prompts of the training set (zero_variance_groups=resample)."""
@@ -354,15 +288,14 @@ class HookedGRPOTrainer(GRPOTrainer):
 
     def _scored_batch(self, inputs: list[dict], output: dict) -> ScoredBatch:
         # TRL keeps exactly the last generation batch (gathered over processes) in these deques.
-        names = list(self.reward_func_names)
         rows = gather_object([{key: row.get(key) for key in ROW_KEYS} for row in inputs])
         trajectories = [completion_text(c) for c in self._logs["completion"]]
         multiturn = rows[0]["num_turns"] is not None
-        rewards = torch.tensor([list(self._logs["rewards"][n]) for n in names], dtype=torch.float32).T
+        rewards = self._logged_rewards()
         policy_tokens = output["completion_mask"] * output.get("tool_mask", 1)
         return ScoredBatch(
             group_size=self.num_generations,
-            reward_names=names,
+            reward_names=list(self.reward_func_names),
             prompts=list(self._logs["prompt"]),
             # A multi-turn trajectory is judged by its final turn (the tools' output is not the policy's answer).
             texts=[row["final_turn"] for row in rows] if multiturn else trajectories,
@@ -370,9 +303,7 @@ class HookedGRPOTrainer(GRPOTrainer):
             rows=rows,
             rewards=rewards,
             imputed=self._imputed,
-            total=aggregated_reward(
-                rewards, self.reward_weights.cpu(), self.multi_objective_aggregation, self.num_generations
-            ),
+            total=self._total_reward(rewards),
             advantages=torch.tensor(list(self._logs["advantages"]), dtype=torch.float32),
             lengths=self.accelerator.gather(policy_tokens.sum(dim=1)).float().cpu(),
         )
@@ -381,7 +312,17 @@ class HookedGRPOTrainer(GRPOTrainer):
         """TRL's loss, or a per-token loss of ours in its place (trainer.loss_type=module:name: trainer.losses)."""
         if self.args.policy_loss is None:
             return super()._compute_loss(model, inputs)
-        return policy_loss(self, model, inputs)
+        ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+        attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+        width = inputs["completion_ids"].size(1)
+        logps, entropies = self.per_token_logps(model, ids, attention, width, compute_entropy=True)
+        reduce_sum = functools.partial(self.accelerator.reduce, reduction="sum")
+        epsilons, processes = (self.epsilon_low, self.epsilon_high), self.accelerator.num_processes
+        loss, metrics = policy_loss(
+            self.args.policy_loss, inputs, logps, entropies, epsilons, self.beta, processes, reduce_sum
+        )
+        self._record(metrics)
+        return loss
 
 
 def as_rollout_func(rollout):
