@@ -28,37 +28,34 @@ from grpo_exp.trainer.sampling import (
 )
 from grpo_exp.trainer.zero_variance import check_zero_variance_groups
 
+# grpo_exp's own trainer knobs, read by the trainer from its `args` as TRL reads its own: declared once, in
+# grpo_exp.schema.TrainerSchema (type, default, meaning), and taken from there as GRPOExpConfig fields.
+OWN_KNOBS = (
+    "zero_variance_groups",
+    "max_resample_batches",
+    "shared_prompt_forward",
+    "bfloat16_generation",
+    "fast_generation",
+)
 
-def _schema_default(name: str):
-    """A knob's default as the schema writes it (grpo_exp.schema.TrainerSchema: every default is written there)."""
-    return TrainerSchema.__dataclass_fields__[name].default
+
+def _own_knob_fields() -> list[tuple]:
+    types, schema = typing.get_type_hints(TrainerSchema), {f.name: f for f in dataclasses.fields(TrainerSchema)}
+    meaning = {"help": "grpo_exp's trainer.{} (its meaning: grpo_exp.schema.TrainerSchema)"}
+    return [
+        (name, types[name], field(default=schema[name].default, metadata={"help": meaning["help"].format(name)}))
+        for name in OWN_KNOBS
+    ]
+
+
+OwnKnobs = dataclasses.make_dataclass("OwnKnobs", _own_knob_fields())
 
 
 @dataclass
-class GRPOExpConfig(GRPOConfig):
-    """TRL's GRPOConfig plus grpo_exp's own trainer knobs, which the trainer reads from its `args` as TRL reads
-    its own. Their meaning and defaults: grpo_exp.schema.TrainerSchema."""
+class GRPOExpConfig(GRPOConfig, OwnKnobs):
+    """TRL's GRPOConfig plus grpo_exp's own trainer knobs (OWN_KNOBS), which the trainer reads from its `args` as TRL
+    reads its own, and the advantage estimator and policy loss of the run."""
 
-    zero_variance_groups: ZeroVarianceGroups = field(
-        default=_schema_default("zero_variance_groups"),
-        metadata={"help": "Groups with no reward spread: keep (as TRL), skip (left out of the loss), resample."},
-    )
-    max_resample_batches: int = field(
-        default=_schema_default("max_resample_batches"),
-        metadata={"help": "zero_variance_groups=resample: extra generation batches a step may take at most."},
-    )
-    shared_prompt_forward: bool = field(
-        default=_schema_default("shared_prompt_forward"),
-        metadata={"help": "The loss forward reads each group's prompt once (its completions packed as branches)."},
-    )
-    bfloat16_generation: bool = field(
-        default=_schema_default("bfloat16_generation"),
-        metadata={"help": "Sample from a bfloat16 copy of the policy; the loss's ratio corrects for it."},
-    )
-    fast_generation: bool | None = field(
-        default=_schema_default("fast_generation"),
-        metadata={"help": "CPU: sample from a copy with prepacked weights and a shared prefill. None: auto."},
-    )
     # The `algorithm` config group (grpo_exp.trainer.advantages): the estimator and its settings (keyword arguments).
     advantage_estimator: str = field(
         default=TRL_ADVANTAGES,
