@@ -13,7 +13,7 @@ import torch
 from grpo_exp.data import load_splits
 from grpo_exp.generation import generate_completions
 from grpo_exp.models import load_model, load_tokenizer
-from grpo_exp.schema import VerifierSchema
+from grpo_exp.schema import ScorerSchema
 from grpo_exp.verification.p_yes import p_yes_from_logits, question_messages, yes_no_token_ids
 from support.config import resolved_config
 
@@ -29,7 +29,7 @@ def main() -> None:
     group = cfg.trainer.num_generations
     prompts = [p for p in train["prompt"][: cfg.trainer.prompts_per_step] for _ in range(group)]
     questions = [q for q in train["question"][: cfg.trainer.prompts_per_step] for _ in range(group)]
-    question = VerifierSchema()
+    question = ScorerSchema()
     yes_no = yes_no_token_ids(tokenizer, question.yes_token, question.no_token)
     generation, scoring = [], []
     for _ in range(ROUNDS):

@@ -57,9 +57,9 @@ IGNORED = [  # (overrides, the key typed, the key that turns it off)
     (["judge=openai"], "judge.backend", "reward=math has no judge"),
     (["reward=math+judge", "judge.temperature=0.5"], "judge.temperature", "judge.mode=scores"),
     (["reward=math+judge", "judge.concurrency=2"], "judge.concurrency", "judge.backend=local"),
-    (["verifier=genrm"], "verifier.name", "reward=math has neither"),
-    (["reward=math+selfverify", "verifier.yes_token=Y"], "verifier.yes_token", "verifier.name=math_verify"),
-    (["reward=confidence", "verifier=self", "verifier.model=tiny"], "verifier.model", "verifier.name=self"),
+    (["scorer=genrm"], "scorer.name", "reward=math has neither"),
+    (["reward=math+selfverify", "scorer.yes_token=Y"], "scorer.yes_token", "scorer.name=none"),
+    (["reward=confidence", "scorer=self", "scorer.model=tiny"], "scorer.model", "scorer.name=self"),
     (["model.lora.r=8"], "model.lora.r", "model.lora.enabled=false"),
     (["model.name_or_path=some/model"], "model.name_or_path", "model.source=tiny"),
     (["trainer.max_resample_batches=8"], "trainer.max_resample_batches", "trainer.zero_variance_groups=skip"),
@@ -89,7 +89,7 @@ ACTING = [
     ["model.lora.enabled=true", "model.lora.r=8"],
     ["trainer.zero_variance_groups=resample", "trainer.max_resample_batches=8"],
     ["trainer.lr_scheduler_type=linear", "trainer.warmup_steps=1"],
-    ["reward=math+selfverify", "trainer.prompts_per_step=3", "verifier=self", "verifier.yes_token=Yes"],
+    ["reward=math+selfverify", "trainer.prompts_per_step=3", "scorer=self", "scorer.yes_token=Yes"],
     ["reward=math+judge", "judge.mode=text", "judge.temperature=0.5", "judge.model=tiny"],
 ]
 

@@ -11,7 +11,7 @@ from grpo_exp.rewards.registry import COMPONENTS
 from grpo_exp.schema import DataSource, FormatStyle, ModelSource
 from support.config import compose_config
 
-GROUPS = ["model", "dataset", "reward", "verifier", "trainer", "rollout", "logger"]
+GROUPS = ["model", "dataset", "reward", "scorer", "trainer", "rollout", "logger"]
 # Options that need a value from the user.
 REQUIRED = {
     ("model", "pretrained"): ["model.name_or_path=some/model"],

@@ -22,7 +22,7 @@ OPTION_GROUPS = {
     "model": schema.ModelSchema,
     "dataset": schema.DatasetSchema,
     "judge": schema.JudgeSchema,
-    "verifier": schema.VerifierSchema,
+    "scorer": schema.ScorerSchema,
     "trainer": schema.TrainerSchema,
     "rollout": schema.RolloutSchema,
     "logger": schema.LoggerSchema,
@@ -128,7 +128,7 @@ def test_an_unknown_component_setting_is_refused_at_composition():
         (["reward=math+judge", "judge.timeout=0"], "judge.timeout=0.0 must be greater than 0.0"),
         (["reward=math+judge", "judge.retries=-1"], "judge.retries=-1 must be at least 0"),
         (["reward=math+judge", "judge.rubric.template=Rate it"], "judge.rubric.template must contain {prompt}"),
-        (["verifier=genrm", "verifier.template='Is {question} right?'"], "verifier.template must contain {answer}"),
+        (["scorer=genrm", "scorer.template='Is {question} right?'"], "scorer.template must contain {answer}"),
         (["rollout=multiturn", "rollout.python.timeout_s=0"], "rollout.python.timeout_s=0.0 must be greater than 0.0"),
         (
             ["+trainer.extra.multi_objective_aggregation=sum"],

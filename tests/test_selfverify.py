@@ -320,7 +320,7 @@ def test_confidence_needs_a_generative_verifier():
     from grpo_exp.errors import UserError  # printed as one message, no traceback (tests/test_cli.py)
     from grpo_exp.run.resolve import resolve
 
-    with pytest.raises(UserError, match="verifier=genrm"):
+    with pytest.raises(UserError, match="scorer=genrm"):
         resolve(compose_config([*TINY_RUN, "reward=math+confidence", "logger=none"]))
 
 
@@ -341,14 +341,12 @@ def test_genrm_p_yes_from_an_openai_compatible_endpoint_with_logprobs():
     from support.servers import LLAMA_ALIAS, free_port, llama_cpp_server
 
     port = free_port()
-    cfg = compose_config(
-        ["verifier=genrm", f"verifier.model={LLAMA_ALIAS}", f"verifier.base_url=http://127.0.0.1:{port}/v1"]
-    )
-    scorer = build_p_yes(cfg.verifier, cfg.model, cfg.cache_dir)
+    cfg = compose_config(["scorer=genrm", f"scorer.model={LLAMA_ALIAS}", f"scorer.base_url=http://127.0.0.1:{port}/v1"])
+    scorer = build_p_yes(cfg.scorer, cfg.model, cfg.cache_dir)
     with llama_cpp_server(port):
         scores = scorer(["What is 2 + 2?", "What is 2 + 2?"], ["4", "5"])
     assert all(0.0 <= s <= 1.0 for s in scores), scores  # both Yes and No among the top logprobs
-    assert OmegaConf.select(cfg, "verifier.api_key_env") is None
+    assert OmegaConf.select(cfg, "scorer.api_key_env") is None
 
 
 def test_candidates_from_groups():
@@ -385,8 +383,8 @@ def test_the_confidence_reward_asks_about_the_final_answer_and_gives_no_answer_z
     from grpo_exp.rewards.confidence import make_confidence_reward
     from grpo_exp.verification.p_yes import PYesScorer
 
-    cfg = compose_config([*TINY_RUN, "verifier=genrm", "verifier.model=tiny"])
-    scorer = PYesScorer(cfg.verifier, cfg.model, cfg.cache_dir)
+    cfg = compose_config([*TINY_RUN, "scorer=genrm", "scorer.model=tiny"])
+    scorer = PYesScorer(cfg.scorer, cfg.model, cfg.cache_dir)
     reward = make_confidence_reward(scorer, show=ShownPart.answer)
     completions = [[{"role": "assistant", "content": "so it is \\boxed{5}"}], [{"role": "assistant", "content": "?"}]]
     prompts = [[{"role": "user", "content": "Calculate 2 + 3. Box it."}]] * 2
@@ -400,8 +398,8 @@ def test_a_run_directory_names_the_model_it_trained(tmp_path):
     from grpo_exp.models import model_option_config
 
     (tmp_path / "checkpoint-final").mkdir()
-    assert model_option_config(str(tmp_path), "verifier.model").name_or_path == str(tmp_path / "checkpoint-final")
-    assert model_option_config("org/model", "verifier.model").name_or_path == "org/model"
+    assert model_option_config(str(tmp_path), "scorer.model").name_or_path == str(tmp_path / "checkpoint-final")
+    assert model_option_config("org/model", "scorer.model").name_or_path == "org/model"
 
 
 def _filled_task(*overrides: str) -> SelfVerificationTask:

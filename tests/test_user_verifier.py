@@ -226,7 +226,7 @@ RESOLVE_CASES = {
         "verifier.labels=user_task:batched: cannot be called with two arguments",
     ),
     "batched built-in": (["verifier.labels=exact_match", "verifier.labels_batched=true"], "is built in"),
-    "with genrm": (["verifier=genrm", "verifier.labels=user_task:three"], "verifier.labels=user_task:three"),
+    "with genrm": (["scorer=genrm", "verifier.labels=user_task:three"], "verifier.labels=user_task:three"),
     "no function": (["dataset=function"], "dataset.function is required with dataset=function"),
     "data module": (["dataset=function", "dataset.function=nope:rows"], "dataset.function=nope:rows: module 'nope'"),
     "data args": (

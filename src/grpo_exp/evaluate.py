@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from grpo_exp.data import load_splits
+from grpo_exp.deprecated import translate_overrides
 from grpo_exp.errors import UserError
 from grpo_exp.models import load_model, load_tokenizer
 from grpo_exp.paths import CONF_DIR
@@ -86,8 +87,8 @@ def resolve_source(argv: list[str], config_dirs: list[str] | None = None) -> Sou
     """What to compose for a run directory, a checkpoint, or a plain model config."""
     explicit = [("command-line", f"file://{_config_dir(d)}") for d in config_dirs or []]
     if not argv or "=" in argv[0]:
-        return Source(argv, None, explicit)
-    source, overrides = Path(argv[0]), argv[1:]
+        return Source(translate_overrides(argv), None, explicit)
+    source, overrides = Path(argv[0]), translate_overrides(argv[1:])
     run_dir, checkpoint = source, source / FINAL_CHECKPOINT_DIR
     if source.name in (FINAL_CHECKPOINT_DIR, BEST_CHECKPOINT_DIR) and (source.parent / ".hydra").is_dir():
         run_dir, checkpoint = source.parent, source  # a run's own checkpoint: evaluated with the run's config
@@ -99,6 +100,7 @@ def resolve_source(argv: list[str], config_dirs: list[str] | None = None) -> Sou
         # checkpoint.
         run_overrides = yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text()) or []
         kept = [o for o in run_overrides if not o.lstrip("+~").startswith("hydra.")]
+        kept = translate_overrides(kept, f"{run_dir / '.hydra' / 'overrides.yaml'}")  # an older run's names
         kept += saved_path_overrides(run_dir)  # its relative paths were read against the run's directory
         run_sources, run_cwd = run_config_sources(run_dir)
     elif (source / "config.json").is_file():

@@ -212,7 +212,7 @@ def check_frozen_copies(model_cfg: DictConfig, key: str, processes: int) -> None
         raise UserError(
             f"{key}={model_cfg.name_or_path} loads on every process ({size / 2**30:.1f} GiB in "
             f"{model_cfg.dtype.value}); {copies} copies need {copies * size / 2**30:.1f} GiB, more than the "
-            f"{available / 2**30:.1f} GiB {where}: serve it once (judge=openai behind vLLM, verifier.base_url), "
+            f"{available / 2**30:.1f} GiB {where}: serve it once (judge=openai behind vLLM, scorer.base_url), "
             "or use a smaller model"
         )
 
@@ -220,7 +220,7 @@ def check_frozen_copies(model_cfg: DictConfig, key: str, processes: int) -> None
 def load_frozen(model_cfg: DictConfig, tokenizer: PreTrainedTokenizerBase, cache_dir: str):
     """A frozen model (the local judge, a frozen verifier) in eval mode, on this process's accelerator: GPU
     LOCAL_RANK where there are GPUs (as accelerate places the policy), else the CPU. Each process holds its own
-    copy: serve a large one once instead (judge=openai, verifier.base_url)."""
+    copy: serve a large one once instead (judge=openai, scorer.base_url)."""
     model = load_model(model_cfg, tokenizer, cache_dir, seed=0).eval().requires_grad_(False)
     if torch.cuda.is_available():
         model.to(f"cuda:{int(os.environ.get('LOCAL_RANK', '0')) % torch.cuda.device_count()}")
@@ -257,7 +257,7 @@ def describe(model_cfg: DictConfig, model) -> str:
 
 
 def model_option_config(model: str | None, key: str = "judge.model") -> DictConfig:
-    """A frozen model named by a setting (judge.model, verifier.model) as a model config: a model group option by
+    """A frozen model named by a setting (judge.model, scorer.model) as a model config: a model group option by
     name, a grpo_exp run directory (its final checkpoint), else a hub id or local directory."""
     if not model:
         raise UserError(f"{key} is required: a model option (smollm2_135m, tiny), a hub id or a directory")

@@ -70,8 +70,8 @@ class RolloutName(Enum):
     multiturn = "multiturn"  # several turns with tools between them (grpo_exp.rollout)
 
 
-class VerifierName(Enum):
-    math_verify = "math_verify"  # no P(Yes) scorer: labels only (verifier.labels)
+class ScorerName(Enum):
+    none = "none"  # no P(Yes) scorer: the run has its correctness labels only (verifier.labels)
     genrm = "genrm"  # a frozen generative verifier's P(Yes)
     self = "self"  # the current policy's P(Yes)
 
@@ -248,7 +248,7 @@ class JudgeReward:
 
 @dataclass
 class ConfidenceReward:
-    # The verifier's P(Yes) that the answer is correct: needs verifier=genrm or verifier=self.
+    # The verifier's P(Yes) that the answer is correct: needs scorer=genrm or scorer=self.
     weight: float = MISSING
     # What the verifier is shown: answer: the question and the completion's final answer (a completion without
     # one scores 0), as the self-verification task and the verification benchmark ask | solution: the prompt
@@ -332,7 +332,7 @@ class RewardSchema:
     components: dict[str, Any] = field(default_factory=dict)
 
 
-# ---- judge, verifier -----------------------------------------------------------------------------------------
+# ---- judge, verifier, scorer ---------------------------------------------------------------------------------
 
 
 @dataclass
@@ -389,15 +389,21 @@ class JudgeSchema:
 
 @dataclass
 class VerifierSchema:
-    # name chooses the P(Yes) scorer (genrm, self; math_verify: none). The correctness labels are separate and
-    # apply with every name: held-out accuracy, pass@k / maj@k, group statistics, the self-verification labels, the
-    # AUROCs of judge / confidence, the `correct` reward. labels: math_verify (math-verify equivalence of the stated
-    # final answer with the reference) | exact_match (the stated final answer equals the reference, normalised) |
-    # module:name, the user's f(completion: str, solution: str) -> bool | None (None: cannot be judged; the current
-    # directory is importable); labels_batched: true: f(completions: list[str], solutions: list[str]) -> a list.
-    name: VerifierName = VerifierName.math_verify
+    # The run's correctness labels: held-out accuracy, pass@k / maj@k, group statistics, the self-verification
+    # labels, the AUROCs of judge / confidence, the `correct` reward. labels: math_verify (math-verify equivalence of
+    # the stated final answer with the reference) | exact_match (the stated final answer equals the reference,
+    # normalised) | module:name, the user's f(completion: str, solution: str) -> bool | None (None: cannot be judged;
+    # the current directory is importable); labels_batched: true: f(completions: list[str], solutions: list[str]) ->
+    # a list.
     labels: str = "math_verify"
     labels_batched: bool = False
+
+
+@dataclass
+class ScorerSchema:
+    # The P(Yes) scorer (conf/scorer): a generative verifier asked whether an answer is correct, for the confidence
+    # and selfverify components. name: none | genrm (a frozen model) | self (the policy).
+    name: ScorerName = ScorerName.none
     # genrm: "initial_policy" (a frozen copy of the starting policy), a model option, a hub id or a directory;
     # with base_url, the model name served by an OpenAI-compatible endpoint that returns logprobs.
     model: str = "initial_policy"
@@ -593,7 +599,8 @@ class Schema:
     model: ModelSchema = MISSING
     dataset: DatasetSchema = MISSING
     reward: RewardSchema = MISSING
-    verifier: VerifierSchema = MISSING
+    verifier: VerifierSchema = field(default_factory=VerifierSchema)  # the correctness labels
+    scorer: ScorerSchema = MISSING  # the P(Yes) scorer
     judge: JudgeSchema = MISSING
     trainer: TrainerSchema = MISSING
     # The advantage estimator (conf/algorithm/<name>.yaml): `name`, an estimator registered in

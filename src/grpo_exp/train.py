@@ -4,10 +4,13 @@ The training job itself lives in grpo_exp.run.experiment, imported on demand so 
 `--cfg job` answer without loading torch and TRL.
 """
 
+import sys
+
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from grpo_exp.deprecated import translate_argv
 from grpo_exp.paths import CONF_DIR
 from grpo_exp.schema import register_schemas
 
@@ -27,4 +30,5 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
+    sys.argv[1:] = translate_argv(sys.argv[1:])  # old names (verifier=genrm...): the new, with a warning
     main()

@@ -39,8 +39,8 @@ SKIP_SHARED_PROMPT = ["trainer.zero_variance_groups=skip", "trainer.shared_promp
 CONFIDENCE_RUN = [
     *TINY_RUN,
     "reward=math+confidence",
-    "verifier=genrm",
-    "verifier.model=tiny",
+    "scorer=genrm",
+    "scorer.model=tiny",
     "reward.components.confidence.show=solution",  # the random tiny model never writes a final answer
     "eval.every=1",
     "eval.every_samples=2",

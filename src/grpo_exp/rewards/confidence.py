@@ -1,6 +1,6 @@
 """Confidence reward: a generative verifier's P(Yes) that the policy's answer is correct (GenRM-style).
 
-Useful where no reference answer exists. It needs a probability, so verifier=genrm or verifier=self; the
+Useful where no reference answer exists. It needs a probability, so scorer=genrm or scorer=self; the
 scorer is built once by the run (grpo_exp.run.build) and shared with whoever else needs it.
 """
 

@@ -12,7 +12,7 @@ from grpo_exp.rewards.judge import RubricJudge, build_judge
 from grpo_exp.rewards.registry import build_rewards
 from grpo_exp.rollout.multiturn import MultiTurnRollout, scored_on_final_turn
 from grpo_exp.run.resolve import RunSpec
-from grpo_exp.schema import VerifierName, VerifierSchema
+from grpo_exp.schema import ScorerName, ScorerSchema
 from grpo_exp.verification.labels import build_labels
 from grpo_exp.verification.p_yes import PYesScorer, build_p_yes
 from grpo_exp.verification.rule import Verifier
@@ -30,7 +30,7 @@ class RunParts:
     rollout: MultiTurnRollout | None  # None for rollout=single
 
     def bind_policy(self, model, tokenizer) -> None:
-        """Point a P(Yes) scorer that follows the policy (verifier=self) at the live, trained weights."""
+        """Point a P(Yes) scorer that follows the policy (scorer=self) at the live, trained weights."""
         if self.p_yes is not None and self.p_yes.follows_policy:
             self.p_yes.bind(model, tokenizer)
 
@@ -52,15 +52,16 @@ def build_parts(spec: RunSpec) -> RunParts:
 
 def p_yes_scorer(spec: RunSpec) -> PYesScorer | None:
     """One scorer for everything that needs a P(Yes): the `confidence` reward takes the configured generative
-    verifier's; the self-verification metrics take it too, or the policy's own with the rule verifier. None
+    verifier's (scorer=genrm | self); the self-verification metrics take it too, or the policy's own with
+    scorer=none. None
     when nothing needs one."""
     if not spec.needs_p_yes:
         return None
     cfg = spec.cfg
-    scorer = build_p_yes(cfg.verifier, cfg.model, cfg.cache_dir)
+    scorer = build_p_yes(cfg.scorer, cfg.model, cfg.cache_dir)
     if scorer is not None:
         return scorer
-    return PYesScorer(OmegaConf.structured(VerifierSchema(name=VerifierName.self)), cfg.model, cfg.cache_dir)
+    return PYesScorer(OmegaConf.structured(ScorerSchema(name=ScorerName.self)), cfg.model, cfg.cache_dir)
 
 
 def build_rollout(spec: RunSpec) -> MultiTurnRollout | None:

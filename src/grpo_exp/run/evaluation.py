@@ -188,7 +188,7 @@ class OnPolicy:
             return self.evaluation.validate(policy, self.trainer.state.global_step)
 
     def initial(self) -> dict[str, float]:
-        with self.trainer.policy_for_generation() as policy:  # verifier=self scores with the policy
+        with self.trainer.policy_for_generation() as policy:  # scorer=self scores with the policy
             return self.evaluation.initial(policy)
 
     def after_training(self) -> None:

@@ -5,7 +5,7 @@ Each rule names the options that act only under a condition on the whole config 
 are checked: a section's switch before the options inside it). An option is refused when the condition does not
 hold and its value is one the user gave: not the schema's default, nor a value a config group option of conf/ gives
 it (judge=local's judge.max_new_tokens, model=tiny's model.architecture: choosing model=tiny is not setting them).
-An option that says which option of its group was chosen (judge.backend, verifier.name) counts as given unless it is
+An option that says which option of its group was chosen (judge.backend, scorer.name) counts as given unless it is
 the schema's default. A section (`judge`) stands for every option under it, but those in `but`.
 """
 
@@ -30,10 +30,10 @@ from grpo_exp.schema import (
     LoggerBackend,
     ModelSource,
     RolloutName,
+    ScorerName,
     SelfVerifyBalance,
     SelfVerifyObjective,
     SelfVerifySchedule,
-    VerifierName,
     ZeroVarianceGroups,
 )
 
@@ -216,31 +216,31 @@ ONLY_WITH: tuple[OnlyWith, ...] = (
         lambda cfg: f"this run's judge has judge.backend={cfg.judge.backend.value}, judge.mode={cfg.judge.mode.value}",
         "use judge=openai with judge.mode=text",
     ),
-    # ---- the P(Yes) scorer (the verifier group; verifier.labels act in every run)
+    # ---- the P(Yes) scorer (the scorer group; the correctness labels, verifier.labels, act in every run)
     OnlyWith(
-        ("verifier.name",),
+        ("scorer.name",),
         _needs_p_yes,
         "by what reads a P(Yes): the reward components confidence and selfverify",
         lambda cfg: f"this run's reward={'+'.join(_mix(cfg))} has neither",
         "add one to the reward mix",
     ),
     OnlyWith(
-        ("verifier.template", "verifier.yes_token", "verifier.no_token", "verifier.batch_size"),
-        lambda cfg: _needs_p_yes(cfg) and cfg.verifier.name is not VerifierName.math_verify,
-        "by the P(Yes) scorer of verifier=genrm or verifier=self, for the confidence and selfverify components",
+        ("scorer.template", "scorer.yes_token", "scorer.no_token", "scorer.batch_size"),
+        lambda cfg: _needs_p_yes(cfg) and cfg.scorer.name is not ScorerName.none,
+        "by the P(Yes) scorer of scorer=genrm or scorer=self, for the confidence and selfverify components",
         lambda cfg: (
-            f"this run's reward={'+'.join(_mix(cfg))} with verifier={cfg.verifier.name.value} reads none"
-            if cfg.verifier.name is not VerifierName.math_verify or not _needs_p_yes(cfg)
-            else "verifier.name=math_verify has no P(Yes) scorer (the policy's own, with its defaults, is read)"
+            f"this run's reward={'+'.join(_mix(cfg))} with scorer={cfg.scorer.name.value} reads none"
+            if cfg.scorer.name is not ScorerName.none or not _needs_p_yes(cfg)
+            else "scorer.name=none has no P(Yes) scorer (the policy's own, with its defaults, is read)"
         ),
-        "use verifier=genrm or verifier=self with confidence or selfverify in the reward mix",
+        "use scorer=genrm or scorer=self with confidence or selfverify in the reward mix",
     ),
     OnlyWith(
-        ("verifier.model", "verifier.base_url", "verifier.api_key_env"),
-        lambda cfg: cfg.verifier.name is VerifierName.genrm,
-        "by a frozen verifier (verifier=genrm)",
-        lambda cfg: f"verifier.name={cfg.verifier.name.value}",
-        "use verifier=genrm",
+        ("scorer.model", "scorer.base_url", "scorer.api_key_env"),
+        lambda cfg: cfg.scorer.name is ScorerName.genrm,
+        "by a frozen verifier (scorer=genrm)",
+        lambda cfg: f"scorer.name={cfg.scorer.name.value}",
+        "use scorer=genrm",
     ),
     # ---- the reward components' own settings
     OnlyWith(
@@ -454,7 +454,7 @@ _NO_DEFAULT = object()
 
 
 # The option chosen in these groups is known from the composed config: only its file's values count there.
-CHOSEN_BY = {"dataset": "name", "model": "name", "rollout": "name", "verifier": "name", "judge": "backend"}
+CHOSEN_BY = {"dataset": "name", "model": "name", "rollout": "name", "scorer": "name", "judge": "backend"}
 CHOSEN_BY |= {"logger": "backend"}
 
 

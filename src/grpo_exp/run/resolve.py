@@ -6,7 +6,7 @@ The checks run in this order, each raising one UserError that names the key the 
 2. the reward components on their typed schemas (the mix's own settings and weights; a component of the user's
    own: its import path and signature, grpo_exp.rewards.custom), and the correctness labels (verifier.labels);
 3. no value for a setting that this run would ignore (grpo_exp.run.inert: e.g. eval.patience without eval.every);
-   then the rules between fields: the verifier a component needs, the judge's settings, the trainer's knobs (batch
+   then the rules between fields: the P(Yes) scorer a component needs, the judge's settings, the trainer's knobs (batch
    split, zero-variance groups, the sampling copy, pass-through GRPOConfig fields), the advantage estimator
    (algorithm.*) against them, the rollout, the
    self-verification task against the trainer;
@@ -27,6 +27,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from grpo_exp.data import check_data_files
+from grpo_exp.deprecated import renamed_config
 from grpo_exp.errors import UserError
 from grpo_exp.models import check_reachable, torch_dtype, trained_dtype
 from grpo_exp.paths import CONF_DIR
@@ -41,11 +42,11 @@ from grpo_exp.run.inert import check_only_with
 from grpo_exp.run.resume import Attempt, resolve_attempt
 from grpo_exp.run.tracking import redact, report_to
 from grpo_exp.run.validation import check_validation
-from grpo_exp.schema import DataSource, RolloutName, VerifierName, check_values
+from grpo_exp.schema import DataSource, RolloutName, ScorerName, check_values
 from grpo_exp.trainer.advantages import check_algorithm
 from grpo_exp.trainer.config import GRPOExpConfig, check_trainer, grpo_exp_config
 from grpo_exp.verification.labels import check_labels
-from grpo_exp.verification.p_yes import check_verifier_reachable
+from grpo_exp.verification.p_yes import check_scorer_reachable
 from grpo_exp.verification.task import check_task
 
 
@@ -136,16 +137,17 @@ def check_required(cfg: DictConfig) -> None:
 
 def check_verifier(spec: RunSpec) -> None:
     """The correctness labels (verifier.labels: a built-in, or the user's function by import path, its signature);
-    the confidence reward needs a probability of correctness; a frozen verifier named by path must exist."""
-    verifier = spec.cfg.verifier
-    check_labels(verifier)
-    if "confidence" in spec.components and verifier.name is VerifierName.math_verify:
+    the confidence reward needs a probability of correctness (the P(Yes) scorer, scorer.*); a frozen verifier named
+    by path must exist."""
+    check_labels(spec.cfg.verifier)
+    scorer = spec.cfg.scorer
+    if "confidence" in spec.components and scorer.name is ScorerName.none:
         raise UserError(
-            "reward component 'confidence' needs a probability of correctness: use verifier=genrm (a frozen "
-            "verifier) or verifier=self (the policy); verifier=math_verify only gives labels"
+            "reward component 'confidence' needs a probability of correctness: use scorer=genrm (a frozen "
+            "verifier) or scorer=self (the policy); scorer=none gives the correctness labels only"
         )
     if spec.needs_p_yes:
-        check_verifier_reachable(verifier, spec.cfg.model, spec.processes)
+        check_scorer_reachable(scorer, spec.cfg.model, spec.processes)
 
 
 def check_rollout(spec: RunSpec) -> None:
@@ -173,7 +175,7 @@ PATH_SETTINGS: dict[str, tuple[str, str]] = {
     "judge.rubric_file": (FILE, "a YAML file of a rubric"),
     "judge.model": (DIRECTORY, "a model option, a model directory, a grpo_exp run directory or a hub id"),
     "judge.tokenizer": (DIRECTORY, "a model option, a model directory or a hub id"),
-    "verifier.model": (DIRECTORY, "initial_policy, a model option, a model directory, a run directory or a hub id"),
+    "scorer.model": (DIRECTORY, "initial_policy, a model option, a model directory, a run directory or a hub id"),
     "trainer.resume": (DIRECTORY, "auto, a run directory or a checkpoint directory"),
     "logger.tracking_uri": (DIRECTORY, "a URI or a directory for a local MLflow store"),
     "cache_dir": (DIRECTORY, "the directory materialised models are kept in"),
@@ -182,7 +184,7 @@ PATH_SETTINGS: dict[str, tuple[str, str]] = {
 NOT_PATHS = ("auto", "initial_policy")
 # Saved absolute when they name an existing path, so that `grpo-exp evaluate <run dir>` reads them from anywhere.
 EVALUATION_PATHS = ("model.chat_template", "dataset.path", "dataset.eval_path", "judge.rubric_file", "judge.model")
-EVALUATION_PATHS += ("judge.tokenizer", "verifier.model", "logger.tracking_uri", "cache_dir")
+EVALUATION_PATHS += ("judge.tokenizer", "scorer.model", "logger.tracking_uri", "cache_dir")
 
 
 def _local_path(key: str, value) -> Path | None:
@@ -190,7 +192,7 @@ def _local_path(key: str, value) -> Path | None:
     URI, a template's text) or nothing."""
     if not isinstance(value, str) or not value or value in NOT_PATHS or "://" in value or value.startswith("sqlite:"):
         return None
-    if key in ("judge.model", "judge.tokenizer", "verifier.model") and (CONF_DIR / "model" / f"{value}.yaml").is_file():
+    if key in ("judge.model", "judge.tokenizer", "scorer.model") and (CONF_DIR / "model" / f"{value}.yaml").is_file():
         return None
     if key == "model.chat_template" and ("\n" in value or "{" in value):
         return None
@@ -236,6 +238,7 @@ def saved_path_overrides(run_dir: Path) -> list[str]:
     directory the run was started in."""
     saved_file = run_dir / CONFIG_FILE
     saved = (yaml.safe_load(saved_file.read_text(encoding="utf-8")) or {}) if saved_file.is_file() else {}
+    saved = renamed_config(saved)  # an older run's config: its verifier.model is scorer.model
     overrides = []
     for key in EVALUATION_PATHS:
         parent, _, name = key.rpartition(".")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import yaml
 
+from grpo_exp.deprecated import renamed_config
 from grpo_exp.errors import UserError
 from grpo_exp.run.files import (
     ATTEMPT_FILE,
@@ -79,7 +80,7 @@ def find_attempt(outputs_dir: Path, config: dict) -> Attempt | None:
         config_file = run_dir / CONFIG_FILE
         if not config_file.is_file():
             continue
-        if without_resume(yaml.safe_load(config_file.read_text()) or {}) != wanted:
+        if without_resume(renamed_config(yaml.safe_load(config_file.read_text()) or {})) != wanted:
             continue
         attempt = load_attempt(run_dir)
         if attempt.finished or attempt.checkpoint:

@@ -3,8 +3,8 @@
 One labeller per run, built once (grpo_exp.run.build) and read by everything that needs a label: held-out accuracy
 (before / after training, validations, `python -m grpo_exp.evaluate`), pass@k and maj@k, the group statistics,
 the labels of the self-verification task and the verification benchmark, the AUROC of the judge and confidence
-components against correctness, and the `correct` reward component. It applies with every `verifier=` option
-(those choose the P(Yes) scorer). Built-in:
+components against correctness, and the `correct` reward component. It applies with every `scorer=` option
+(the P(Yes) scorer, a separate group). Built-in:
 
 - math_verify (the default): math-verify equivalence of the stated final answer with the reference
   (grpo_exp.verification.rule);

@@ -1,6 +1,6 @@
 """P(Yes) scorers: how sure a model is that an answer is correct (GenRM-style).
 
-A generative verifier (`verifier=genrm` or `verifier=self`) is asked "Is the answer correct? Answer Yes or
+A generative verifier (`scorer=genrm` or `scorer=self`) is asked "Is the answer correct? Answer Yes or
 No." and scored by P(Yes), normalised over the Yes/No tokens and read from the next-token logits of one
 batched forward pass (no sampling); `genrm` uses a frozen model (by default a copy of the initial policy)
 or an OpenAI-compatible endpoint that returns logprobs, `self` the current policy weights.
@@ -17,7 +17,7 @@ from grpo_exp.data_parallel import map_over_processes
 from grpo_exp.errors import UserError
 from grpo_exp.generation import left_padded_eval
 from grpo_exp.models import check_frozen_copies, check_reachable, load_frozen, load_tokenizer, model_option_config
-from grpo_exp.schema import VerifierName, VerifierSchema
+from grpo_exp.schema import ScorerName, ScorerSchema
 
 
 def yes_no_token_ids(tokenizer, yes: str, no: str) -> tuple[int, int]:
@@ -25,7 +25,7 @@ def yes_no_token_ids(tokenizer, yes: str, no: str) -> tuple[int, int]:
     yes_ids = tokenizer.encode(yes, add_special_tokens=False)
     no_ids = tokenizer.encode(no, add_special_tokens=False)
     if not yes_ids or not no_ids or yes_ids[0] == no_ids[0]:
-        raise UserError(f"verifier.yes_token='{yes}' and verifier.no_token='{no}' need distinct first tokens")
+        raise UserError(f"scorer.yes_token='{yes}' and scorer.no_token='{no}' need distinct first tokens")
     return yes_ids[0], no_ids[0]
 
 
@@ -67,10 +67,10 @@ class PYesScorer:
 
     @property
     def follows_policy(self) -> bool:
-        return self.cfg.name is VerifierName.self
+        return self.cfg.name is ScorerName.self
 
     def bind(self, model, tokenizer) -> None:
-        """Use these weights (the live policy, for verifier=self)."""
+        """Use these weights (the live policy, for scorer=self)."""
         self.model, self.tokenizer = model, tokenizer
         self.ids = yes_no_token_ids(tokenizer, self.cfg.yes_token, self.cfg.no_token)
 
@@ -78,7 +78,7 @@ class PYesScorer:
         model_cfg = (
             self.policy_cfg
             if self.cfg.model == "initial_policy"
-            else model_option_config(self.cfg.model, "verifier.model")
+            else model_option_config(self.cfg.model, "scorer.model")
         )
         tokenizer = load_tokenizer(model_cfg, self.cache_dir)
         self.bind(load_frozen(model_cfg, tokenizer, self.cache_dir), tokenizer)
@@ -89,7 +89,7 @@ class PYesScorer:
             return asyncio.run(self._from_endpoint(conversations))
         if self.model is None:
             if self.follows_policy:
-                raise RuntimeError("verifier=self is scored with the policy: bind() it before use")
+                raise RuntimeError("scorer=self is scored with the policy: bind() it before use")
             self._load()
         if not self.split:
             return p_yes_from_logits(self.model, self.tokenizer, conversations, *self.ids, self.cfg.batch_size)
@@ -126,30 +126,30 @@ class PYesScorer:
             return list(await asyncio.gather(*(one(c) for c in conversations)))
 
 
-def check_verifier_reachable(verifier_cfg: DictConfig, policy_cfg: DictConfig, processes: int = 1) -> None:
+def check_scorer_reachable(scorer_cfg: DictConfig, policy_cfg: DictConfig, processes: int = 1) -> None:
     """A frozen verifier named by a model option, a directory or a hub id (not the initial policy, nor an endpoint)
     must be found, and its copies (one per process; the initial policy's too) must fit (the resolve phase)."""
-    if verifier_cfg.name is not VerifierName.genrm or verifier_cfg.base_url:
+    if scorer_cfg.name is not ScorerName.genrm or scorer_cfg.base_url:
         return
-    if verifier_cfg.model == "initial_policy":
-        check_frozen_copies(policy_cfg, "verifier.model=initial_policy: model.name_or_path", processes)
+    if scorer_cfg.model == "initial_policy":
+        check_frozen_copies(policy_cfg, "scorer.model=initial_policy: model.name_or_path", processes)
         return
-    model_cfg = model_option_config(verifier_cfg.model, "verifier.model")
+    model_cfg = model_option_config(scorer_cfg.model, "scorer.model")
     check_reachable(model_cfg)
-    check_frozen_copies(model_cfg, "verifier.model", processes)
+    check_frozen_copies(model_cfg, "scorer.model", processes)
 
 
-def build_p_yes(verifier_cfg: DictConfig, policy_cfg: DictConfig, cache_dir: str) -> PYesScorer | None:
-    """The P(Yes) scorer of verifier=genrm / verifier=self; None for the rule verifier."""
-    if verifier_cfg.name is VerifierName.math_verify:
+def build_p_yes(scorer_cfg: DictConfig, policy_cfg: DictConfig, cache_dir: str) -> PYesScorer | None:
+    """The P(Yes) scorer of scorer=genrm / scorer=self; None for scorer=none."""
+    if scorer_cfg.name is ScorerName.none:
         return None
-    return PYesScorer(verifier_cfg, policy_cfg, cache_dir)
+    return PYesScorer(scorer_cfg, policy_cfg, cache_dir)
 
 
 def policy_p_yes(model, tokenizer, batch_size: int, template: str | None = None) -> PYesScorer:
     """These weights' own P(Yes), asked with `template` (null: the default verifier question), for evaluation:
     under several processes each scores its share."""
-    settings = VerifierSchema(name=VerifierName.self, batch_size=batch_size)
+    settings = ScorerSchema(name=ScorerName.self, batch_size=batch_size)
     if template is not None:
         settings.template = template
     scorer = PYesScorer(OmegaConf.structured(settings), None, "")

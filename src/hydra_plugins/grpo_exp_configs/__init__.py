@@ -139,12 +139,17 @@ class GrpoExpConfigSource(ConfigSource):
                 continue
             if source.scheme() == "pkg" and source.path.startswith("hydra.conf"):
                 continue
+            where = source.path if source.scheme() == "file" else source.full_path()
+            if source.is_group("verifier"):  # the P(Yes) scorer's group was `verifier` (grpo_exp.deprecated)
+                raise ConfigCompositionException(
+                    f"{where}/verifier/: the P(Yes) scorer's options are the `scorer` group now: move them to "
+                    "scorer/ (their settings under scorer.*; verifier.labels stays, a setting, not a group)"
+                )
             for config_path in built_in:
                 if source.is_config(config_path):
                     group, _, name = config_path.rpartition("/")
                     renamed = f"{group}/my_{name}.yaml" if group else f"my_{name}.yaml"
                     component = f" and its component components.my_{name}" if group == REWARD else ""
-                    where = source.path if source.scheme() == "file" else source.full_path()
                     raise ConfigCompositionException(
                         f"{where}/{config_path}.yaml has the name of grpo_exp's built-in "
                         f"{config_path}: Hydra takes the built-in one and would ignore yours. Built-in names are "
