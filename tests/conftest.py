@@ -28,6 +28,18 @@ def pytest_configure(config):
 
 
 @pytest.fixture
+def no_model_loads(monkeypatch):
+    """Any attempt to load or build a model fails the test (a config mistake must be refused before)."""
+    from transformers import AutoModelForCausalLM  # imports transformers: only after pytest_configure has run
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the config was checked")
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", refuse)
+    monkeypatch.setattr(AutoModelForCausalLM, "from_config", refuse)
+
+
+@pytest.fixture
 def tmp_run_dir(tmp_path: Path) -> Path:
     return tmp_path / "run"
 

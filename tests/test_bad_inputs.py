@@ -12,7 +12,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from transformers import AutoModelForCausalLM
 
 from grpo_exp.data import check_data_files, load_splits
 from grpo_exp.errors import UserError
@@ -24,15 +23,6 @@ from tests.helpers.cli import run_cli
 
 GRPO_EXP = Path(sys.executable).with_name("grpo-exp")
 BASE = [*TINY_RUN, "logger=none"]
-
-
-@pytest.fixture
-def no_model_loads(monkeypatch):
-    def refuse(*args, **kwargs):
-        raise AssertionError("a model was loaded before the config was checked")
-
-    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", refuse)
-    monkeypatch.setattr(AutoModelForCausalLM, "from_config", refuse)
 
 
 def refused(overrides: list[str]) -> str:
