@@ -11,12 +11,21 @@ def test_redact_masks_secrets_but_keeps_env_var_names():
         "judge": {"api_key": "sk-123", "api_key_env": "OPENAI_API_KEY", "nested": [{"token": "t"}]},
         "x": 1,
         "logger": {"tracking_uri": "https://me:pw@mlflow.example/x", "other": "http://host:5000/a@b"},
+        "extra": {"hub_token": "hf_x", "access_token": "a"},
     }
     assert redact(config) == {
         "judge": {"api_key": REDACTED, "api_key_env": "OPENAI_API_KEY", "nested": [{"token": REDACTED}]},
         "x": 1,
         "logger": {"tracking_uri": f"https://{REDACTED}@mlflow.example/x", "other": "http://host:5000/a@b"},
+        "extra": {"hub_token": REDACTED, "access_token": REDACTED},
     }
+
+
+def test_redact_keeps_settings_that_only_mention_tokens():
+    """Counts of tokens, the verdict tokens and a tokenizer are what a run's record needs, not secrets."""
+    config = {"judge": {"max_new_tokens": 96, "tokenizer": "Qwen/Qwen2.5-32B"}, "scorer": {"yes_token": "Yes"}}
+    config |= {"rollout": {"max_tokens_per_turn": 64}, "no_token": "No"}
+    assert redact(config) == config
 
 
 def test_run_name_comes_from_the_overrides():

@@ -18,7 +18,11 @@ from grpo_exp.schema import LoggerBackend, WandbMode
 
 log = logging.getLogger(__name__)
 
-SECRET_MARKERS = ("api_key", "apikey", "token", "secret", "password")
+SECRET_MARKERS = ("api_key", "apikey", "secret", "password")
+# "token" marks a secret as a whole word (token, hub_token, access_token), not in a count or a vocabulary entry
+# (max_new_tokens, max_tokens_per_turn, yes_token, no_token: settings whose values a run's record needs).
+SECRET_TOKEN = re.compile(r"(^|_)token$")
+NOT_SECRET_TOKENS = ("yes_token", "no_token")
 REDACTED = "***redacted***"
 URL_CREDENTIALS = re.compile(r"(\w+://)[^/@\s]+:[^/@\s]*@")  # user:password@ of a URL
 # Overrides that say where or how a run is kept, not what it is: left out of its name.
@@ -44,7 +48,9 @@ def redact(node: Any) -> Any:
 
 def _is_secret_key(key: Any) -> bool:
     key = str(key).lower()
-    return any(marker in key for marker in SECRET_MARKERS) and not key.endswith("_env")
+    if key.endswith("_env") or key in NOT_SECRET_TOKENS:
+        return False
+    return any(marker in key for marker in SECRET_MARKERS) or SECRET_TOKEN.search(key) is not None
 
 
 def run_name(task_overrides: list[str], swept: set[str] | None = None) -> str:
