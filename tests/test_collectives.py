@@ -146,8 +146,7 @@ def test_a_dead_judge_endpoint_stops_every_rank_at_the_same_step_with_the_endpoi
     result = recorded_launch(
         tmp_path,
         "reward=math+format+judge",
-        *stub_judge_overrides(port),  # nothing listens on the port
-        "judge.retries=0",
+        *stub_judge_overrides(port),  # nothing listens on the port (scores mode: a failed request is not retried)
         "eval.before=false",
         "+trainer.extra.ddp_timeout=900",
         timeout=300,

@@ -233,7 +233,6 @@ def test_tiny_training_with_the_local_judge_runs_end_to_end(tmp_path):
         "reward=math+format+judge",
         "judge=local",
         "judge.model=tiny",
-        "judge.max_new_tokens=8",
         "logger=none",
         "eval.before=false",
         f"hydra.run.dir={run_dir}",
