@@ -275,7 +275,6 @@ SELFVERIFY_TINY = [
     "reward=selfverify+length",  # length gives the random tiny model's verdicts a reward spread
     "reward.components.selfverify.drop_no_answer=false",  # the tiny model never writes an answer
     "reward.components.selfverify.drop_all_wrong=false",
-    "reward.components.selfverify.every=2",
     "reward.components.selfverify.balance=share",  # the tiny model is never right: no matched pair exists
     "stats.table_every=1",
     "stats.table_groups=8",
@@ -290,19 +289,23 @@ SCHEDULES = {"joint": [2, 3], "interleave": [2], "verify_only": [1, 2, 3]}  # ea
 
 
 @pytest.fixture(scope="module")
-def schedule_sweep(tmp_path_factory) -> Path:
-    """A tiny run of each schedule, in one multirun: job i is the i-th of SCHEDULES."""
-    sweep = tmp_path_factory.mktemp("schedules")
-    schedules = f"reward.components.selfverify.schedule={','.join(SCHEDULES)}"
-    result = run_cli("-m", *TINY_RUN, *SELFVERIFY_TINY, schedules, f"hydra.sweep.dir={sweep}")
+def schedule_runs(tmp_path_factory) -> dict[str, Path]:
+    """A tiny run of each schedule: joint and verify_only in one multirun; interleave on its own, with its own
+    setting (selfverify.every=2), which the other schedules would refuse as one they ignore."""
+    sweep, interleave = tmp_path_factory.mktemp("schedules"), tmp_path_factory.mktemp("interleave")
+    schedule = "reward.components.selfverify.schedule"
+    result = run_cli("-m", *TINY_RUN, *SELFVERIFY_TINY, f"{schedule}=joint,verify_only", f"hydra.sweep.dir={sweep}")
     assert result.returncode == 0, result.stderr[-3000:]
-    return sweep
+    every = "reward.components.selfverify.every=2"
+    result = run_cli(*TINY_RUN, *SELFVERIFY_TINY, f"{schedule}=interleave", every, f"hydra.run.dir={interleave}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return {"joint": sweep / "0", "verify_only": sweep / "1", "interleave": interleave}
 
 
 @pytest.mark.e2e
 @pytest.mark.parametrize(("schedule", "verification_steps"), SCHEDULES.items())
-def test_each_schedule_trains_on_verification_prompts(schedule, verification_steps, schedule_sweep):
-    run_dir = schedule_sweep / str(list(SCHEDULES).index(schedule))
+def test_each_schedule_trains_on_verification_prompts(schedule, verification_steps, schedule_runs):
+    run_dir = schedule_runs[schedule]
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert saved["reward"]["components"]["selfverify"]["schedule"] == schedule
     steps = {m["step"]: m for m in read_metrics(run_dir / "metrics.jsonl") if "grad_norm" in m}
