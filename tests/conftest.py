@@ -101,32 +101,30 @@ def tiny_policy(tiny_model_dir, tiny_config):
 # ---- tiny training runs through the command line, each trained once and read by several tests --------------
 
 
+def _finished(directory: Path, *args: str, where: str = "hydra.run.dir") -> CliRun:
+    """`python -m grpo_exp.train args` into `directory` (a run's, or a sweep's with hydra.sweep.dir), finished."""
+    result = run_cli(*args, f"{where}={directory}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return CliRun(directory, result)
+
+
 @pytest.fixture(scope="session")
 def tiny_cli_run(tmp_path_factory) -> CliRun:
     """`python -m grpo_exp.train` with TINY_CLI_RUN, finished. Shared: read its directory; a test that writes into
     a run directory copies it (tests.helpers.cli.copied_run)."""
-    run_dir = tmp_path_factory.mktemp("tiny_cli_run") / "run"
-    result = run_cli(*TINY_CLI_RUN, f"hydra.run.dir={run_dir}")
-    assert result.returncode == 0, result.stderr[-3000:]
-    return CliRun(run_dir, result)
+    return _finished(tmp_path_factory.mktemp("tiny_cli_run") / "run", *TINY_CLI_RUN)
 
 
 @pytest.fixture(scope="session")
 def tiny_sweep(tmp_path_factory) -> CliRun:
     """`python -m grpo_exp.train` with TINY_SWEEP, finished: the sweep directory as `run_dir`. Shared: read it."""
-    sweep_dir = tmp_path_factory.mktemp("tiny_sweep") / "sweep"
-    result = run_cli(*TINY_SWEEP, f"hydra.sweep.dir={sweep_dir}")
-    assert result.returncode == 0, result.stderr[-3000:]
-    return CliRun(sweep_dir, result)
+    return _finished(tmp_path_factory.mktemp("tiny_sweep") / "sweep", *TINY_SWEEP, where="hydra.sweep.dir")
 
 
 @pytest.fixture(scope="session")
 def confidence_run(tmp_path_factory) -> CliRun:
     """`python -m grpo_exp.train` with CONFIDENCE_RUN, finished (test_validation.py, test_selfverify.py). Shared."""
-    run_dir = tmp_path_factory.mktemp("confidence_run") / "run"
-    result = run_cli(*CONFIDENCE_RUN, f"hydra.run.dir={run_dir}")
-    assert result.returncode == 0, result.stderr[-3000:]
-    return CliRun(run_dir, result)
+    return _finished(tmp_path_factory.mktemp("confidence_run") / "run", *CONFIDENCE_RUN)
 
 
 @pytest.fixture(scope="session")

@@ -37,19 +37,11 @@ log = logging.getLogger("grpo_exp.train")
 class HeldoutEval:
     """Greedy held-out accuracy (with the tools, for rollout=multiturn); with self-verification or the judge on,
     their held-out measures too; the verification benchmark when it is on; pass@k / maj@k from sampled answers.
-    `run_dir`: where eval_<when>.jsonl and the benchmark go (None: nowhere)."""
+    `run_dir`: where eval_<when>.jsonl and the benchmark go."""
 
-    def __init__(
-        self, spec: RunSpec, parts: RunParts, tokenizer, heldout: Dataset, run_dir: Path | None, train: Dataset
-    ):
-        self.spec, self.parts, self.tokenizer, self.heldout, self.run_dir, self.train = (
-            spec,
-            parts,
-            tokenizer,
-            heldout,
-            run_dir,
-            train,
-        )
+    def __init__(self, spec: RunSpec, parts: RunParts, tokenizer, heldout: Dataset, run_dir: Path, train: Dataset):
+        self.spec, self.parts, self.tokenizer = spec, parts, tokenizer
+        self.heldout, self.train, self.run_dir = heldout, train, run_dir
         every_problems = spec.cfg.eval.every_problems or len(heldout)
         self.problems = heldout.select(range(min(every_problems, len(heldout))))  # what validations answer
         self.before: EvalResult | None = None
@@ -104,9 +96,7 @@ class HeldoutEval:
         completion and label go to eval_<when>.jsonl. answered: the same model's greedy answers to all of them,
         already measured, taken instead of answering again."""
         spec, parts = self.spec, self.parts
-        result = answered or run_heldout_accuracy(
-            model, self.tokenizer, self.heldout, spec, parts, f"held-out eval ({when})"
-        )
+        result = answered or self.greedy(model, f"held-out eval ({when})")
         log.info("Held-out accuracy %s training: %.3f (%d/%d)", when, result.accuracy, result.correct, result.scored)
         if result.rollout:
             log.info("Held-out trajectories %s training: %s", when, _rounded(result.rollout))
@@ -124,9 +114,8 @@ class HeldoutEval:
         if parts.judge is not None:
             result.judge = judge_statistics(parts.judge, result.samples)
             log.info("Held-out judge %s training: %s", when, _rounded(result.judge))
-        if self.run_dir is not None:
-            with (self.run_dir / eval_file(when)).open("w", encoding="utf-8") as f:
-                f.writelines(json.dumps(sample) + "\n" for sample in result.samples)
+        with (self.run_dir / eval_file(when)).open("w", encoding="utf-8") as f:
+            f.writelines(json.dumps(sample) + "\n" for sample in result.samples)
         return result
 
     def greedy(self, model, desc: str | None = "greedy") -> EvalResult:
@@ -136,8 +125,8 @@ class HeldoutEval:
     def prepare_benchmark(self, model) -> None:
         """The verification benchmark: the run directory's own set when it has one (its initial policy's answers),
         else from the cache or built now from `model`, which must then be the initial policy."""
-        own = self.run_dir / BENCHMARK_FILE if self.run_dir is not None else None
-        if own is not None and own.is_file():
+        own = self.run_dir / BENCHMARK_FILE
+        if own.is_file():
             self.benchmark = load_benchmark(own)
             return
         self.benchmark = verification_benchmark(

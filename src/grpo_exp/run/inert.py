@@ -80,6 +80,19 @@ def _sv(cfg: DictConfig) -> DictConfig:
     return cfg.reward.components.selfverify
 
 
+def _joint_with(key: str, balance: SelfVerifyBalance, what: str = "") -> OnlyWith:
+    """A selfverify setting that acts only in the joint schedule under one balance."""
+    return OnlyWith(
+        (_selfverify(key),),
+        lambda cfg: _sv(cfg).schedule is SelfVerifySchedule.joint and _sv(cfg).balance is balance,
+        f"by schedule=joint with balance={balance.value}{what}",
+        lambda cfg: (
+            f"{_selfverify('schedule')}={_sv(cfg).schedule.value}, {_selfverify('balance')}={_sv(cfg).balance.value}"
+        ),
+        f"set {_selfverify('schedule')}=joint and {_selfverify('balance')}={balance.value}",
+    )
+
+
 ONLY_WITH: tuple[OnlyWith, ...] = (
     # ---- model
     OnlyWith(
@@ -250,24 +263,8 @@ ONLY_WITH: tuple[OnlyWith, ...] = (
         lambda cfg: f"{_selfverify('schedule')}={_sv(cfg).schedule.value}",
         f"set {_selfverify('schedule')}=interleave too",
     ),
-    OnlyWith(
-        (_selfverify("fraction"),),
-        lambda cfg: _sv(cfg).schedule is SelfVerifySchedule.joint and _sv(cfg).balance is SelfVerifyBalance.share,
-        "by schedule=joint with balance=share (the share of a batch's groups that verify)",
-        lambda cfg: (
-            f"{_selfverify('schedule')}={_sv(cfg).schedule.value}, {_selfverify('balance')}={_sv(cfg).balance.value}"
-        ),
-        f"set {_selfverify('schedule')}=joint and {_selfverify('balance')}=share",
-    ),
-    OnlyWith(
-        (_selfverify("pairs_per_step"),),
-        lambda cfg: _sv(cfg).schedule is SelfVerifySchedule.joint and _sv(cfg).balance is SelfVerifyBalance.pairs,
-        "by schedule=joint with balance=pairs",
-        lambda cfg: (
-            f"{_selfverify('schedule')}={_sv(cfg).schedule.value}, {_selfverify('balance')}={_sv(cfg).balance.value}"
-        ),
-        f"set {_selfverify('schedule')}=joint and {_selfverify('balance')}=pairs",
-    ),
+    _joint_with("fraction", SelfVerifyBalance.share, " (the share of a batch's groups that verify)"),
+    _joint_with("pairs_per_step", SelfVerifyBalance.pairs),
     OnlyWith(
         (_selfverify("yes_share"), _selfverify("per_problem")),
         lambda cfg: _sv(cfg).balance is SelfVerifyBalance.share,
