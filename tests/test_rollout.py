@@ -14,8 +14,8 @@ from grpo_exp.rollout.flow import group_advantages, turn_spans
 from grpo_exp.rollout.multiturn import MultiTurnRollout, greedy_generation, scored_on_final_turn
 from grpo_exp.run.tracking import read_metrics
 from grpo_exp.trainer.config import grpo_exp_config
-from grpo_exp.trainer.seam import as_rollout_func
 from grpo_exp.trainer.trainer import GRPOExpTrainer
+from grpo_exp.trainer.trl_batch import as_rollout_func
 from grpo_exp.verification.rule import math_verify_verifier
 from support.config import TINY_RUN, compose_config
 from tests.helpers.cli import run_cli

@@ -23,7 +23,8 @@ from grpo_exp.models import load_tokenizer
 from grpo_exp.trainer import seam
 from grpo_exp.trainer.config import grpo_exp_config
 from grpo_exp.trainer.scored_batch import ScoredBatch, aggregated_reward
-from grpo_exp.trainer.seam import TRL_ATTRIBUTES, TRL_METHODS, HookedGRPOTrainer
+from grpo_exp.trainer.seam import HookedGRPOTrainer
+from grpo_exp.trainer.trl_contract import TRL_ATTRIBUTES, TRL_METHODS
 from support.config import TINY_RUN, compose_config
 from tests.helpers.tiny_trainer import PLAIN_TRL, Recording, knob_overrides
 

@@ -39,8 +39,8 @@ from grpo_exp.run.tracking import MetricsFileCallback, Tracker, run_identity
 from grpo_exp.run.validation import PeriodicValidation, Schedule
 from grpo_exp.run.wandb_offline import RECORD_KEY, segments_so_far, sync_command
 from grpo_exp.trainer.config import ddp_timeout
-from grpo_exp.trainer.seam import as_rollout_func
 from grpo_exp.trainer.trainer import GRPOExpTrainer
+from grpo_exp.trainer.trl_batch import as_rollout_func
 
 log = logging.getLogger("grpo_exp.train")
 

@@ -205,17 +205,19 @@ def checked(result: Any, shape: tuple[int, ...], where: str) -> tuple[torch.Tens
 def policy_loss(
     name: str,
     inputs: dict,
-    logps: torch.Tensor,
-    entropies: torch.Tensor,
+    loss_forward: Callable,
     epsilons: tuple[float, float],
     beta: float,
     processes: int,
     reduce_sum: Callable[[torch.Tensor], torch.Tensor],
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The loss `name` (a loss of ours) on this micro-batch of TRL's generation batch, given the loss forward's
-    per-token log-probabilities and entropies: TRL's KL term (`beta`) added, aggregated as dapo over the step's
-    tokens on `processes` processes. Returns it and the metrics to record (`reduce_sum`: a sum over every process, a
-    collective that every process calls)."""
+    """The loss `name` (a loss of ours) on this micro-batch of TRL's generation batch: `loss_forward(input_ids,
+    attention_mask, logits_to_keep)` gives each completion token's log-probability and entropy; TRL's KL term
+    (`beta`) added, aggregated as dapo over the step's tokens on `processes` processes. Returns it and the metrics
+    to record (`reduce_sum`: a sum over every process, a collective that every process calls)."""
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    logps, entropies = loss_forward(ids, attention, inputs["completion_ids"].size(1))
     mask = loss_mask(inputs)
     old = inputs.get("old_per_token_logps")
     batch = {

@@ -11,6 +11,7 @@ import torch
 from trl.trainer.utils import nanstd
 
 from grpo_exp.rollout.multiturn import TRAJECTORY_FIELDS
+from grpo_exp.text import completion_text
 
 # Dataset / rollout columns carried from the inputs into the ScoredBatch rows (None where a row lacks them).
 ROW_KEYS = ("question", "solution", "task", "verify_label", "pass_rate", *TRAJECTORY_FIELDS)
@@ -32,6 +33,15 @@ class ScoredBatch:
     total: torch.Tensor  # [N] the reward TRL normalised into advantages (aggregated_reward); NaN: unscorable
     advantages: torch.Tensor  # [N] as TRL computed them
     lengths: torch.Tensor  # [N] the policy's own tokens (a multi-turn trajectory's observations left out)
+
+    @classmethod
+    def of_generation(cls, rows: list[dict], completions: list, **measured) -> "ScoredBatch":
+        """The batch of these rows and TRL's completions (chat messages or text); `measured`: the other fields. A
+        multi-turn trajectory is judged by its final turn (the tools' output is not the policy's answer)."""
+        trajectories = [completion_text(c) for c in completions]
+        if rows[0]["num_turns"] is None:
+            return cls(rows=rows, texts=trajectories, trajectories=None, **measured)
+        return cls(rows=rows, texts=[row["final_turn"] for row in rows], trajectories=trajectories, **measured)
 
     def grouped(self, values: torch.Tensor) -> torch.Tensor:
         """[N, ...] -> [prompts, G, ...]."""

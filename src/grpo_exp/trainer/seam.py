@@ -1,13 +1,8 @@
 """The one seam between grpo_exp and TRL's GRPOTrainer internals: it reads TRL's state and overrides TRL's methods,
 each override a short delegation to a feature module beside it (zero_variance, imputation, sampling, shared_prompt,
-advantages, scored_batch). It translates; the features decide.
-
-What it touches of TRL 1.16 (pinned to one minor version in pyproject.toml) is listed in TRL_METHODS and
-TRL_ATTRIBUTES, which tests/test_trl_contract.py checks against the installed TRL, naming whatever an upgrade moved;
-also TRL's fused LM head (`model(..., fused_lm_head=True)` -> `.log_probs`, `.entropy`), the layout of its generation
-batch (grpo_exp.trainer.trl_batch) and its reward aggregation (scored_batch.aggregated_reward: TRL 1.16 computes it
-inline in `_generate_and_score_completions` without exposing it), which the contract and feature tests check by
-running TRL. The trainer subclass (grpo_exp.trainer.trainer) sees hooks and a typed ScoredBatch, never TRL's state.
+advantages, losses, scored_batch). It translates; the features decide. What it touches of TRL 1.16 is declared in
+grpo_exp.trainer.trl_contract (and trl_batch: the generation batch's layout), which tests/test_trl_contract.py checks
+against the installed TRL. The trainer subclass (grpo_exp.trainer.trainer) sees hooks and a typed ScoredBatch.
 """
 
 import contextlib
@@ -20,7 +15,6 @@ from trl.extras.profiling import profiling_context
 from trl.models.utils import unwrap_model_for_generation
 
 from grpo_exp.schema import ZeroVarianceGroups
-from grpo_exp.text import completion_text
 from grpo_exp.trainer.advantages import TRL_ADVANTAGES, estimate
 from grpo_exp.trainer.hooks import TrainingHooks
 from grpo_exp.trainer.imputation import impute_failures
@@ -29,34 +23,6 @@ from grpo_exp.trainer.sampling import Sampler, fast_generation_pays
 from grpo_exp.trainer.scored_batch import ROW_KEYS, ScoredBatch, aggregated_reward
 from grpo_exp.trainer.shared_prompt import shared_prompt_forward
 from grpo_exp.trainer.zero_variance import fresh_inputs, informative_loss, leaves_groups_out, no_spread_groups, settle
-
-# TRL's methods the seam overrides or calls, with the leading parameters it passes them, in order.
-TRL_METHODS = {
-    "_calculate_rewards": ("inputs", "prompts", "completions", "completion_ids_list"),
-    "_generate_and_score_completions": ("inputs",),
-    "_generate_single_turn": ("prompt_ids", "images", "multimodal_fields", "num_generations", "has_tool_images"),
-    "_get_per_token_logps_and_entropies": (
-        "model",
-        "input_ids",
-        "attention_mask",
-        "logits_to_keep",
-        "batch_size",
-        "compute_entropy",
-        "compute_aux_loss",
-    ),
-    "compute_loss": ("model", "inputs", "return_outputs", "num_items_in_batch"),
-    "_compute_loss": ("model", "inputs"),
-    "_save_checkpoint": ("model", "trial"),
-}
-# The trainer's attributes the seam reads (dotted: an attribute of one).
-TRL_ATTRIBUTES = tuple(
-    """
-    _logs _metrics _entropy_bonus_enabled aux_loss_enabled beta top_entropy_quantile use_vllm
-    args.use_transformers_paged loss_type multi_objective_aggregation reward_func_names reward_weights
-    num_generations generation_config generation_kwargs max_completion_length temperature epsilon_low
-    epsilon_high args.ds3_gather_for_generation model_wrapped is_deepspeed_enabled is_fsdp_enabled
-    """.split()
-)
 
 
 class HookedGRPOTrainer(TrainingHooks, GRPOTrainer):
@@ -289,18 +255,14 @@ class HookedGRPOTrainer(TrainingHooks, GRPOTrainer):
     def _scored_batch(self, inputs: list[dict], output: dict) -> ScoredBatch:
         # TRL keeps exactly the last generation batch (gathered over processes) in these deques.
         rows = gather_object([{key: row.get(key) for key in ROW_KEYS} for row in inputs])
-        trajectories = [completion_text(c) for c in self._logs["completion"]]
-        multiturn = rows[0]["num_turns"] is not None
         rewards = self._logged_rewards()
         policy_tokens = output["completion_mask"] * output.get("tool_mask", 1)
-        return ScoredBatch(
+        return ScoredBatch.of_generation(
+            rows,
+            list(self._logs["completion"]),
             group_size=self.num_generations,
             reward_names=list(self.reward_func_names),
             prompts=list(self._logs["prompt"]),
-            # A multi-turn trajectory is judged by its final turn (the tools' output is not the policy's answer).
-            texts=[row["final_turn"] for row in rows] if multiturn else trajectories,
-            trajectories=trajectories if multiturn else None,
-            rows=rows,
             rewards=rewards,
             imputed=self._imputed,
             total=self._total_reward(rewards),
@@ -312,25 +274,9 @@ class HookedGRPOTrainer(TrainingHooks, GRPOTrainer):
         """TRL's loss, or a per-token loss of ours in its place (trainer.loss_type=module:name: trainer.losses)."""
         if self.args.policy_loss is None:
             return super()._compute_loss(model, inputs)
-        ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
-        attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-        width = inputs["completion_ids"].size(1)
-        logps, entropies = self.per_token_logps(model, ids, attention, width, compute_entropy=True)
+        forward = functools.partial(self.per_token_logps, model, compute_entropy=True)
         reduce_sum = functools.partial(self.accelerator.reduce, reduction="sum")
         epsilons, processes = (self.epsilon_low, self.epsilon_high), self.accelerator.num_processes
-        loss, metrics = policy_loss(
-            self.args.policy_loss, inputs, logps, entropies, epsilons, self.beta, processes, reduce_sum
-        )
+        loss, metrics = policy_loss(self.args.policy_loss, inputs, forward, epsilons, self.beta, processes, reduce_sum)
         self._record(metrics)
         return loss
-
-
-def as_rollout_func(rollout):
-    """TRL's `rollout_func(prompts, trainer)` for a rollout object with `trl_batch(model, tokenizer, prompts,
-    generation_kwargs) -> dict` (grpo_exp.rollout.multiturn.MultiTurnRollout)."""
-
-    def rollout_func(prompts: list, trainer) -> dict:
-        with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator) as model:
-            return rollout.trl_batch(model, trainer.processing_class, prompts, trainer.generation_kwargs)
-
-    return rollout_func

@@ -5,6 +5,7 @@ tests/test_trl_contract.py checks that knowledge against TRL.
 """
 
 import torch
+from trl.models.utils import unwrap_model_for_generation
 
 # Per-row keys, [B, T_completion], right-padded: the value padding takes.
 COMPLETION_PADDING = {
@@ -97,3 +98,14 @@ def _cat_padded(values: list[torch.Tensor], pad, left: bool) -> torch.Tensor:
         filler = v.new_full((v.shape[0], width - v.shape[1]), pad)
         padded.append(torch.cat([filler, v] if left else [v, filler], dim=1))
     return torch.cat(padded)
+
+
+def as_rollout_func(rollout):
+    """TRL's `rollout_func(prompts, trainer)` for a rollout object with `trl_batch(model, tokenizer, prompts,
+    generation_kwargs) -> dict` (grpo_exp.rollout.multiturn.MultiTurnRollout)."""
+
+    def rollout_func(prompts: list, trainer) -> dict:
+        with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator) as model:
+            return rollout.trl_batch(model, trainer.processing_class, prompts, trainer.generation_kwargs)
+
+    return rollout_func

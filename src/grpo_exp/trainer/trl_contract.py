@@ -1,0 +1,30 @@
+"""What the seam (grpo_exp.trainer.seam) touches of TRL 1.16's GRPOTrainer, declared for
+tests/test_trl_contract.py, which checks each name against the installed TRL and names whatever an upgrade moved."""
+
+# TRL's methods the seam overrides or calls, with the leading parameters it passes them, in order.
+TRL_METHODS = {
+    "_calculate_rewards": ("inputs", "prompts", "completions", "completion_ids_list"),
+    "_generate_and_score_completions": ("inputs",),
+    "_generate_single_turn": ("prompt_ids", "images", "multimodal_fields", "num_generations", "has_tool_images"),
+    "_get_per_token_logps_and_entropies": (
+        "model",
+        "input_ids",
+        "attention_mask",
+        "logits_to_keep",
+        "batch_size",
+        "compute_entropy",
+        "compute_aux_loss",
+    ),
+    "compute_loss": ("model", "inputs", "return_outputs", "num_items_in_batch"),
+    "_compute_loss": ("model", "inputs"),
+    "_save_checkpoint": ("model", "trial"),
+}
+# The trainer's attributes the seam reads (dotted: an attribute of one).
+TRL_ATTRIBUTES = tuple(
+    """
+    _logs _metrics _entropy_bonus_enabled aux_loss_enabled beta top_entropy_quantile use_vllm
+    args.use_transformers_paged loss_type multi_objective_aggregation reward_func_names reward_weights
+    num_generations generation_config generation_kwargs max_completion_length temperature epsilon_low
+    epsilon_high args.ds3_gather_for_generation model_wrapped is_deepspeed_enabled is_fsdp_enabled
+    """.split()
+)
