@@ -41,11 +41,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     spec = resolved_config([])
     cfg = spec.cfg
-    _, heldout = load_splits(cfg.dataset)
+    train, heldout = load_splits(cfg.dataset)
     heldout = heldout.select(range(min(args.problems, len(heldout))))
     tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
     model = load_model(cfg.model, tokenizer, cfg.cache_dir, cfg.trainer.seed, spec.policy_dtype)
-    verifier = build_labels(cfg.verifier)
+    verifier = build_labels(cfg.verifier, train["solution"])
     print(
         f"held-out evaluation, embedded SmolLM2-135M, {len(heldout)} problems, batches of {cfg.eval.batch_size}, "
         f"{spec.eval_max_new_tokens} new tokens at most, {torch.get_num_threads()} threads, {cpu_name()}",

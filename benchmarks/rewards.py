@@ -14,6 +14,7 @@ import time
 
 from grpo_exp.rewards.judge import build_judge, make_judge_reward
 from grpo_exp.rewards.math import make_math_reward
+from grpo_exp.verification.labels import built_in_labels
 from support.config import resolved_config
 from support.environment import hub_offline
 from support.reward_cases import ADVERSARIAL
@@ -48,7 +49,7 @@ def realistic_completions(n: int, seed: int = 0) -> tuple[list, list[str]]:
 
 
 def bench_math() -> None:
-    reward = make_math_reward()
+    reward = make_math_reward(built_in_labels())
     completions, references = realistic_completions(400)
     started = time.perf_counter()
     scores = reward(completions, references)

@@ -105,7 +105,7 @@ def run_trl(seed: int, overrides: list[str]) -> dict:
         trainer.model,
         trainer.processing_class,
         heldout,
-        build_labels(spec.cfg.verifier),
+        build_labels(spec.cfg.verifier, load_splits(spec.cfg.dataset)[0]["solution"]),
         spec.eval_max_new_tokens,
         spec.cfg.eval.batch_size,
         None,

@@ -17,6 +17,7 @@ from grpo_exp.data import check_data_files, load_splits
 from grpo_exp.errors import UserError
 from grpo_exp.paths import experiment_presets
 from grpo_exp.run.build import build_parts
+from grpo_exp.run.files import latest_evaluation
 from grpo_exp.run.resolve import resolve, saved_path_overrides
 from support.config import TINY_RUN, compose_config
 from tests.helpers.cli import run_cli
@@ -127,8 +128,8 @@ def user_module(tmp_path, monkeypatch):
 def build_error(overrides: list[str]) -> str:
     with pytest.raises(UserError) as err:
         spec = resolve(compose_config([*BASE, *overrides]), processes=1)
-        parts = build_parts(spec)
-        load_splits(spec.cfg.dataset)
+        train, _ = load_splits(spec.cfg.dataset)
+        parts = build_parts(spec, train["solution"])
         for reward in parts.reward_funcs:
             reward(prompts=["p"], completions=[[{"role": "assistant", "content": "x"}]], solution=["1"])
     return str(err.value)
@@ -279,7 +280,7 @@ def test_a_run_is_evaluated_from_another_directory(tmp_path):
         cwd=elsewhere, capture_output=True, text=True, timeout=900, check=False,
     )  # fmt: skip
     assert evaluate.returncode == 0, evaluate.stderr[-3000:]
-    assert json.loads((run_dir / "evaluation.json").read_text())["problems"] == 4
+    assert json.loads(latest_evaluation(run_dir).read_text())["problems"] == 4
 
 
 # ---- 6. a number that is not finite ------------------------------------------------------------------------------

@@ -14,6 +14,8 @@ from grpo_exp.rollout.flow import (
     turn_spans,
 )
 from grpo_exp.rollout.multiturn import Trajectory, scored_on_final_turn
+from grpo_exp.text import stated_answer
+from grpo_exp.verification.labels import built_in_labels
 
 
 def test_group_advantages_normalise_each_trajectory_once_against_its_group():
@@ -54,7 +56,7 @@ def test_trajectory_statistics_count_each_trajectory_once():
         {"num_turns": 2, "tool_calls": 1, "tool_errors": 0, "final_turn": "So 408."},
         {"num_turns": 2, "tool_calls": 1, "tool_errors": 0, "final_turn": "The answer is \\boxed{12}."},
     ]
-    stats = trajectory_statistics(records, rewards=[0.0, 0.0, 1.0, math.nan])
+    stats = trajectory_statistics(records, [0.0, 0.0, 1.0, math.nan], stated_answer)
     assert stats["rollout/turns_mean"] == 2.0
     assert stats["rollout/turns_max"] == 3.0
     assert stats["rollout/tool_calls_mean"] == 1.0
@@ -69,7 +71,7 @@ def test_trajectory_statistics_count_each_trajectory_once():
 
 
 def test_the_reward_sees_the_final_turn_never_the_tools_output():
-    math_reward = scored_on_final_turn(make_math_reward())
+    math_reward = scored_on_final_turn(make_math_reward(built_in_labels()))
     assert math_reward.__name__ == "math"  # TRL logs rewards/math/mean
     answered = Trajectory([0], turns=["<calc>12*34</calc>", "The answer is \\boxed{408}."], ended=True)
     # The observation holds 408, but the policy never stated an answer: max_turns ran out mid-call.

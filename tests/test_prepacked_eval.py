@@ -44,7 +44,7 @@ def test_the_embedded_model_answers_the_100_default_problems_the_same_from_its_p
     from grpo_exp.data import load_splits
     from grpo_exp.models import load_model, load_tokenizer
     from grpo_exp.run.heldout import heldout_accuracy
-    from grpo_exp.verification.rule import math_verify_verifier
+    from grpo_exp.verification.labels import built_in_labels
 
     spec = resolved_config([])
     cfg = spec.cfg
@@ -52,7 +52,7 @@ def test_the_embedded_model_answers_the_100_default_problems_the_same_from_its_p
     tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
     model = load_model(cfg.model, tokenizer, cfg.cache_dir, cfg.trainer.seed, spec.policy_dtype)
     assert len(heldout) == 100
-    args = (model, tokenizer, heldout, math_verify_verifier(), spec.eval_max_new_tokens, cfg.eval.batch_size, None)
+    args = (model, tokenizer, heldout, built_in_labels(), spec.eval_max_new_tokens, cfg.eval.batch_size, None)
     today, prepacked = heldout_accuracy(*args, prepacked=False), heldout_accuracy(*args, prepacked=True)
     answers = zip(today.samples, prepacked.samples, strict=True)
     differing = [i for i, (a, b) in enumerate(answers) if a["completion"] != b["completion"]]

@@ -13,6 +13,7 @@ from grpo_exp.rewards.math import make_math_reward
 from grpo_exp.rewards.registry import build_rewards, reward_weights, typed_components
 from grpo_exp.schema import FormatStyle
 from grpo_exp.text import boxed_content, completion_text, last_boxed_span
+from grpo_exp.verification.labels import built_in_labels
 from support.reward_cases import ADVERSARIAL
 
 
@@ -49,17 +50,17 @@ def chat(text: str) -> list[dict]:
     ],
 )
 def test_math_reward(text, reference, expected):
-    assert make_math_reward()([chat(text)], [reference]) == [expected]
+    assert make_math_reward(built_in_labels())([chat(text)], [reference]) == [expected]
 
 
 def test_math_reward_skips_unparseable_reference():
-    assert make_math_reward()([chat("\\boxed{1}")], ["no number here"]) == [None]
+    assert make_math_reward(built_in_labels())([chat("\\boxed{1}")], ["no number here"]) == [None]
 
 
 @pytest.mark.parametrize("name", list(ADVERSARIAL))
 def test_math_reward_on_pathological_completions_finishes_and_scores_zero(name):
     # Bounded by math-verify's timeouts (2 s per parse/compare) and the 4,000-character tail.
-    assert make_math_reward()([chat(ADVERSARIAL[name])], ["1"]) == [0.0]
+    assert make_math_reward(built_in_labels())([chat(ADVERSARIAL[name])], ["1"]) == [0.0]
 
 
 @pytest.mark.parametrize(
@@ -129,7 +130,7 @@ def test_boxed_span_handles_nesting_and_unbalanced_input_in_linear_time():
 def test_build_rewards_keeps_the_order_names_and_weights():
     cfg = OmegaConf.create({"components": {"format": {"weight": 0.2, "style": "hash"}, "math": {"weight": 1.0}}})
     components = typed_components(cfg)
-    functions, weights = build_rewards(components), reward_weights(components)
+    functions, weights = build_rewards(components, {"verifier": built_in_labels()}), reward_weights(components)
     assert [f.__name__ for f in functions] == ["format", "math"]
     assert weights == [0.2, 1.0]
 

@@ -12,11 +12,12 @@ from grpo_exp.models import load_tokenizer
 from grpo_exp.rewards.math import make_math_reward
 from grpo_exp.rollout.flow import group_advantages, turn_spans
 from grpo_exp.rollout.multiturn import MultiTurnRollout, greedy_generation, scored_on_final_turn
+from grpo_exp.run.files import latest_evaluation
 from grpo_exp.run.tracking import read_metrics
 from grpo_exp.trainer.config import grpo_exp_config
 from grpo_exp.trainer.trainer import GRPOExpTrainer
 from grpo_exp.trainer.trl_batch import as_rollout_func
-from grpo_exp.verification.rule import math_verify_verifier
+from grpo_exp.verification.labels import built_in_labels
 from support.config import TINY_RUN, compose_config
 from tests.helpers.cli import run_cli
 from tests.helpers.tiny_trainer import PLAIN_TRL, knob_overrides
@@ -112,9 +113,9 @@ def test_trl_receives_the_mask_and_normalises_rewards_per_trajectory(protocol_mo
     )
     tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
     train_set, _ = load_splits(cfg.dataset)
-    math_reward = scored_on_final_turn(make_math_reward())
+    math_reward = scored_on_final_turn(make_math_reward(built_in_labels()))
     trainer = GRPOExpTrainer(
-        verifier=math_verify_verifier(),
+        verifier=built_in_labels(),
         stats_cfg=cfg.stats,
         model=AutoModelForCausalLM.from_pretrained(protocol_model),
         reward_funcs=[math_reward],
@@ -193,7 +194,7 @@ def test_evaluate_plays_trajectories_with_the_tools(protocol_model):
         module="grpo_exp.evaluate",
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    results = json.loads((protocol_model / "evaluation.json").read_text())
+    results = json.loads(latest_evaluation(protocol_model).read_text())
     assert results["problems"] == 4 and "pass@2" in results
     assert results["greedy rollout/tool_calls_mean"] > 0
 

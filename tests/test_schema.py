@@ -165,11 +165,10 @@ def test_a_choice_outside_its_enum_fails_at_composition_naming_the_key_and_the_c
 
 
 def test_a_valid_config_builds():
-    parts = build_parts(
-        resolve(
-            compose_config([*TINY_RUN, "reward=math+format+selfverify", "trainer.prompts_per_step=3", "logger=none"])
-        )
+    spec = resolve(
+        compose_config([*TINY_RUN, "reward=math+format+selfverify", "trainer.prompts_per_step=3", "logger=none"])
     )
+    parts = build_parts(spec, ["4", "7"])
     assert parts.reward_weights == [1.0, 0.2, 1.0] and parts.selfverify is not None and parts.p_yes is not None
 
 

@@ -16,6 +16,7 @@ from grpo_exp.models import load_tokenizer
 from grpo_exp.run.tracking import read_metrics
 from grpo_exp.schema import ShownPart
 from grpo_exp.text import tokens_covering
+from grpo_exp.verification.labels import built_in_labels
 from grpo_exp.verification.p_yes import p_yes_from_logits, question_messages, yes_no_token_ids
 from grpo_exp.verification.selfverify import (
     NO,
@@ -176,7 +177,7 @@ def test_tokens_covering_counts_the_tokens_that_wrote_a_prefix_even_through_a_sp
 
 def selfverify_task(*overrides: str) -> SelfVerificationTask:
     cfg = compose_config(["reward=selfverify+length", *overrides]).reward.components.selfverify
-    return SelfVerificationTask(cfg, verifier=None, p_yes=None, seed=0)
+    return SelfVerificationTask(cfg, verifier=built_in_labels(), p_yes=None, seed=0)
 
 
 def test_loss_on_verdict_counts_a_verification_completion_up_to_its_verdict_only():
@@ -353,9 +354,12 @@ def test_genrm_p_yes_from_an_openai_compatible_endpoint_with_logprobs():
 
 
 def test_candidates_from_groups():
+    from grpo_exp.text import stated_answer
     from grpo_exp.verification.selfverify import candidates_from_groups
 
-    found = candidates_from_groups(["q0", "q1"], ["\\boxed{1}", "2", "x", "y"], [True, False, None, None], 2, 10)
+    found = candidates_from_groups(
+        ["q0", "q1"], ["\\boxed{1}", "2", "x", "y"], [True, False, None, None], 2, stated_answer, first_problem=10
+    )
     assert [(c.problem, c.answer, c.correct, c.pass_rate) for c in found] == [
         (10, "1", True, 0.5),
         (10, "2", False, 0.5),
@@ -384,16 +388,19 @@ def test_the_supervised_verdict_objective_adds_its_loss_and_keeps_the_batch_for_
 
 def test_the_confidence_reward_asks_about_the_final_answer_and_gives_no_answer_zero():
     from grpo_exp.rewards.confidence import make_confidence_reward
+    from grpo_exp.verification.labels import built_in_labels
     from grpo_exp.verification.p_yes import PYesScorer
 
     cfg = compose_config([*TINY_RUN, "scorer=genrm", "scorer.model=tiny"])
     scorer = PYesScorer(cfg.scorer, cfg.model, cfg.cache_dir)
-    reward = make_confidence_reward(scorer, show=ShownPart.answer)
+    reward = make_confidence_reward(scorer, ShownPart.answer, built_in_labels())
     completions = [[{"role": "assistant", "content": "so it is \\boxed{5}"}], [{"role": "assistant", "content": "?"}]]
     prompts = [[{"role": "user", "content": "Calculate 2 + 3. Box it."}]] * 2
     scores = reward(prompts, completions, question=["Calculate 2 + 3.", "Calculate 2 + 3."])
     assert scores[1] == 0.0 and scores[0] == pytest.approx(scorer(["Calculate 2 + 3."], ["5"])[0])
-    whole = make_confidence_reward(scorer, show=ShownPart.solution)(prompts, completions, question=["q", "q"])
+    whole = make_confidence_reward(scorer, ShownPart.solution, built_in_labels())(
+        prompts, completions, question=["q", "q"]
+    )
     assert whole[0] == pytest.approx(scorer(["Calculate 2 + 3. Box it."], ["so it is \\boxed{5}"])[0])
 
 

@@ -9,7 +9,7 @@ from grpo_exp.stats import (
     advantage_stats,
     correctness_stats,
     diversity_stats,
-    final_answer,
+    final_answers,
     group_statistics,
     length_by_correctness,
     majority_vote_accuracy,
@@ -19,6 +19,7 @@ from grpo_exp.stats import (
     pass_at_k,
     reward_spread,
 )
+from grpo_exp.text import stated_answer
 
 nan = math.nan
 
@@ -84,9 +85,7 @@ def test_diversity_and_overlap():
 def test_length_by_correctness_and_final_answer():
     stats = length_by_correctness(torch.tensor([[10.0, 20.0], [30.0, 40.0]]), torch.tensor([[1.0, 0.0], [nan, 0.0]]))
     assert stats == {"completions/length_correct": 10.0, "completions/length_incorrect": 30.0}
-    assert final_answer("so \\boxed{ 1 2 } ok") == "12"
-    assert final_answer("it is 1,234 then 5.5") == "5.5"
-    assert final_answer("none") is None
+    assert final_answers(["so \\boxed{ 1 2 } ok", "it is 1,234 then 5.5", "none"], stated_answer) == ["12", "5.5", None]
 
 
 def test_group_statistics_composes_everything():
@@ -100,6 +99,7 @@ def test_group_statistics_composes_everything():
         torch.tensor([[1.0, 0.0], [0.0, 0.0]]),
         [["\\boxed{3}", "\\boxed{4}"], ["5", "5"]],
         torch.tensor([[5.0, 7.0], [9.0, 11.0]]),
+        stated_answer,
     )
     assert stats["groups/math/frac_zero_std"] == 0.5
     assert stats["groups/format/group_mean/mean"] == pytest.approx(0.1)

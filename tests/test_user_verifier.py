@@ -19,8 +19,10 @@ from omegaconf import OmegaConf
 
 from grpo_exp.errors import UserError
 from grpo_exp.rewards.registry import build_rewards, typed_components
+from grpo_exp.run.files import latest_evaluation
 from grpo_exp.run.tracking import read_metrics
 from grpo_exp.schema import VerifierSchema
+from grpo_exp.text import stated_answer
 from grpo_exp.verification.benchmark import benchmark_key
 from grpo_exp.verification.labels import build_labels, exact_match, normalise_answer, user_verifier
 from support.config import TINY_RUN, compose_config
@@ -47,7 +49,7 @@ GRPO_EXP = Path(sys.executable).with_name("grpo-exp")
     ],
 )
 def test_exact_match_compares_the_stated_answer_normalised(completion, solution, expected):
-    assert exact_match(completion, solution) is expected
+    assert exact_match(completion, solution, stated_answer) is expected
 
 
 def test_normalise_answer():
@@ -61,8 +63,8 @@ def verifier_cfg(**values):
 
 def test_the_built_in_labellers_leave_answers_without_a_reference_unjudged():
     texts, solutions = ["\\boxed{4}", "\\boxed{four}", "\\boxed{4}"], ["4", "four", None]
-    assert build_labels(verifier_cfg())(texts, solutions) == [True, None, None]  # math-verify cannot read 'four'
-    assert build_labels(verifier_cfg(labels="exact_match"))(texts, solutions) == [True, True, None]
+    assert build_labels(verifier_cfg(), ["4"])(texts, solutions) == [True, None, None]  # math-verify cannot read 'four'
+    assert build_labels(verifier_cfg(labels="exact_match"), ["4"])(texts, solutions) == [True, True, None]
 
 
 # ---- the user's function: its results checked -----------------------------------------------------------------
@@ -128,7 +130,7 @@ def test_what_the_users_labels_raise_is_one_message_naming_the_key():
 def test_the_correct_reward_follows_the_run_labels():
     components = typed_components(compose_config(["reward=correct"]).reward)
     for labels, expected in [("math_verify", [1.0, None, None]), ("exact_match", [1.0, 1.0, None])]:
-        (correct,) = build_rewards(components, {"verifier": build_labels(verifier_cfg(labels=labels))})
+        (correct,) = build_rewards(components, {"verifier": build_labels(verifier_cfg(labels=labels), ["4"])})
         assert correct.__name__ == "correct"
         completions = [[{"role": "assistant", "content": text}] for text in ("\\boxed{4}", "\\boxed{four}", "x")]
         assert correct(prompts=[], completions=completions, solution=["4", "four", None]) == expected
@@ -262,8 +264,8 @@ from grpo_exp.run.build import build_parts
 
 
 def report(spec):
-    build_parts(spec)
     train, held_out = load_splits(spec.cfg.dataset)
+    build_parts(spec, train["solution"])
     return {"sizes": [len(train), len(held_out)], "question": held_out[0]["question"]}
 """
 
@@ -374,7 +376,7 @@ def test_the_users_data_and_labels_train_evaluate_and_are_measured(project):
     assert len(calls) == 4 + 4 * 2  # greedy, then 2 samples of each problem
     assert {c["pid"] for c in calls}.isdisjoint({c["pid"] for c in label_calls(project)[:before]})
     greedy, sampled = [c["label"] for c in calls[:4]], [c["label"] for c in calls[4:]]
-    results = json.loads((run_dir / "evaluation.json").read_text())
+    results = json.loads(latest_evaluation(run_dir).read_text())
     assert results["dataset"] == "mine" and results["problems"] == 4
     assert results["greedy accuracy"] == pytest.approx(sum(greedy) / 4)
     assert results["pass@1"] == pytest.approx(sum(sampled) / 8)
@@ -392,7 +394,7 @@ def test_the_users_data_and_labels_train_evaluate_and_are_measured(project):
     args = ["trainer=debug", "dataset=mine", "dataset.eval_size=4", "verifier.labels=user_task:parity"]
     result = grpo_exp(project, "evaluate", "--config-dir", "configs", str(checkpoint), *args, "eval.samples=0")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert json.loads((checkpoint / "evaluation.json").read_text())["greedy accuracy"] == pytest.approx(sum(greedy) / 4)
+    assert json.loads(latest_evaluation(checkpoint).read_text())["greedy accuracy"] == pytest.approx(sum(greedy) / 4)
 
 
 def solutions_of(group: list[dict]) -> list[str]:

@@ -7,6 +7,7 @@ import pytest
 
 from grpo_exp.errors import UserError
 from grpo_exp.run.alarms import hacking_alarm
+from grpo_exp.run.files import latest_evaluation
 from grpo_exp.run.kept_models import Best, KeptModels, best_of, ranked
 from grpo_exp.run.tracking import read_metrics
 from grpo_exp.run.validation import (
@@ -234,7 +235,7 @@ def test_evaluate_takes_the_best_checkpoint_with_its_runs_config(validated_run, 
     run_dir = copied_run(validated_run, tmp_path / "run")
     evaluated = run_cli(str(run_dir / "checkpoint-best"), "eval.samples=0", module="grpo_exp.evaluate")
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
-    assert json.loads((run_dir / "checkpoint-best" / "evaluation.json").read_text())["problems"] == 4
+    assert json.loads(latest_evaluation(run_dir / "checkpoint-best").read_text())["problems"] == 4
 
 
 @pytest.mark.e2e

@@ -30,10 +30,11 @@ from grpo_exp.paths import CONF_DIR
 from grpo_exp.plugins import ensure_cwd_importable
 from grpo_exp.run.build import build_parts
 from grpo_exp.run.evaluation import HeldoutEval
-from grpo_exp.run.files import EVALUATION_FILE, FINAL_CHECKPOINT_DIR
+from grpo_exp.run.files import FINAL_CHECKPOINT_DIR, new_evaluation_files
+from grpo_exp.run.heldout import SampledResult
 from grpo_exp.run.kept_models import BEST_CHECKPOINT_DIR, TOP_CHECKPOINTS_DIR
 from grpo_exp.run.resolve import resolve, saved_path_overrides
-from grpo_exp.run.tracking import Tracker
+from grpo_exp.run.tracking import Tracker, redact
 from grpo_exp.schema import register_schemas
 
 EPILOG = """\
@@ -46,7 +47,10 @@ own set when it has one).
 A run directory's config is composed from the config directories the run had (its --config-dir, hydra.searchpath:
 .hydra/hydra.yaml), your own reward components, datasets and verifier functions included; their modules import
 from the current directory, else the run's. --config-dir DIR adds a config directory, as `grpo-exp train` does.
-Results are printed and written to <run dir>/evaluation.json (or <outputs_dir>/eval/<time>/evaluation.json).
+Results are printed and written to <run dir>/evaluation.json (or <outputs_dir>/eval/<time>/evaluation.json), with
+the labels, the answer extractor and the overrides they were measured with; each problem's answers (greedy, and the
+eval.samples samples) with their labels go to evaluation.jsonl beside it. A later evaluation of the same directory
+writes evaluation_2.json (and .jsonl), and so on: none is overwritten.
 """
 
 
@@ -165,6 +169,29 @@ def _quoted(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+def write_answers(path: Path, greedy: list[dict], sampled: SampledResult | None) -> None:
+    """One line per problem: its question, reference, greedy answer and (eval.samples > 0) its sampled answers, each
+    with the extracted answer and its label."""
+    with path.open("w", encoding="utf-8") as f:
+        for index, problem in enumerate(greedy):
+            line = {key: problem[key] for key in ("question", "solution")}
+            line["greedy"] = {key: problem[key] for key in ("completion", "answer", "correct")}
+            if sampled is not None:
+                line["samples"] = sampled.answers[index]
+            f.write(json.dumps(line) + "\n")
+
+
+def redacted_overrides(overrides: list[str]) -> list[str]:
+    """The overrides as given, a secret's value masked (judge.api_key=..., a URL's credentials)."""
+    shown = []
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        shown.append(
+            f"{key}{sep}{redact({key.rsplit('.', 1)[-1]: value})[key.rsplit('.', 1)[-1]]}" if sep else override
+        )
+    return shown
+
+
 def main(argv: list[str] | None = None) -> dict:
     warnings.filterwarnings("ignore", category=FutureWarning)
     register_schemas()
@@ -176,12 +203,13 @@ def main(argv: list[str] | None = None) -> dict:
     cfg = compose_with(source.config_sources, overrides)
     spec = resolve(cfg, processes=1, evaluating=True)
     out_dir = out_dir or Path(cfg.outputs_dir) / "eval" / time.strftime("%Y-%m-%d_%H-%M-%S")
-    parts = build_parts(spec)
     train, heldout = load_splits(cfg.dataset)
+    parts = build_parts(spec, train["solution"])
     tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
     model = load_model(cfg.model, tokenizer, cfg.cache_dir, cfg.trainer.seed)
     out_dir.mkdir(parents=True, exist_ok=True)
     evaluation = HeldoutEval(spec, parts, tokenizer, heldout, out_dir, train)
+    results_file, answers_file = new_evaluation_files(out_dir)  # an earlier evaluation is kept
     greedy = evaluation.greedy(model)
     results = {
         "model": cfg.model.name_or_path or cfg.model.name,
@@ -189,20 +217,30 @@ def main(argv: list[str] | None = None) -> dict:
         "problems": greedy.scored,
         "greedy accuracy": greedy.accuracy,
     }
+    sampled = None
     if cfg.eval.samples > 0:
         torch.manual_seed(cfg.trainer.seed)
-        results |= evaluation.sampled(model, heldout, cfg.eval.samples)
+        sampled = evaluation.sampled(model, heldout, cfg.eval.samples)
+        results |= sampled.metrics
     results |= {f"greedy {key}": value for key, value in greedy.rollout.items()}
     if cfg.eval.verification_benchmark.enabled:
         evaluation.prepare_benchmark(model)
         results |= evaluation.benchmark_metrics(model)
+    write_answers(answers_file, greedy.samples, sampled)
+    recorded = {
+        "labels": cfg.verifier.labels,
+        "answer": parts.verifier.answer_rule,
+        "overrides": redacted_overrides(overrides),
+        "answers_file": answers_file.name,
+    }
     as_json = {k: None if isinstance(v, float) and v != v else v for k, v in results.items()}  # NaN -> null
-    (out_dir / EVALUATION_FILE).write_text(json.dumps(as_json, indent=2) + "\n", encoding="utf-8")
+    results_file.write_text(json.dumps(as_json | recorded, indent=2) + "\n", encoding="utf-8")
     table = Table(title=f"held-out evaluation ({cfg.dataset.name})", show_header=False)
     for key, value in results.items():
         table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
+    table.add_row("labels / answer", f"{recorded['labels']} / {recorded['answer']}")
     Console(width=120).print(table)
-    print(f"Written to {out_dir / EVALUATION_FILE}")
+    print(f"Written to {results_file} (each problem's answers: {answers_file.name})")
     if cfg.eval.log_to_wandb:
         name = f"eval:{results['model']}"
         tracker = Tracker(cfg.logger, out_dir, name, None, [], spec.saved_config, job_type="eval")

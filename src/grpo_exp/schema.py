@@ -397,6 +397,11 @@ class VerifierSchema:
     # a list.
     labels: str = "math_verify"
     labels_batched: bool = False
+    # How a completion's final answer is read, by the labels and every answer statistic (maj@k, distinct answers,
+    # self-verification, the P(Yes) prompt's {answer}, sample tables): auto (stated for number answers, else phrase)
+    # | stated | phrase | boxed | answer_tags | answer_is | last_line | last_number | module:name, the user's
+    # f(text: str) -> str | None (grpo_exp.answers).
+    answer: str = "auto"
 
 
 @dataclass

@@ -11,7 +11,7 @@ from collections import Counter
 
 import torch
 
-from grpo_exp.text import stated_answer
+from grpo_exp.answers import AnswerExtractor, vote_key
 
 
 def label_values(labels: list[bool | None]) -> list[float]:
@@ -19,10 +19,10 @@ def label_values(labels: list[bool | None]) -> list[float]:
     return [math.nan if label is None else float(label) for label in labels]
 
 
-def final_answer(text: str) -> str | None:
-    """The stated final answer (\\boxed{} content, else the last number), spaces removed: for votes and diversity."""
-    answer = stated_answer(text)
-    return None if answer is None else answer.replace(" ", "")
+def final_answers(texts: list[str], extract: AnswerExtractor) -> list[str | None]:
+    """Each text's final answer by the run's extractor (verifier.answer), as votes and diversity count it (vote_key:
+    normalised, spaces removed; None: no answer)."""
+    return [vote_key(extract(text)) for text in texts]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -91,7 +91,7 @@ def correctness_stats(correct: torch.Tensor) -> dict[str, float]:
 def majority_vote_accuracy(answers: list[list[str | None]], correct: torch.Tensor) -> float:
     """Share of groups whose most frequent final answer is a correct one (ties: the first answer seen).
 
-    Votes go by the stated final answer's text (final_answer: spaces removed), whatever the labeller: answers the
+    Votes go by the final answer's text (final_answers: normalised, spaces removed), whatever the labeller: answers the
     labels count as equal but written differently ('0.5', '1/2') vote apart. The vote counts as correct when an
     answer of the winning text was labelled correct (the run's labels, verifier.labels)."""
     hits, counted = 0, 0
@@ -155,16 +155,18 @@ def group_statistics(
     correct: torch.Tensor,
     texts: list[list[str]],
     lengths: torch.Tensor,
+    extract: AnswerExtractor,
 ) -> dict[str, float]:
     """All group statistics of one generation batch.
 
     rewards [P, G, C] per component (NaN: skipped), total [P, G] weighted reward, advantages [P, G],
-    correct [P, G] (1/0/NaN), texts [P][G] completions, lengths [P, G] completion tokens.
+    correct [P, G] (1/0/NaN), texts [P][G] completions, lengths [P, G] completion tokens; `extract`: the run's answer
+    extractor (maj@k, distinct answers).
     """
     stats = reward_spread(total, "groups/reward")
     for index, name in enumerate(names):
         stats |= reward_spread(rewards[:, :, index], f"groups/{name}")
-    answers = [[final_answer(t) for t in group] for group in texts]
+    answers = [final_answers(group, extract) for group in texts]
     stats |= correctness_stats(correct)
     stats["groups/maj@k"] = majority_vote_accuracy(answers, correct)
     stats |= advantage_stats(advantages)

@@ -5,18 +5,18 @@ scorer is built once by the run (grpo_exp.run.build) and shared with whoever els
 """
 
 from grpo_exp.schema import ShownPart
-from grpo_exp.stats import final_answer
 from grpo_exp.text import completion_text, prompt_text
+from grpo_exp.verification.labels import Labels
 from grpo_exp.verification.p_yes import PYesScorer
 
 
-def make_confidence_reward(p_yes: PYesScorer, show: ShownPart):
+def make_confidence_reward(p_yes: PYesScorer, show: ShownPart, verifier: Labels):
     def confidence(prompts, completions, question=None, **kwargs) -> list[float]:
         """P(Yes) of the verifier asked whether the completion correctly answers the prompt."""
         texts = [completion_text(c) for c in completions]
         if show is ShownPart.solution or question is None:
             return p_yes([prompt_text(p) for p in prompts], texts)
-        answers = [final_answer(t) for t in texts]
+        answers = [verifier.answer(t) for t in texts]  # the run's extractor (verifier.answer)
         shown = [i for i, a in enumerate(answers) if a is not None]
         scores = [0.0] * len(texts)  # no final answer: nothing to be confident in
         if shown:

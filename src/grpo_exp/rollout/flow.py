@@ -11,7 +11,7 @@ from collections import defaultdict
 
 import torch
 
-from grpo_exp.text import stated_answer
+from grpo_exp.answers import AnswerExtractor
 
 EPSILON = 1e-4  # TRL's guard against a zero group std
 
@@ -54,10 +54,12 @@ def reward_by_turns(rewards: list[float], turns: list[int]) -> dict[int, float]:
     return {count: sum(values) / len(values) for count, values in sorted(by_turns.items())}
 
 
-def trajectory_statistics(records: list[dict], rewards: list[float], prefix: str = "rollout") -> dict[str, float]:
+def trajectory_statistics(
+    records: list[dict], rewards: list[float], extract: AnswerExtractor, prefix: str = "rollout"
+) -> dict[str, float]:
     """Per-trajectory means (each trajectory counts once) over records with `num_turns`, `tool_calls`,
     `tool_errors` and `final_turn` (grpo_exp.rollout's fields): turns, tool calls and errors, the share that
-    ended with a final answer, and the reward by number of turns."""
+    ended with a final answer (`extract`: the run's answer extractor), and the reward by number of turns."""
     n = len(records)
     turns = [r["num_turns"] for r in records]
     calls = sum(r["tool_calls"] for r in records)
@@ -69,7 +71,7 @@ def trajectory_statistics(records: list[dict], rewards: list[float], prefix: str
         f"{prefix}/tool_errors_mean": errors / n,
         f"{prefix}/tool_error_rate": errors / calls if calls else 0.0,
         f"{prefix}/used_tool_frac": sum(r["tool_calls"] > 0 for r in records) / n,
-        f"{prefix}/final_answer_frac": sum(stated_answer(r["final_turn"]) is not None for r in records) / n,
+        f"{prefix}/final_answer_frac": sum(extract(r["final_turn"]) is not None for r in records) / n,
     }
     stats |= {f"{prefix}/reward_by_turns/{count}": value for count, value in reward_by_turns(rewards, turns).items()}
     return stats

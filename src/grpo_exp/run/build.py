@@ -1,7 +1,7 @@
 """A resolved run spec -> the cheap objects of a run, each built once and handed to whoever needs it: the
-correctness labels (verifier.labels), the P(Yes) scorer, the judge, the reward functions, the multi-turn rollout and
-the self-verification task. Nothing is checked here: grpo_exp.run.resolve has checked everything that can be, and
-no model loads yet."""
+correctness labels (verifier.labels) with the answer extractor (verifier.answer), the P(Yes) scorer, the judge, the
+reward functions, the multi-turn rollout and the self-verification task. Nothing is checked here:
+grpo_exp.run.resolve has checked everything that can be, and no model loads yet."""
 
 import os
 from dataclasses import dataclass
@@ -13,9 +13,8 @@ from grpo_exp.rewards.registry import build_rewards
 from grpo_exp.rollout.multiturn import MultiTurnRollout, scored_on_final_turn
 from grpo_exp.run.resolve import RunSpec
 from grpo_exp.schema import ScorerName, ScorerSchema
-from grpo_exp.verification.labels import build_labels
+from grpo_exp.verification.labels import Labels, build_labels
 from grpo_exp.verification.p_yes import PYesScorer, build_p_yes
-from grpo_exp.verification.rule import Verifier
 from grpo_exp.verification.task import SelfVerificationTask
 
 
@@ -23,7 +22,7 @@ from grpo_exp.verification.task import SelfVerificationTask
 class RunParts:
     reward_funcs: list
     reward_weights: list[float]
-    verifier: Verifier  # the correctness labels (verifier.labels): everything that reads a label reads these
+    verifier: Labels  # the correctness labels (verifier.labels) and answer extractor (verifier.answer), read by all
     p_yes: PYesScorer | None  # the one P(Yes) scorer (confidence reward and self-verification metrics)
     judge: RubricJudge | None  # the one LLM judge (judge reward and held-out judge statistics)
     selfverify: SelfVerificationTask | None
@@ -35,9 +34,10 @@ class RunParts:
             self.p_yes.bind(model, tokenizer)
 
 
-def build_parts(spec: RunSpec) -> RunParts:
+def build_parts(spec: RunSpec, references: list) -> RunParts:
+    """`references`: the training set's answers (verifier.answer=auto reads them to choose its rule)."""
     cfg = spec.cfg
-    verifier = build_labels(cfg.verifier)
+    verifier = build_labels(cfg.verifier, [str(r) for r in references if r is not None])
     p_yes = p_yes_scorer(spec)
     judge = build_judge(cfg.judge, cfg.cache_dir) if "judge" in spec.components else None
     reward_funcs = build_rewards(spec.components, {"p_yes": p_yes, "judge": judge, "verifier": verifier})

@@ -8,6 +8,7 @@ asks the judge and writes files), on the model where it is: the caller hands it 
 
 import json
 import logging
+import math
 import time
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from grpo_exp.run.distributed import is_main_process
 from grpo_exp.run.files import BENCHMARK_FILE, eval_file
 from grpo_exp.run.heldout import (
     EvalResult,
+    SampledResult,
     benchmark_statistics,
     judge_statistics,
     run_heldout_accuracy,
@@ -73,7 +75,7 @@ class HeldoutEval:
         metrics = validation_metrics(result.samples, self.parts)
         if eval_cfg.every_samples:
             sampled = self.sampled(model, self.problems, eval_cfg.every_samples)
-            metrics |= {f"heldout/{key}": value for key, value in sampled.items()}
+            metrics |= {f"heldout/{key}": value for key, value in sampled.metrics.items()}
         return metrics
 
     def initial(self, model) -> dict[str, float]:
@@ -137,8 +139,8 @@ class HeldoutEval:
         """The model's own P(Yes) on the verification benchmark (prepare_benchmark first)."""
         return benchmark_statistics(model, self.tokenizer, self.benchmark, self.spec)
 
-    def sampled(self, model, problems: Dataset, samples: int) -> dict[str, float]:
-        """pass@1..k and maj@k from `samples` answers per problem at eval.temperature."""
+    def sampled(self, model, problems: Dataset, samples: int) -> SampledResult:
+        """pass@1..k and maj@k from `samples` answers per problem at eval.temperature, and those answers."""
         spec = self.spec
         return sampled_metrics(
             model,
@@ -158,11 +160,13 @@ class HeldoutEval:
     def summary(self) -> dict:
         """For summary.json: the accuracy and every other held-out measure, before and after."""
         summary = {"heldout_accuracy_before": _accuracy(self.before), "heldout_accuracy_after": _accuracy(self.after)}
+        summary |= {"labels": self.spec.cfg.verifier.labels, "answer": self.parts.verifier.answer_rule}
         for when, result in (("before", self.before), ("after", self.after)):
             if result is not None:
                 measured = result.verification | result.rollout | result.judge
                 summary |= {f"heldout_{k.replace('/', '_')}_{when}": v for k, v in measured.items()}
-        return summary
+                summary[f"heldout_lenient_accuracy_{when}"] = result.lenient_accuracy
+        return summary | format_and_content(summary)
 
 
 class OnPolicy:
@@ -200,6 +204,20 @@ class BeforeTraining(TrainerCallback):
         if is_main_process():
             before = evaluation.before and evaluation.before.recorded()
             write_record(evaluation.run_dir, self.record | {"heldout_before": before})
+
+
+def format_and_content(summary: dict) -> dict:
+    """The held-out gain split in two: content, the gain of the lenient accuracy (the reference anywhere in the final
+    sentence); format, the rest of the gain of the run's own accuracy. Empty without both ends."""
+    ends = [
+        summary.get(f"heldout_{kind}_{when}")
+        for kind in ("accuracy", "lenient_accuracy")
+        for when in ("before", "after")
+    ]
+    if any(end is None or math.isnan(end) for end in ends):
+        return {}
+    strict, lenient = ends[1] - ends[0], ends[3] - ends[2]
+    return {"heldout_gain_content": lenient, "heldout_gain_format": strict - lenient}
 
 
 def _accuracy(result: EvalResult | None) -> float | None:

@@ -51,15 +51,15 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     run_dir = shared_run_dir(Path(hydra_cfg.runtime.output_dir), ddp_timeout(cfg.trainer))
     spec = resolve(cfg, trainer_dir=run_dir / TRAINER_DIR)
-    parts = build_parts(spec)
+    set_seed(cfg.trainer.seed)
+    train_set, heldout = load_splits(cfg.dataset)
+    parts = build_parts(spec, train_set["solution"])
     attempt = spec.attempt
     if is_main_process():
         start_run_dir(spec, run_dir)
     if attempt and attempt.finished:
         return report_finished(attempt, run_dir)
 
-    set_seed(cfg.trainer.seed)
-    train_set, heldout = load_splits(cfg.dataset)
     tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
     model = load_model(cfg.model, tokenizer, cfg.cache_dir, cfg.trainer.seed, spec.policy_dtype)
     tracked = open_tracker(spec, hydra_cfg, run_dir)

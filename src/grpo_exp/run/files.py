@@ -1,5 +1,7 @@
 """The names of what a run directory holds, in one place (run lifecycle, resume, sweeps and compare read them)."""
 
+from pathlib import Path
+
 from grpo_exp.paths import FINAL_CHECKPOINT_DIR  # noqa: F401  (in paths: a model setting may name a run dir)
 
 CONFIG_FILE = "config.yaml"  # the resolved config, secrets redacted
@@ -9,8 +11,31 @@ SUMMARY_FILE = "summary.json"  # written when the run finishes: its presence mar
 ATTEMPT_FILE = "attempt.json"  # what a later attempt needs of this one: W&B run id, held-out accuracy before
 STATUS_FILE = "job_status.json"  # a sweep job's status (finished / failed, with its error)
 TRAINER_DIR = "trainer"  # TRL's output_dir inside a run directory: its checkpoint-N folders
-EVALUATION_FILE = "evaluation.json"  # python -m grpo_exp.evaluate's results
+EVALUATION_FILE = "evaluation.json"  # python -m grpo_exp.evaluate's results (a later one: evaluation_2.json, ...)
 BENCHMARK_FILE = "verification_benchmark.json"  # the verification benchmark's examples this run measured on
+
+
+def new_evaluation_files(directory: Path) -> tuple[Path, Path]:
+    """Where the next `python -m grpo_exp.evaluate` of `directory` writes: evaluation.json, else evaluation_2.json,
+    ... (an earlier evaluation is never overwritten), and beside it each problem's answers (.jsonl)."""
+    number = 1
+    while (path := directory / _numbered(number)).exists():
+        number += 1
+    return path, path.with_suffix(".jsonl")
+
+
+def latest_evaluation(directory: Path) -> Path | None:
+    """The last evaluation written in `directory` (new_evaluation_files), None when there is none."""
+    number = 1
+    while (directory / _numbered(number + 1)).exists():
+        number += 1
+    path = directory / _numbered(number)
+    return path if path.exists() else None
+
+
+def _numbered(number: int) -> str:
+    stem, suffix = EVALUATION_FILE.rsplit(".", 1)
+    return EVALUATION_FILE if number == 1 else f"{stem}_{number}.{suffix}"
 
 
 def eval_file(when: str) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from datasets import Dataset
 
+from grpo_exp.answers import lenient_match
 from grpo_exp.data import unseen_problems
 from grpo_exp.data_parallel import from_main_process, map_over_processes
 from grpo_exp.generation import generate_completions
@@ -27,7 +28,7 @@ from grpo_exp.run.distributed import is_main_process
 from grpo_exp.run.files import BENCHMARK_FILE
 from grpo_exp.run.prepacked_eval import greedy_completions
 from grpo_exp.run.resolve import RunSpec
-from grpo_exp.stats import correctness_stats, final_answer, label_values, majority_vote_accuracy, score_statistics
+from grpo_exp.stats import correctness_stats, final_answers, label_values, majority_vote_accuracy, score_statistics
 from grpo_exp.text import prompt_text
 from grpo_exp.verification.benchmark import (
     benchmark_key,
@@ -36,8 +37,8 @@ from grpo_exp.verification.benchmark import (
     save_benchmark,
     score_benchmark,
 )
+from grpo_exp.verification.labels import Labels
 from grpo_exp.verification.p_yes import PYesScorer
-from grpo_exp.verification.rule import Verifier
 from grpo_exp.verification.selfverify import Candidate
 
 log = logging.getLogger(__name__)
@@ -52,10 +53,18 @@ class EvalResult:
     verification: dict[str, float] = field(default_factory=dict)  # self-verification metrics, when the task is on
     rollout: dict[str, float] = field(default_factory=dict)  # turns, tool calls... for rollout=multiturn
     judge: dict[str, float] = field(default_factory=dict)  # the judge's scores of these answers, when it is on
+    # Right in content whatever the format (grpo_exp.answers.lenient_match), over the problems `accuracy` scores.
+    lenient_accuracy: float | None = None
 
     def recorded(self) -> dict:
         """What a later attempt needs of it (the per-problem samples are in eval_<when>.jsonl)."""
         return {key: value for key, value in vars(self).items() if key != "samples"}
+
+
+@dataclass
+class SampledResult:
+    metrics: dict[str, float]  # pass@1..k, mean@k, maj@k
+    answers: list[list[dict]]  # per problem, its k completions: {completion, answer, correct}
 
 
 def answer(
@@ -100,7 +109,7 @@ def heldout_accuracy(
     model,
     tokenizer,
     dataset: Dataset,
-    verifier: Verifier,
+    verifier: Labels,
     max_new_tokens: int,
     batch_size: int,
     desc: str,
@@ -115,16 +124,27 @@ def heldout_accuracy(
     labels = verifier(completions, dataset["solution"])
     stats = {}
     if rollout is not None:
-        stats = trajectory_statistics(details, label_values(labels))
+        stats = trajectory_statistics(details, label_values(labels), verifier.answer)
     scored = [label for label in labels if label is not None]
     samples = [
-        {"question": q, "prompt": p, "solution": s, "completion": c, "correct": label, **extra}
+        {
+            "question": q,
+            "prompt": p,
+            "solution": s,
+            "completion": c,
+            "answer": verifier.answer(c),
+            "correct": label,
+            **extra,
+        }
         for q, p, s, c, label, extra in zip(
             dataset["question"], dataset["prompt"], dataset["solution"], completions, labels, details, strict=True
         )
     ]
     correct = sum(scored)
-    return EvalResult(correct / len(scored) if scored else float("nan"), correct, len(scored), samples, rollout=stats)
+    lenient = [lenient_match(s["completion"], s["solution"]) for s in samples if s["correct"] is not None]
+    lenient_accuracy = sum(map(bool, lenient)) / len(lenient) if lenient else None
+    accuracy = correct / len(scored) if scored else float("nan")
+    return EvalResult(accuracy, correct, len(scored), samples, rollout=stats, lenient_accuracy=lenient_accuracy)
 
 
 def run_heldout_accuracy(model, tokenizer, dataset: Dataset, spec: RunSpec, parts: RunParts, desc: str | None):
@@ -148,23 +168,29 @@ def sampled_metrics(
     model,
     tokenizer,
     dataset: Dataset,
-    verifier: Verifier,
+    verifier: Labels,
     samples: int,
     temperature: float,
     max_new_tokens: int,
     batch_size: int,
     rollout: MultiTurnRollout | None = None,
-) -> dict[str, float]:
-    """pass@1..k (unbiased) and maj@k from k sampled completions per problem."""
+) -> SampledResult:
+    """pass@1..k (unbiased) and maj@k from k sampled completions per problem, and the completions."""
     prompts = [p for p in dataset["prompt"] for _ in range(samples)]
     solutions = [s for s in dataset["solution"] for _ in range(samples)]
     texts, _ = answer(
         model, tokenizer, prompts, max_new_tokens, batch_size, f"held-out samples (k={samples})", temperature, rollout
     )
-    correct = torch.tensor(label_values(verifier(texts, solutions))).view(-1, samples)
-    answers = [[final_answer(t) for t in texts[i : i + samples]] for i in range(0, len(texts), samples)]
+    labels = verifier(texts, solutions)
+    correct = torch.tensor(label_values(labels)).view(-1, samples)
+    answers = [final_answers(texts[i : i + samples], verifier.answer) for i in range(0, len(texts), samples)]
     stats = {k.removeprefix("groups/"): v for k, v in correctness_stats(correct).items() if "@" in k}
-    return stats | {f"maj@{samples}": majority_vote_accuracy(answers, correct)}
+    answered = [
+        {"completion": text, "answer": verifier.answer(text), "correct": label}
+        for text, label in zip(texts, labels, strict=True)
+    ]
+    per_problem = [answered[i : i + samples] for i in range(0, len(answered), samples)]
+    return SampledResult(stats | {f"maj@{samples}": majority_vote_accuracy(answers, correct)}, per_problem)
 
 
 def judge_statistics(judge: RubricJudge, samples: list[dict]) -> dict[str, float]:
@@ -223,14 +249,14 @@ def _answer_statistics(name: str, rewards: list[float | None], samples: list[dic
 
 
 def verification_benchmark(
-    spec: RunSpec, model, tokenizer, train: Dataset, heldout: Dataset, verifier: Verifier, run_dir: Path
+    spec: RunSpec, model, tokenizer, train: Dataset, heldout: Dataset, verifier: Labels, run_dir: Path
 ) -> list[Candidate]:
     """The run's verification benchmark (eval.verification_benchmark), from the cache or built now from `model`,
     which must be the initial policy; a copy goes to the run directory (python -m grpo_exp.evaluate reuses it).
     Every process calls it, and the main process writes."""
     cfg, max_new_tokens = spec.cfg, spec.eval_max_new_tokens
     bench_cfg = cfg.eval.verification_benchmark
-    key = benchmark_key(bench_cfg, cfg.model, cfg.dataset, max_new_tokens, cfg.verifier.labels)
+    key = benchmark_key(bench_cfg, cfg.model, cfg.dataset, max_new_tokens, cfg.verifier.labels, verifier.answer_rule)
     cached = Path(cfg.cache_dir) / "verification_benchmark" / f"{key}.json"
     if cached.is_file():
         log.info("Verification benchmark from the cache: %s", cached)

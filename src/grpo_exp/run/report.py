@@ -82,7 +82,18 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
         f"{_fmt(summary['reward_first'])} -> {_fmt(summary['reward_last'])} (first vs last quarter of steps)",
     )
     before, after = summary.get("heldout_accuracy_before"), summary.get("heldout_accuracy_after")
-    table.add_row("held-out accuracy", f"{_fmt(before)} -> {_fmt(after)} (greedy, {summary['eval_size']} problems)")
+    judged = f"labels {summary['labels']}, answers read by {summary['answer']}" if "answer" in summary else ""
+    table.add_row(
+        "held-out accuracy",
+        f"{_fmt(before)} -> {_fmt(after)} (greedy, {summary['eval_size']} problems{', ' if judged else ''}{judged})",
+    )
+    if "heldout_gain_format" in summary:
+        lenient = (_fmt(summary[f"heldout_lenient_accuracy_{when}"]) for when in ("before", "after"))
+        table.add_row(
+            "held-out gain",
+            f"format {summary['heldout_gain_format']:+.2f}, content {summary['heldout_gain_content']:+.2f} (content: "
+            "the reference anywhere in the final sentence, {} -> {})".format(*lenient),
+        )
     if "heldout_verify_accuracy_before" in summary or "heldout_verify_accuracy_after" in summary:
         parts = []
         for label, key in (("verdict accuracy", "accuracy"), ("P(Yes) AUROC", "p_yes_auroc")):

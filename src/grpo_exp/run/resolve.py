@@ -26,6 +26,7 @@ import torch
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
+from grpo_exp.answers import check_answer
 from grpo_exp.data import check_data_files
 from grpo_exp.deprecated import renamed_config
 from grpo_exp.errors import UserError
@@ -140,6 +141,7 @@ def check_verifier(spec: RunSpec) -> None:
     the confidence reward needs a probability of correctness (the P(Yes) scorer, scorer.*); a frozen verifier named
     by path must exist."""
     check_labels(spec.cfg.verifier)
+    check_answer(spec.cfg.verifier.answer)
     scorer = spec.cfg.scorer
     if "confidence" in spec.components and scorer.name is ScorerName.none:
         raise UserError(

@@ -24,8 +24,8 @@ from grpo_exp.stats import group_statistics, group_std, label_values, score_stat
 from grpo_exp.text import completion_text
 from grpo_exp.trainer.scored_batch import ScoredBatch
 from grpo_exp.trainer.seam import HookedGRPOTrainer
+from grpo_exp.verification.labels import Labels
 from grpo_exp.verification.p_yes import verdict_log_probabilities, yes_no_token_ids
-from grpo_exp.verification.rule import Verifier
 from grpo_exp.verification.selfverify import NO, YES
 from grpo_exp.verification.task import VERIFY, Ranks, SelfVerificationTask
 
@@ -34,7 +34,7 @@ class GRPOExpTrainer(HookedGRPOTrainer):
     def __init__(
         self,
         *args,
-        verifier: Verifier,
+        verifier: Labels,
         stats_cfg,
         selfverify: SelfVerificationTask | None = None,
         log_histograms: Callable[[int, dict], None] | None = None,
@@ -123,9 +123,10 @@ class GRPOExpTrainer(HookedGRPOTrainer):
             batch.grouped(correct),
             [texts[i : i + size] for i in range(0, len(texts), size)],
             batch.grouped(batch.lengths),
+            self.verifier.answer,
         )
         if batch.trajectories is not None:
-            stats |= trajectory_statistics(batch.rows, batch.total.tolist())
+            stats |= trajectory_statistics(batch.rows, batch.total.tolist(), self.verifier.answer)
         for name in GRADED_COMPONENTS & set(batch.reward_names):  # is the graded score a signal of correctness?
             column = batch.reward_names.index(name)
             scored = batch.rewards[:, column].masked_fill(batch.imputed[:, column], math.nan)  # failures: missing
@@ -187,6 +188,8 @@ class GRPOExpTrainer(HookedGRPOTrainer):
                         "task": batch.rows[i]["task"] or "generate",
                         "prompt": completion_text(batch.prompts[i]),
                         "completion": texts[i],
+                        "answer": self.verifier.answer(texts[i]),
+                        "reference": _reference(batch.rows[i]["solution"]),
                         **{f"reward/{n}": _float(batch.rewards[i, j]) for j, n in enumerate(batch.reward_names)},
                         "reward": _float(total[i]),
                         "advantage": _float(batch.advantages[i]),
@@ -214,6 +217,10 @@ def _trajectory_columns(batch: ScoredBatch) -> list[dict]:
         }
         for trajectory, row, advantages in zip(batch.trajectories, rows, per_turn, strict=True)
     ]
+
+
+def _reference(solution) -> str | None:
+    return None if solution is None else str(solution)
 
 
 def _histogram_values(values: torch.Tensor):

@@ -20,8 +20,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from grpo_exp.generation import generate_completions
 from grpo_exp.stats import auroc, balanced_accuracy, bootstrap_interval
+from grpo_exp.verification.labels import Labels
 from grpo_exp.verification.p_yes import policy_p_yes
-from grpo_exp.verification.rule import Verifier
 from grpo_exp.verification.selfverify import (
     Candidate,
     balanced_set,
@@ -37,11 +37,17 @@ PREFIX = "verify_bench"
 
 
 def benchmark_key(
-    bench_cfg: DictConfig, model_cfg: DictConfig, data_cfg: DictConfig, max_new_tokens: int, labels: str = "math_verify"
+    bench_cfg: DictConfig,
+    model_cfg: DictConfig,
+    data_cfg: DictConfig,
+    max_new_tokens: int,
+    labels: str = "math_verify",
+    answer_rule: str = "stated",
 ) -> str:
-    """What the set depends on: the answering model, the problems, the sampling, the selection and the labels
-    (verifier.labels). Settings at their defaults that were added later (a dataset function, the labels) are left
-    out, so that the sets cached before them keep their keys."""
+    """What the set depends on: the answering model, the problems, the sampling, the selection, the labels
+    (verifier.labels) and the answer extractor's rule (verifier.answer, resolved). Settings at their defaults that
+    were added later (a dataset function, the labels, the extractor) are left out, so that the sets cached before
+    them keep their keys."""
     dataset = OmegaConf.to_container(data_cfg, resolve=True)
     for key, unset in (("function", None), ("function_args", {})):
         if dataset.get(key, unset) == unset:
@@ -54,6 +60,8 @@ def benchmark_key(
     }
     if labels != "math_verify":
         identity["labels"] = labels
+    if answer_rule != "stated":
+        identity["answer"] = answer_rule
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -61,7 +69,7 @@ def build_benchmark(
     model,
     tokenizer,
     problems: Dataset,
-    verifier: Verifier,
+    verifier: Labels,
     bench_cfg: DictConfig,
     max_new_tokens: int,
     batch_size: int,
@@ -81,7 +89,7 @@ def build_benchmark(
         split=True,
     )
     labels = verifier(texts, [s for s in problems["solution"] for _ in range(samples)])
-    candidates = candidates_from_groups(problems["question"], texts, labels, samples)
+    candidates = candidates_from_groups(problems["question"], texts, labels, samples, verifier.answer)
     kept, _ = filter_candidates(candidates, drop_no_answer=True, drop_all_wrong=False)
     chosen = balanced_set(kept, bench_cfg.per_label, bench_cfg.per_problem, bench_cfg.seed)
     if len(chosen) < 2 * bench_cfg.per_label:

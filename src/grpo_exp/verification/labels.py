@@ -8,8 +8,8 @@ components against correctness, and the `correct` reward component. It applies w
 
 - math_verify (the default): math-verify equivalence of the stated final answer with the reference
   (grpo_exp.verification.rule);
-- exact_match: the stated final answer (the last \\boxed{} content, else the last number or LaTeX span:
-  grpo_exp.text.stated_answer) equals the reference once both are normalised (normalise_answer): for tasks whose
+- exact_match: the final answer, read by the run's extractor (verifier.answer: grpo_exp.answers), equals the
+  reference once both are normalised (normalise_answer: case, quotes, \\text{}, a final period): for tasks whose
   answers are words, labels or codes rather than mathematics.
 
 Or the user's own function by import path, `verifier.labels=module:name` (the current directory importable):
@@ -24,14 +24,15 @@ f(completions: list[str], solutions: list[str]) -> one bool or None per completi
 resolve time, before any model loads; a result that is not a bool or None stops the run naming the key.
 """
 
-import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from omegaconf import DictConfig
 
+from grpo_exp.answers import BUILT_IN as BUILT_IN_ANSWERS
+from grpo_exp.answers import AnswerExtractor, build_extractor, normalise_answer
 from grpo_exp.errors import UserError
 from grpo_exp.plugins import import_callable, signature_of
-from grpo_exp.text import stated_answer
 from grpo_exp.verification.rule import TAIL_CHARS, Verifier, math_verify_verifier
 
 KEY = "verifier.labels"
@@ -39,36 +40,42 @@ CONVENTION = (
     "a correctness function is f(completion: str, solution: str) -> bool | None (None: cannot be judged), or with "
     "verifier.labels_batched=true f(completions: list[str], solutions: list[str]) -> list[bool | None]"
 )
-# \text{Paris}, \textbf{...}, \mathrm{...}: the words inside.
-TEXT_COMMAND = re.compile(r"\\(?:text|textbf|textit|mathrm|mathbf|operatorname)\s*\{([^{}]*)\}")
 
 
-def normalise_answer(text: str) -> str:
-    """Case-folded, \\text{} unwrapped, surrounding whitespace, $, quotes and a final period removed, runs of
-    whitespace made one space: ' \\text{Paris}. ' and 'paris' are the same answer."""
-    text, previous = " ".join(TEXT_COMMAND.sub(r"\1", text).split()), None
-    while text != previous:
-        previous, text = text, text.strip(" $\"'`").removesuffix(".")
-    return text.casefold()
-
-
-def exact_match(completion: str, solution: str) -> bool | None:
-    """The completion's stated final answer equals the reference, normalised (None: an empty reference)."""
+def exact_match(completion: str, solution: str, extract: AnswerExtractor) -> bool | None:
+    """The completion's final answer (`extract`: the run's extractor) equals the reference, both normalised (None: an
+    empty reference)."""
     reference = normalise_answer(str(solution))
     if not reference:
         return None
-    answer = stated_answer(completion[-TAIL_CHARS:])
+    answer = extract(completion[-TAIL_CHARS:])
     return answer is not None and normalise_answer(answer) == reference
 
 
-def exact_match_verifier() -> Verifier:
+def exact_match_verifier(extract: AnswerExtractor) -> Verifier:
     def verify(texts: list[str], solutions: list[str | None]) -> list[bool | None]:
-        return [None if s is None else exact_match(t, s) for t, s in zip(texts, solutions, strict=True)]
+        return [None if s is None else exact_match(t, s, extract) for t, s in zip(texts, solutions, strict=True)]
 
     return verify
 
 
-BUILT_IN: dict[str, Callable[[], Verifier]] = {"math_verify": math_verify_verifier, "exact_match": exact_match_verifier}
+BUILT_IN: dict[str, Callable[[AnswerExtractor], Verifier]] = {
+    "math_verify": math_verify_verifier,
+    "exact_match": exact_match_verifier,
+}
+
+
+@dataclass(frozen=True)
+class Labels:
+    """The run's correctness labels (a Verifier: texts, references -> True / False / None each) and the answer
+    extractor they and every answer statistic read (verifier.answer; `answer_rule`: its name, auto resolved)."""
+
+    verify: Verifier
+    answer: AnswerExtractor
+    answer_rule: str
+
+    def __call__(self, texts: list[str], solutions: list[str | None]) -> list[bool | None]:
+        return self.verify(texts, solutions)
 
 
 def _user_function(verifier_cfg: DictConfig) -> Callable:
@@ -104,11 +111,14 @@ def check_labels(verifier_cfg: DictConfig) -> None:
         ) from None
 
 
-def build_labels(verifier_cfg: DictConfig) -> Verifier:
-    """The run's labeller: texts, references (None: no reference) -> True / False / None each."""
+def build_labels(verifier_cfg: DictConfig, references: list[str]) -> Labels:
+    """The run's labeller and its answer extractor; `references`: the training set's answers (verifier.answer=auto
+    chooses by them)."""
+    extract, rule = build_extractor(verifier_cfg.answer, references)
     if verifier_cfg.labels in BUILT_IN:
-        return BUILT_IN[verifier_cfg.labels]()
-    return user_verifier(_user_function(verifier_cfg), verifier_cfg.labels, verifier_cfg.labels_batched)
+        return Labels(BUILT_IN[verifier_cfg.labels](extract), extract, rule)
+    verify = user_verifier(_user_function(verifier_cfg), verifier_cfg.labels, verifier_cfg.labels_batched)
+    return Labels(verify, extract, rule)
 
 
 def user_verifier(func: Callable, path: str, batched: bool) -> Verifier:
@@ -158,3 +168,9 @@ def checked_label(value, where: str, index: int) -> bool | None:
         f"{where} returned {shown} ({type(value).__name__}) for completion {index}: labels are True, False or None "
         f"(cannot be judged); {CONVENTION}"
     )
+
+
+def built_in_labels(labels: str = "math_verify", answer: str = "stated") -> Labels:
+    """A built-in labeller with a built-in extractor, no config (benchmarks, tests)."""
+    extract = BUILT_IN_ANSWERS[answer]
+    return Labels(BUILT_IN[labels](extract), extract, answer)

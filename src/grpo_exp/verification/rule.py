@@ -2,8 +2,8 @@
 
 It gives the `math` reward and, with verifier.labels=math_verify (the default), the run's correctness labels:
 held-out accuracy, group statistics, the labels of the self-verification task (grpo_exp.verification.labels). The
-final answer is the last \\boxed{} content, else what is written last (grpo_exp.text.stated_answer); an answer
-that restates the arithmetic ('\\boxed{5 - 33}') scores 0.
+final answer is read by the run's extractor (verifier.answer, grpo_exp.answers: for numbers, the last \\boxed{}
+content, else what is written last); an answer that restates the arithmetic ('\\boxed{5 - 33}') scores 0.
 """
 
 import functools
@@ -15,6 +15,7 @@ from collections.abc import Callable
 from latex2sympy2_extended import NormalizationConfig
 from math_verify import LatexExtractionConfig, parse, verify
 
+from grpo_exp.answers import AnswerExtractor
 from grpo_exp.text import BOXED, stated_answer
 
 Verifier = Callable[[list[str], list[str]], list[bool | None]]
@@ -48,23 +49,24 @@ def parse_reference(reference: str) -> list:
     return parse(str(reference), parsing_timeout=_timeout())
 
 
-def answer_score(text: str, reference: str) -> float | None:
-    """1.0 if the answer equals the reference, 0.0 if not, None if the reference cannot be parsed."""
+def answer_score(text: str, reference: str, extract: AnswerExtractor = stated_answer) -> float | None:
+    """1.0 if the answer (`extract`: the run's extractor, verifier.answer) equals the reference, 0.0 if not, None if
+    the reference cannot be parsed."""
     gold = parse_reference(reference)
     if not gold:
         return None
-    answer = stated_answer(text[-TAIL_CHARS:])
+    answer = extract(text[-TAIL_CHARS:])
     if answer is None or UNEVALUATED.search(answer):
         return 0.0
     parsed = parse(BOXED + answer + "}", extraction_config=BOXED_ONLY, parsing_timeout=_timeout())
     return float(verify(gold, parsed, timeout_seconds=_timeout()))
 
 
-def math_verify_verifier() -> Verifier:
+def math_verify_verifier(extract: AnswerExtractor = stated_answer) -> Verifier:
     """Rule-based: math-verify equivalence of the final answer with the reference (None: no usable reference)."""
 
     def verify(texts: list[str], solutions: list[str | None]) -> list[bool | None]:
-        scores = [None if s is None else answer_score(t, s) for t, s in zip(texts, solutions, strict=True)]
+        scores = [None if s is None else answer_score(t, s, extract) for t, s in zip(texts, solutions, strict=True)]
         return [None if s is None else s >= 0.5 for s in scores]
 
     return verify

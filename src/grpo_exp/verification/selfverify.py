@@ -14,8 +14,9 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 
+from grpo_exp.answers import AnswerExtractor
 from grpo_exp.schema import ShownPart
-from grpo_exp.stats import auroc, final_answer
+from grpo_exp.stats import auroc
 from grpo_exp.text import BOXED, last_boxed_span
 
 YES, NO = "Yes", "No"
@@ -36,9 +37,15 @@ class Candidate:
 
 
 def candidates_from_groups(
-    questions: list[str], texts: list[str], labels: list[bool | None], size: int, first_problem: int = 0
+    questions: list[str],
+    texts: list[str],
+    labels: list[bool | None],
+    size: int,
+    extract: AnswerExtractor,
+    first_problem: int = 0,
 ) -> list[Candidate]:
-    """Labelled candidates from consecutive groups of `size` completions, one problem (question) per group.
+    """Labelled candidates from consecutive groups of `size` completions, one problem (question) per group, each
+    with its final answer as the run's extractor reads it (`extract`: verifier.answer).
 
     `questions` has one entry per group; unlabelled completions are left out, and so are groups with no label.
     """
@@ -50,7 +57,7 @@ def candidates_from_groups(
             continue
         pass_rate = sum(label for _, label in members) / len(members)
         found += [
-            Candidate(first_problem + index, question, text, final_answer(text), bool(label), pass_rate)
+            Candidate(first_problem + index, question, text, extract(text), bool(label), pass_rate)
             for text, label in members
         ]
     return found

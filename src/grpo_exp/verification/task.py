@@ -25,8 +25,8 @@ from grpo_exp.schema import (
 )
 from grpo_exp.text import tokens_covering
 from grpo_exp.trainer.advantages import TRL_ADVANTAGES, estimator
+from grpo_exp.verification.labels import Labels
 from grpo_exp.verification.p_yes import PYesScorer, policy_p_yes
-from grpo_exp.verification.rule import Verifier
 from grpo_exp.verification.selfverify import (
     YES,
     Candidate,
@@ -56,7 +56,7 @@ class Ranks:
 
 
 class SelfVerificationTask:
-    def __init__(self, cfg: DictConfig, verifier: Verifier, p_yes: PYesScorer | None, seed: int):
+    def __init__(self, cfg: DictConfig, verifier: Labels, p_yes: PYesScorer | None, seed: int):
         """cfg: reward.components.selfverify; verifier: the run's correctness labels; p_yes: the scorer whose
         P(Yes) on the selected answers is measured every step (None: not measured)."""
         self.cfg, self.verifier, self.p_yes, self.seed = cfg, verifier, p_yes, seed
@@ -154,7 +154,9 @@ class SelfVerificationTask:
 
     def observe(self, questions: list[str], texts: list[str], labels: list[bool | None], size: int) -> None:
         """Labelled answers of generation groups (one problem per group of `size`) join the candidate buffer."""
-        found = candidates_from_groups(questions, texts, labels, size, first_problem=self._problems_seen)
+        found = candidates_from_groups(
+            questions, texts, labels, size, self.verifier.answer, first_problem=self._problems_seen
+        )
         self._problems_seen += len(questions)
         self.candidates.extend(found)
 
@@ -234,7 +236,7 @@ class SelfVerificationTask:
             model, tokenizer, prompts, max_new_tokens, batch_size, "own answers", temperature, split=True
         )
         labels = self.verifier(texts, [s for s in dataset["solution"] for _ in range(samples)])
-        candidates = candidates_from_groups(dataset["question"], texts, labels, samples)
+        candidates = candidates_from_groups(dataset["question"], texts, labels, samples, self.verifier.answer)
         kept, _ = filter_candidates(candidates, drop_no_answer=True, drop_all_wrong=False)
         chosen = select_samples(kept, len(dataset), 0.5, samples, self.seed)
         if not chosen:
