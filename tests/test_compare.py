@@ -124,7 +124,10 @@ def write_run(directory: Path, overrides: list[str], after: float) -> None:
         "best_heldout_accuracy": after,
     }
     (directory / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
-    steps = [{"step": step, "reward": 0.1 * step, "step_time": 25.0} for step in range(1, 5)]
+    steps = [
+        {"step": step, "reward": 0.1 * step, "rewards/math/mean": after, "rewards/format/mean": 0.5, "step_time": 25.0}
+        for step in range(1, 5)
+    ]
     steps[1]["heldout/accuracy"], steps[3]["heldout/accuracy"] = after - 0.1, after
     (directory / METRICS_FILE).write_text("".join(json.dumps(line) + "\n" for line in steps))
     (directory / STATUS_FILE).write_text(json.dumps({"status": "finished"}))
@@ -192,6 +195,24 @@ def test_a_single_seed_setting_has_a_mean_and_no_interval(tmp_path, capsys):
     for paired in read_rows(sweep / "compare" / "paired.csv", "held-out after"):  # against beta=0.1: seed 43 only
         assert paired["pairs"] == "1" and paired["note"].startswith("1 pair: no interval; left out")
     assert "1 seed: no interval" in printed and "baseline (trainer.beta=0.1)" in printed
+
+
+def test_one_seed_per_setting_is_said_once_and_each_reward_component_is_compared(tmp_path, capsys):
+    sweep = write_sweep(tmp_path, {"0.0": {42: 0.5}, "0.04": {42: 0.7}, "0.1": {42: 0.2}})
+    assert compare_main([str(sweep)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("One seed per setting") == 1
+    assert "1 seed: no interval" not in printed and "1 pair: no interval" not in printed  # not once per row
+    means = list(csv.DictReader((sweep / "compare" / "settings.csv").open()))
+    assert "95% low" not in means[0] and "note" not in means[0]
+    math_rows = [row for row in means if row["result"] == "reward/math"]
+    assert [float(row["mean"]) for row in math_rows] == [0.5, 0.7, 0.2]  # each component, unweighted
+    runs = list(csv.DictReader((sweep / "compare" / "comparison.csv").open()))
+    assert [float(row["reward/format"]) for row in runs] == [0.5, 0.5, 0.5]
+    paired = [
+        row for row in csv.DictReader((sweep / "compare" / "paired.csv").open()) if row["result"] == "reward/math"
+    ]
+    assert [float(row["mean difference"]) for row in paired] == pytest.approx([0.2, -0.3])
 
 
 def test_a_baseline_that_names_no_setting_is_refused_with_the_settings_there_are(tmp_path, capsys):

@@ -62,9 +62,14 @@ def main(argv: list[str] | None = None) -> int:
 def print_comparison(result: Comparison, console: Console | None = None) -> None:
     console = console or Console(width=160)
     print_table(result.rows, console)
-    print_table(result.means, console, title="mean over seeds per setting (95% Student-t interval)")
+    if result.one_seed:
+        console.print("One seed per setting: no intervals (sweep trainer.seed too, e.g. trainer.seed=1,2,3, for them).")
+        print_table(result.means, console, title="per setting (one seed)")
+    else:
+        print_table(result.means, console, title="mean over seeds per setting (95% Student-t interval)")
     if result.paired:
-        title = f"paired by seed: setting - baseline ({result.baseline.name}), mean difference (95% Student-t interval)"
+        interval = "one seed: no interval" if result.one_seed else "mean difference (95% Student-t interval)"
+        title = f"paired by seed: setting - baseline ({result.baseline.name}), {interval}"
         print_table(result.paired, console, title=title)
     elif result.baseline:
         console.print(f"One setting ({result.baseline.name}): no paired differences.")

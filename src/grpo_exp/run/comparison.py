@@ -103,8 +103,22 @@ def _largest_pass_key(run: Run) -> str | None:
     return f"groups/pass@{max(ks)}" if ks else None
 
 
+def reward_components(runs: list[Run]) -> list[str]:
+    """The reward components TRL logged (rewards/<name>/mean) in any of the runs, in the order first seen."""
+    keys = (key for run in runs for m in run.metrics for key in m)
+    names = (key.split("/")[1] for key in keys if key.startswith("rewards/") and key.endswith("/mean"))
+    return list(dict.fromkeys(names))
+
+
+def result_columns(rows: list[dict]) -> list[str]:
+    """RESULTS, and each reward component's column (the totals of runs with different weights are not comparable;
+    their components are)."""
+    return RESULTS + [column for column in (rows[0] if rows else {}) if column.startswith("reward/")]
+
+
 def comparison_rows(runs: list[Run], swept: list[str]) -> list[dict]:
     rows = []
+    components = reward_components(runs)
     for run in runs:
         rewards = [v for _, v in _series(run, "reward")]
         pass_key = _largest_pass_key(run)
@@ -126,6 +140,8 @@ def comparison_rows(runs: list[Run], swept: list[str]) -> list[dict]:
             "s/step": sum(step_times) / len(step_times) if step_times else math.nan,
             "train s": run.summary.get("train_seconds"),
         }
+        # each component's final reward, unweighted: the last quarter's mean, as for the total
+        row |= {f"reward/{n}": quarter_means([v for _, v in _series(run, f"rewards/{n}/mean")])[1] for n in components}
         rows.append(row)
     return rows
 
@@ -293,11 +309,11 @@ def _estimate(label: str, values: list[float], unit: str) -> dict:
     return {label: mean, "95% low": low, "95% high": high, "note": note}
 
 
-def seed_means(groups: list[Setting]) -> list[dict]:
+def seed_means(groups: list[Setting], columns: list[str] = RESULTS) -> list[dict]:
     """A row per setting and result: the mean over its seeds and the 95% Student-t interval."""
     table = []
     for setting in groups:
-        for column in RESULTS:
+        for column in columns:
             values = list(setting.results(column).values())
             if values:  # a result no run of the setting has (best held-out without eval.every): no row
                 table.append(
@@ -307,7 +323,7 @@ def seed_means(groups: list[Setting]) -> list[dict]:
     return table
 
 
-def paired_table(groups: list[Setting], baseline: Setting) -> list[dict]:
+def paired_table(groups: list[Setting], baseline: Setting, columns: list[str] = RESULTS) -> list[dict]:
     """A row per other setting and result: its difference from the baseline, seed by seed (the same seed in both:
     the seed's own luck cancels), the mean difference and its 95% interval. Seeds with a value in one setting only
     are left out; the note names them."""
@@ -315,7 +331,7 @@ def paired_table(groups: list[Setting], baseline: Setting) -> list[dict]:
     for setting in groups:
         if setting is baseline:
             continue
-        for column in RESULTS:
+        for column in columns:
             theirs, mine = baseline.results(column), setting.results(column)
             if not theirs or not mine:
                 continue
@@ -406,6 +422,7 @@ class Comparison:
     paired: list[dict]  # a row per other setting and result: the paired difference from the baseline
     baseline: Setting | None  # None: no finished runs
     written: list[Path]
+    one_seed: bool = False  # every setting has one seed: no interval anywhere (said once, not per row)
 
 
 def compare_runs(runs: list[Run], out_dir: Path, baseline: str | None = None) -> Comparison:
@@ -415,7 +432,11 @@ def compare_runs(runs: list[Run], out_dir: Path, baseline: str | None = None) ->
     rows = comparison_rows(runs, swept)
     groups = settings(runs, rows, swept)
     reference = pick_baseline(groups, baseline)
-    means, paired = seed_means(groups), paired_table(groups, reference) if reference else []
+    columns = result_columns(rows)
+    means, paired = seed_means(groups, columns), paired_table(groups, reference, columns) if reference else []
+    one_seed = bool(means) and all(row["seeds"] == 1 for row in means)
+    if one_seed:
+        means, paired = without_intervals(means), without_intervals(paired)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = [
         *write_tables(rows, out_dir),
@@ -424,7 +445,13 @@ def compare_runs(runs: list[Run], out_dir: Path, baseline: str | None = None) ->
         *plot_curves(runs, swept, out_dir),
         *plot_heldout(groups, out_dir),
     ]
-    return Comparison(rows, means, paired, reference, written)
+    return Comparison(rows, means, paired, reference, written, one_seed)
+
+
+def without_intervals(table: list[dict]) -> list[dict]:
+    """The table without its interval columns (and their notes), where no row can have one."""
+    dropped = ("95% low", "95% high", "note", "seeds", "pairs")
+    return [{key: value for key, value in row.items() if key not in dropped} for row in table]
 
 
 def compare(runs: list[Run], out_dir: Path) -> tuple[list[dict], list[Path]]:
