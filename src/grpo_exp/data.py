@@ -18,6 +18,7 @@ import reasoning_gym
 from datasets import Dataset, load_dataset, load_dataset_builder
 from datasets.exceptions import DatasetGenerationError
 from omegaconf import DictConfig, OmegaConf
+from reasoning_gym.composite import DatasetSpec
 from reasoning_gym.factory import DATASETS
 
 from grpo_exp.errors import UserError
@@ -51,22 +52,34 @@ def _rows(questions: list[str], answers: list[str], data_cfg: DictConfig) -> lis
     ]
 
 
-def _check_task_name(task: str | None) -> None:
-    if task not in DATASETS:
+def _task_rows(entries: list[dict], data_cfg: DictConfig) -> list[dict]:
+    """reasoning-gym rows: each keeps its task's name and its whole entry (JSON: what the task's own score_answer
+    reads, grpo_exp.verification.task_score)."""
+    rows = _rows([e["question"] for e in entries], [str(e["answer"]) for e in entries], data_cfg)
+    for row, entry in zip(rows, entries, strict=True):
+        row["task_name"] = entry["metadata"].get("source_dataset", data_cfg.task)
+        row["task_entry"] = json.dumps(entry, default=str)
+    return rows
+
+
+def _check_task_name(task: str | None, key: str = "dataset.task") -> None:
+    if task not in DATASETS or task == "composite":
         close = difflib.get_close_matches(str(task), DATASETS, n=5)
         raise UserError(
-            f"dataset.task='{task}' is not a reasoning-gym task"
+            f"{key}='{task}' is not a reasoning-gym task"
             + (f"; did you mean one of {close}?" if close else "")
             + f" ({len(DATASETS)} tasks: python -c 'import reasoning_gym.factory as f; print(sorted(f.DATASETS))')"
         )
 
 
 def _reasoning_gym_task(data_cfg: DictConfig, size: int | None = None, seed: int | None = None):
+    size = size or (data_cfg.train_size or 1000) + data_cfg.eval_size
+    seed = data_cfg.seed if seed is None else seed
+    if data_cfg.tasks:
+        return _reasoning_gym_mix(data_cfg, size, seed)
     task = data_cfg.task
     _check_task_name(task)
-    size = size or (data_cfg.train_size or 1000) + data_cfg.eval_size
     task_config = OmegaConf.to_container(data_cfg.task_config)
-    seed = data_cfg.seed if seed is None else seed
     try:
         return reasoning_gym.create_dataset(task, size=size, seed=seed, **task_config)
     except (TypeError, AssertionError, ValueError) as err:
@@ -74,23 +87,45 @@ def _reasoning_gym_task(data_cfg: DictConfig, size: int | None = None, seed: int
         raise UserError(f"dataset.task_config for '{task}' is invalid ({err}); its settings are: {allowed}") from err
 
 
+def _reasoning_gym_mix(data_cfg: DictConfig, size: int, seed: int):
+    """reasoning-gym's composite dataset of dataset.tasks, {name: {weight, config}}: each checked, one message each."""
+    if data_cfg.task is not None:
+        raise UserError(
+            f"dataset.task={data_cfg.task} and dataset.tasks are two ways to choose the task: keep one "
+            "(dataset.task=null for a mix)"
+        )
+    specs = []
+    for name, spec in OmegaConf.to_container(data_cfg.tasks).items():
+        _check_task_name(name, f"dataset.tasks.{name}")
+        spec = spec or {}
+        unknown = sorted(set(spec) - {"weight", "config"})
+        weight = spec.get("weight", 1.0)
+        if unknown or not isinstance(weight, int | float) or not weight > 0:
+            raise UserError(
+                f"dataset.tasks.{name}: {{weight: a number > 0, config: {{the task's settings}}}}, got {spec!r}"
+            )
+        config = spec.get("config") or {}
+        try:
+            reasoning_gym.create_dataset(name, size=1, seed=seed, **config)
+        except (TypeError, AssertionError, ValueError) as err:
+            allowed = [p for p in inspect.signature(DATASETS[name][1]).parameters if p not in ("seed", "size")]
+            raise UserError(f"dataset.tasks.{name}.config is invalid ({err}); its settings are: {allowed}") from err
+        specs.append(DatasetSpec(name, float(weight), config))
+    return reasoning_gym.create_dataset("composite", size=size, seed=seed, datasets=specs)
+
+
 def _reasoning_gym_splits(data_cfg: DictConfig) -> tuple[list[dict], list[dict]]:
     """One seeded stream: the first eval_size distinct questions are held out, the rest (minus repeats) train."""
-    items = list(_reasoning_gym_task(data_cfg))
-    held_out: dict[str, str] = {}
-    train: list[tuple[str, str]] = []
-    for item in items:
-        question, answer = item["question"], str(item["answer"])
+    held_out: dict[str, dict] = {}
+    train: list[dict] = []
+    for item in _reasoning_gym_task(data_cfg):
         if len(held_out) < data_cfg.eval_size:
-            held_out.setdefault(question, answer)
-        elif question not in held_out:
-            train.append((question, answer))
+            held_out.setdefault(item["question"], item)
+        elif item["question"] not in held_out:
+            train.append(item)
     if data_cfg.train_size:
         train = train[: data_cfg.train_size]
-    return (
-        _rows([q for q, _ in train], [a for _, a in train], data_cfg),
-        _rows(list(held_out), list(held_out.values()), data_cfg),
-    )
+    return _task_rows(train, data_cfg), _task_rows(list(held_out.values()), data_cfg)
 
 
 def _load_file(path: str, key: str) -> Dataset:
@@ -391,5 +426,5 @@ def unseen_problems(data_cfg: DictConfig, count: int, train: Dataset, held_out: 
     items = _reasoning_gym_task(data_cfg, size=3 * count, seed=data_cfg.seed + BENCHMARK_SEED_OFFSET)
     for item in items:
         if item["question"] not in seen and len(found) < count:
-            found.setdefault(item["question"], str(item["answer"]))
-    return Dataset.from_list(_rows(list(found), list(found.values()), data_cfg))
+            found.setdefault(item["question"], item)
+    return Dataset.from_list(_task_rows(list(found.values()), data_cfg))

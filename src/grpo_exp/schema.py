@@ -191,6 +191,9 @@ class DatasetSchema:
     source: DataSource = DataSource.reasoning_gym
     task: str | None = None  # reasoning_gym: the task's name
     task_config: dict[str, Any] = field(default_factory=dict)  # reasoning_gym: the task's own settings
+    # reasoning_gym: a weighted mix of tasks instead of `task`, {name: {weight: w, config: {...}}} (reasoning-gym's
+    # composite dataset); each row keeps its task (task_name), for per-task statistics and task_score
+    tasks: dict[str, Any] = field(default_factory=dict)
     path: str | None = None  # files: the training file (.jsonl / .json / .parquet); hub: the dataset id
     eval_path: str | None = None  # held-out file; null carves the held-out split from `path`
     hub_config: str | None = None
@@ -301,6 +304,13 @@ class CorrectReward:
     weight: float = MISSING
 
 
+@dataclass
+class TaskScoreReward:
+    # A reasoning-gym task's own score_answer of the final answer, partial credit in [0, 1] (needs dataset.task or
+    # dataset.tasks: each row keeps its task).
+    weight: float = MISSING
+
+
 REWARD_COMPONENTS: dict[str, type] = {
     "math": MathReward,
     "correct": CorrectReward,
@@ -310,6 +320,7 @@ REWARD_COMPONENTS: dict[str, type] = {
     "judge": JudgeReward,
     "confidence": ConfidenceReward,
     "selfverify": SelfVerifyReward,
+    "task_score": TaskScoreReward,
 }
 
 

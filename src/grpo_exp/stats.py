@@ -139,6 +139,21 @@ def diversity_stats(texts: list[list[str]], answers: list[list[str | None]]) -> 
     }
 
 
+def per_task_means(
+    tasks: list[str | None], values: list[float], prefix: str, mix: bool | None = None
+) -> dict[str, float]:
+    """Each task's mean of `values` (NaN left out), as `<prefix>/<task>`, for rows of a mix of tasks (a reasoning-gym
+    mix, dataset.tasks); `mix` None: when the rows come from more than one task."""
+    named = sorted({task for task in tasks if task is not None})
+    if not (len(named) > 1 if mix is None else mix):
+        return {}
+    means = {}
+    for task in named:
+        kept = [v for t, v in zip(tasks, values, strict=True) if t == task and not math.isnan(v)]
+        means[f"{prefix}/{task}"] = sum(kept) / len(kept) if kept else math.nan
+    return means
+
+
 def length_by_correctness(lengths: torch.Tensor, correct: torch.Tensor) -> dict[str, float]:
     """Mean completion length (tokens) of correct and of incorrect completions."""
     return {

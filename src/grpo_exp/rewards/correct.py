@@ -10,11 +10,11 @@ from grpo_exp.verification.rule import Verifier
 
 
 def make_correct_reward(verifier: Verifier):
-    def correct(completions, solution, **kwargs) -> list[float | None]:
+    def correct(completions, solution, task_entry=None, **kwargs) -> list[float | None]:
         """1.0 when the run's labels say correct, 0.0 when not; None (skipped) when they cannot judge or there is
         no reference (verification prompts of the self-verification task have none)."""
         texts = [completion_text(c) for c in completions]
-        labels = verifier(texts, [None if s is None else str(s) for s in solution])
+        labels = verifier(texts, [None if s is None else str(s) for s in solution], task_entry)
         return [None if label is None else float(label) for label in labels]
 
     return correct

@@ -27,6 +27,7 @@ from grpo_exp.rewards.length import make_length_reward
 from grpo_exp.rewards.math import make_math_reward
 from grpo_exp.rewards.repetition import make_repetition_reward
 from grpo_exp.rewards.selfverify import make_selfverify_reward
+from grpo_exp.rewards.task_score import make_task_score_reward
 from grpo_exp.schema import REWARD_COMPONENTS, CustomReward, check_values
 
 COMPONENTS: dict[str, Callable[..., Callable]] = {
@@ -38,6 +39,7 @@ COMPONENTS: dict[str, Callable[..., Callable]] = {
     "judge": make_judge_reward,
     "confidence": make_confidence_reward,
     "selfverify": make_selfverify_reward,
+    "task_score": make_task_score_reward,
 }
 
 

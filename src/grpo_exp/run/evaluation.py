@@ -163,9 +163,12 @@ class HeldoutEval:
         summary |= {"labels": self.spec.cfg.verifier.labels, "answer": self.parts.verifier.answer_rule}
         for when, result in (("before", self.before), ("after", self.after)):
             if result is not None:
-                measured = result.verification | result.rollout | result.judge
+                measured = result.verification | result.rollout | result.judge | result.tasks
                 summary |= {f"heldout_{k.replace('/', '_')}_{when}": v for k, v in measured.items()}
                 summary[f"heldout_lenient_accuracy_{when}"] = result.lenient_accuracy
+        tasks = sorted({key.split("/", 1)[1] for r in (self.before, self.after) if r for key in r.tasks})
+        if tasks:  # a reasoning-gym mix: heldout_accuracy_<task>_before / _after
+            summary["heldout_tasks"] = tasks
         return summary | format_and_content(summary)
 
 

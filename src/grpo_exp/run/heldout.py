@@ -28,7 +28,14 @@ from grpo_exp.run.distributed import is_main_process
 from grpo_exp.run.files import BENCHMARK_FILE
 from grpo_exp.run.prepacked_eval import greedy_completions
 from grpo_exp.run.resolve import RunSpec
-from grpo_exp.stats import correctness_stats, final_answers, label_values, majority_vote_accuracy, score_statistics
+from grpo_exp.stats import (
+    correctness_stats,
+    final_answers,
+    label_values,
+    majority_vote_accuracy,
+    per_task_means,
+    score_statistics,
+)
 from grpo_exp.text import prompt_text
 from grpo_exp.verification.benchmark import (
     benchmark_key,
@@ -40,6 +47,7 @@ from grpo_exp.verification.benchmark import (
 from grpo_exp.verification.labels import Labels
 from grpo_exp.verification.p_yes import PYesScorer
 from grpo_exp.verification.selfverify import Candidate
+from grpo_exp.verification.task_score import entries_of
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +61,7 @@ class EvalResult:
     verification: dict[str, float] = field(default_factory=dict)  # self-verification metrics, when the task is on
     rollout: dict[str, float] = field(default_factory=dict)  # turns, tool calls... for rollout=multiturn
     judge: dict[str, float] = field(default_factory=dict)  # the judge's scores of these answers, when it is on
+    tasks: dict[str, float] = field(default_factory=dict)  # a reasoning-gym mix: accuracy/<task>
     # Right in content whatever the format (grpo_exp.answers.lenient_match), over the problems `accuracy` scores.
     lenient_accuracy: float | None = None
 
@@ -121,30 +130,27 @@ def heldout_accuracy(
     completions, details = answer(
         model, tokenizer, prompts, max_new_tokens, batch_size, desc, 0.0, rollout, prepacked=prepacked
     )
-    labels = verifier(completions, dataset["solution"])
+    labels = verifier(completions, dataset["solution"], entries_of(dataset))
     stats = {}
     if rollout is not None:
         stats = trajectory_statistics(details, label_values(labels), verifier.answer)
     scored = [label for label in labels if label is not None]
+    columns = [dataset[key] for key in ("question", "prompt", "solution")]
+    tasks = dataset["task_name"] if "task_name" in dataset.column_names else [None] * len(dataset)
     samples = [
-        {
-            "question": q,
-            "prompt": p,
-            "solution": s,
-            "completion": c,
-            "answer": verifier.answer(c),
-            "correct": label,
-            **extra,
-        }
-        for q, p, s, c, label, extra in zip(
-            dataset["question"], dataset["prompt"], dataset["solution"], completions, labels, details, strict=True
-        )
+        {"question": q, "prompt": p, "solution": s, "completion": c, "answer": verifier.answer(c), "correct": label}
+        | ({"task_name": task} if task is not None else {})
+        | extra
+        for q, p, s, c, label, task, extra in zip(*columns, completions, labels, tasks, details, strict=True)
     ]
     correct = sum(scored)
     lenient = [lenient_match(s["completion"], s["solution"]) for s in samples if s["correct"] is not None]
     lenient_accuracy = sum(map(bool, lenient)) / len(lenient) if lenient else None
     accuracy = correct / len(scored) if scored else float("nan")
-    return EvalResult(accuracy, correct, len(scored), samples, rollout=stats, lenient_accuracy=lenient_accuracy)
+    tasks = task_accuracies(samples)
+    return EvalResult(
+        accuracy, correct, len(scored), samples, rollout=stats, lenient_accuracy=lenient_accuracy, tasks=tasks
+    )
 
 
 def run_heldout_accuracy(model, tokenizer, dataset: Dataset, spec: RunSpec, parts: RunParts, desc: str | None):
@@ -181,7 +187,7 @@ def sampled_metrics(
     texts, _ = answer(
         model, tokenizer, prompts, max_new_tokens, batch_size, f"held-out samples (k={samples})", temperature, rollout
     )
-    labels = verifier(texts, solutions)
+    labels = verifier(texts, solutions, entries_of(dataset, samples))
     correct = torch.tensor(label_values(labels)).view(-1, samples)
     answers = [final_answers(texts[i : i + samples], verifier.answer) for i in range(0, len(texts), samples)]
     stats = {k.removeprefix("groups/"): v for k, v in correctness_stats(correct).items() if "@" in k}
@@ -206,7 +212,7 @@ def validation_metrics(samples: list[dict], parts: RunParts) -> dict[str, float]
     mean and AUROC against the verifier's labels of each learned reward component of the mix (judge, confidence),
     as heldout/<name>/mean and heldout/<name>/auroc."""
     scored = [s["correct"] for s in samples if s["correct"] is not None]
-    stats = {"accuracy": sum(scored) / len(scored) if scored else math.nan}
+    stats = {"accuracy": sum(scored) / len(scored) if scored else math.nan} | task_accuracies(samples)
     confidence = next((f for f in parts.reward_funcs if f.__name__ == "confidence"), None)
     if confidence is not None:
         stats |= _confidence_statistics(confidence, parts.p_yes, samples)
@@ -214,6 +220,12 @@ def validation_metrics(samples: list[dict], parts: RunParts) -> dict[str, float]
         judged = from_main_process(lambda: judge_statistics(parts.judge, samples))
         stats |= {key: value for key, value in judged.items() if key != "judge/failures"}
     return {f"heldout/{key}": value for key, value in stats.items()}
+
+
+def task_accuracies(samples: list[dict]) -> dict[str, float]:
+    """A reasoning-gym mix's held-out accuracy per task, as `accuracy/<task>` (nothing for one task)."""
+    labels = label_values([s["correct"] for s in samples])
+    return per_task_means([s.get("task_name") for s in samples], labels, "accuracy")
 
 
 def learned_components(parts: RunParts) -> tuple[str, ...]:

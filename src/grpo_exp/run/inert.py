@@ -126,11 +126,11 @@ ONLY_WITH: tuple[OnlyWith, ...] = (
     ),
     # ---- dataset: each source reads its own options
     OnlyWith(
-        ("dataset.task", "dataset.task_config"),
+        ("dataset.task", "dataset.task_config", "dataset.tasks"),
         lambda cfg: cfg.dataset.source is DataSource.reasoning_gym,
         "for a reasoning-gym task (dataset.source=reasoning_gym)",
         _dataset_here,
-        "use a reasoning-gym dataset (dataset=arith, chain_sum, legs, gsm_symbolic)",
+        "use a reasoning-gym dataset (dataset=arith, chain_sum, legs, gsm_symbolic, reasoning_gym_mix)",
     ),
     OnlyWith(
         ("dataset.function", "dataset.function_args"),

@@ -87,6 +87,15 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
         "held-out accuracy",
         f"{_fmt(before)} -> {_fmt(after)} (greedy, {summary['eval_size']} problems{', ' if judged else ''}{judged})",
     )
+    if summary.get("heldout_tasks"):
+        ends = {
+            task: (
+                _fmt(summary.get(f"heldout_accuracy_{task}_before")),
+                _fmt(summary.get(f"heldout_accuracy_{task}_after")),
+            )
+            for task in summary["heldout_tasks"]
+        }
+        table.add_row("held-out by task", ", ".join(f"{task} {a} -> {b}" for task, (a, b) in ends.items()))
     if "heldout_gain_format" in summary:
         lenient = (_fmt(summary[f"heldout_lenient_accuracy_{when}"]) for when in ("before", "after"))
         table.add_row(

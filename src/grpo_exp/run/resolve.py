@@ -136,12 +136,26 @@ def check_required(cfg: DictConfig) -> None:
         raise UserError(f"required value(s) not set: {', '.join(missing)} (add e.g. {missing[0]}=...)")
 
 
+def check_task_score(spec: RunSpec) -> None:
+    """task_score (labels or reward) grades by a reasoning-gym task's own rules: only rows of such a task have one."""
+    dataset = spec.cfg.dataset
+    uses = {"verifier.labels": spec.cfg.verifier.labels == "task_score", "reward": "task_score" in spec.components}
+    used = [key for key, yes in uses.items() if yes]
+    if used and dataset.source is not DataSource.reasoning_gym:
+        raise UserError(
+            f"{used[0]}: task_score grades by a reasoning-gym task's own rules, and dataset={dataset.name} takes "
+            f"its rows from {dataset.source.value}: use a reasoning-gym dataset (dataset.task or "
+            "dataset=reasoning_gym_mix), or exact_match / math_verify / correct"
+        )
+
+
 def check_verifier(spec: RunSpec) -> None:
     """The correctness labels (verifier.labels: a built-in, or the user's function by import path, its signature);
     the confidence reward needs a probability of correctness (the P(Yes) scorer, scorer.*); a frozen verifier named
     by path must exist."""
     check_labels(spec.cfg.verifier)
     check_answer(spec.cfg.verifier.answer)
+    check_task_score(spec)
     scorer = spec.cfg.scorer
     if "confidence" in spec.components and scorer.name is ScorerName.none:
         raise UserError(

@@ -20,7 +20,7 @@ from accelerate.utils import gather_object
 from grpo_exp.generation import generate_completions
 from grpo_exp.rewards import GRADED_COMPONENTS
 from grpo_exp.rollout.flow import broadcast_to_turns, trajectory_statistics
-from grpo_exp.stats import group_statistics, group_std, label_values, score_statistics
+from grpo_exp.stats import group_statistics, group_std, label_values, per_task_means, score_statistics
 from grpo_exp.text import completion_text
 from grpo_exp.trainer.scored_batch import ScoredBatch
 from grpo_exp.trainer.seam import HookedGRPOTrainer
@@ -48,6 +48,9 @@ class GRPOExpTrainer(HookedGRPOTrainer):
         self.stats_cfg = stats_cfg
         self.selfverify = selfverify
         self.log_histograms, self.log_samples = log_histograms, log_samples
+        # a reasoning-gym mix (dataset.tasks): statistics per task, of each task a step samples
+        columns = self.train_dataset.column_names
+        self.task_mix = "task_name" in columns and len(set(self.train_dataset["task_name"])) > 1
 
     @property
     def wants_scored_batch(self) -> bool:
@@ -110,7 +113,8 @@ class GRPOExpTrainer(HookedGRPOTrainer):
     def _correctness(self, batch: ScoredBatch) -> torch.Tensor:
         """The run's correctness label (verifier.labels) of every completion: 1, 0, or NaN (cannot be judged)."""
         solutions = [None if r["solution"] is None else str(r["solution"]) for r in batch.rows]
-        labels = self.verifier(batch.texts, solutions)
+        entries = [r["task_entry"] for r in batch.rows]
+        labels = self.verifier(batch.texts, solutions, entries if any(entries) else None)
         return torch.tensor(label_values(labels))
 
     def _record_group_statistics(self, batch: ScoredBatch, correct: torch.Tensor) -> None:
@@ -125,6 +129,9 @@ class GRPOExpTrainer(HookedGRPOTrainer):
             batch.grouped(batch.lengths),
             self.verifier.answer,
         )
+        tasks = [row["task_name"] for row in batch.rows]  # a reasoning-gym mix: each task's accuracy and reward
+        stats |= per_task_means(tasks, correct.tolist(), "tasks/accuracy", self.task_mix)
+        stats |= per_task_means(tasks, batch.total.tolist(), "tasks/reward", self.task_mix)
         if batch.trajectories is not None:
             stats |= trajectory_statistics(batch.rows, batch.total.tolist(), self.verifier.answer)
         for name in GRADED_COMPONENTS & set(batch.reward_names):  # is the graded score a signal of correctness?

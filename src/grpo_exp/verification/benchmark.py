@@ -31,6 +31,7 @@ from grpo_exp.verification.selfverify import (
     filter_candidates,
     shown_answer,
 )
+from grpo_exp.verification.task_score import entries_of
 
 log = logging.getLogger(__name__)
 PREFIX = "verify_bench"
@@ -88,7 +89,7 @@ def build_benchmark(
         bench_cfg.temperature,
         split=True,
     )
-    labels = verifier(texts, [s for s in problems["solution"] for _ in range(samples)])
+    labels = verifier(texts, [s for s in problems["solution"] for _ in range(samples)], entries_of(problems, samples))
     candidates = candidates_from_groups(problems["question"], texts, labels, samples, verifier.answer)
     kept, _ = filter_candidates(candidates, drop_no_answer=True, drop_all_wrong=False)
     chosen = balanced_set(kept, bench_cfg.per_label, bench_cfg.per_problem, bench_cfg.seed)

@@ -8,6 +8,8 @@ components against correctness, and the `correct` reward component. It applies w
 
 - math_verify (the default): math-verify equivalence of the stated final answer with the reference
   (grpo_exp.verification.rule);
+- task_score: a reasoning-gym task's own score_answer gives the final answer full marks
+  (grpo_exp.verification.task_score; the rows of a reasoning-gym dataset only);
 - exact_match: the final answer, read by the run's extractor (verifier.answer: grpo_exp.answers), equals the
   reference once both are normalised (normalise_answer: case, quotes, \\text{}, a final period): for tasks whose
   answers are words, labels or codes rather than mathematics.
@@ -34,6 +36,7 @@ from grpo_exp.answers import AnswerExtractor, build_extractor, normalise_answer
 from grpo_exp.errors import UserError
 from grpo_exp.plugins import import_callable, signature_of
 from grpo_exp.verification.rule import TAIL_CHARS, Verifier, math_verify_verifier
+from grpo_exp.verification.task_score import task_score_verifier
 
 KEY = "verifier.labels"
 CONVENTION = (
@@ -53,7 +56,7 @@ def exact_match(completion: str, solution: str, extract: AnswerExtractor) -> boo
 
 
 def exact_match_verifier(extract: AnswerExtractor) -> Verifier:
-    def verify(texts: list[str], solutions: list[str | None]) -> list[bool | None]:
+    def verify(texts: list[str], solutions: list[str | None], entries=None) -> list[bool | None]:
         return [None if s is None else exact_match(t, s, extract) for t, s in zip(texts, solutions, strict=True)]
 
     return verify
@@ -62,6 +65,7 @@ def exact_match_verifier(extract: AnswerExtractor) -> Verifier:
 BUILT_IN: dict[str, Callable[[AnswerExtractor], Verifier]] = {
     "math_verify": math_verify_verifier,
     "exact_match": exact_match_verifier,
+    "task_score": task_score_verifier,
 }
 
 
@@ -74,8 +78,11 @@ class Labels:
     answer: AnswerExtractor
     answer_rule: str
 
-    def __call__(self, texts: list[str], solutions: list[str | None]) -> list[bool | None]:
-        return self.verify(texts, solutions)
+    def __call__(
+        self, texts: list[str], solutions: list[str | None], entries: list[str | None] | None = None
+    ) -> list[bool | None]:
+        """`entries`: each answer's reasoning-gym entry (the task_entry column), for verifier.labels=task_score."""
+        return self.verify(texts, solutions, entries)
 
 
 def _user_function(verifier_cfg: DictConfig) -> Callable:
@@ -125,7 +132,7 @@ def user_verifier(func: Callable, path: str, batched: bool) -> Verifier:
     """The user's function as a Verifier: called on the answers that have a reference, each result checked."""
     where = f"{KEY}={path}"
 
-    def verify(texts: list[str], solutions: list[str | None]) -> list[bool | None]:
+    def verify(texts: list[str], solutions: list[str | None], entries=None) -> list[bool | None]:
         labels: list[bool | None] = [None] * len(texts)
         judged = [i for i, solution in enumerate(solutions) if solution is not None]
         if not judged:

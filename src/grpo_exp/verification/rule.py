@@ -18,7 +18,8 @@ from math_verify import LatexExtractionConfig, parse, verify
 from grpo_exp.answers import AnswerExtractor
 from grpo_exp.text import BOXED, stated_answer
 
-Verifier = Callable[[list[str], list[str]], list[bool | None]]
+# (texts, references, entries=None: each reasoning-gym entry, for task_score) -> True / False / None each
+Verifier = Callable[..., list[bool | None]]
 
 BOXED_ONLY = [
     LatexExtractionConfig(
@@ -65,7 +66,7 @@ def answer_score(text: str, reference: str, extract: AnswerExtractor = stated_an
 def math_verify_verifier(extract: AnswerExtractor = stated_answer) -> Verifier:
     """Rule-based: math-verify equivalence of the final answer with the reference (None: no usable reference)."""
 
-    def verify(texts: list[str], solutions: list[str | None]) -> list[bool | None]:
+    def verify(texts: list[str], solutions: list[str | None], entries=None) -> list[bool | None]:
         scores = [None if s is None else answer_score(t, s, extract) for t, s in zip(texts, solutions, strict=True)]
         return [None if s is None else s >= 0.5 for s in scores]
 

@@ -41,6 +41,7 @@ from grpo_exp.verification.selfverify import (
     verdict_span,
     verification_prompt,
 )
+from grpo_exp.verification.task_score import ENTRY, entries_of
 
 GENERATE, VERIFY = "generate", "verify"  # a row's task: answer the problem, or judge an answer to it
 
@@ -126,7 +127,9 @@ class SelfVerificationTask:
             problems = rows[::size]
             prompts = [row["prompt"] for row in problems for _ in range(size)]
             texts = sample(prompts)
-            labels = self.verifier(texts, [str(row["solution"]) for row in problems for _ in range(size)])
+            solutions = [str(row["solution"]) for row in problems for _ in range(size)]
+            entries = [row.get(ENTRY) for row in problems for _ in range(size)]
+            labels = self.verifier(texts, solutions, entries if any(entries) else None)
             self.observe_step([row["question"] for row in problems], texts, labels, size, ranks)
         if not wanted:
             return rows, {}
@@ -235,7 +238,8 @@ class SelfVerificationTask:
         texts = generate_completions(
             model, tokenizer, prompts, max_new_tokens, batch_size, "own answers", temperature, split=True
         )
-        labels = self.verifier(texts, [s for s in dataset["solution"] for _ in range(samples)])
+        solutions = [s for s in dataset["solution"] for _ in range(samples)]
+        labels = self.verifier(texts, solutions, entries_of(dataset, samples))
         candidates = candidates_from_groups(dataset["question"], texts, labels, samples, self.verifier.answer)
         kept, _ = filter_candidates(candidates, drop_no_answer=True, drop_all_wrong=False)
         chosen = select_samples(kept, len(dataset), 0.5, samples, self.seed)
