@@ -101,3 +101,11 @@ def test_a_mix_trains_under_its_tasks_own_scores_with_statistics_per_task(tmp_pa
     for step in (m for m in read_metrics(run_dir / "metrics.jsonl") if "rewards/task_score/mean" in m):
         assert any(key.startswith("tasks/accuracy/") for key in step)  # each task the step sampled
     assert "held-out by task" in result.stdout
+
+
+def test_any_task_by_name_and_a_missing_name_said_so():
+    cfg = compose_config([*TINY_RUN, "dataset=reasoning_gym", "dataset.task=spell_backward", "dataset.train_size=8"])
+    train, _ = load_splits(cfg.dataset)
+    assert set(train["task_name"]) == {"spell_backward"}
+    with pytest.raises(UserError, match="dataset.task is required: name a reasoning-gym task"):
+        resolve(compose_config([*TINY_RUN, "dataset=reasoning_gym"]), processes=1)

@@ -63,6 +63,11 @@ def _task_rows(entries: list[dict], data_cfg: DictConfig) -> list[dict]:
 
 
 def _check_task_name(task: str | None, key: str = "dataset.task") -> None:
+    if task is None:
+        raise UserError(
+            f"{key} is required: name a reasoning-gym task, e.g. {key}=spell_backward ({len(DATASETS)} tasks: "
+            "python -c 'import reasoning_gym.factory as f; print(sorted(f.DATASETS))'), or a mix in dataset.tasks"
+        )
     if task not in DATASETS or task == "composite":
         close = difflib.get_close_matches(str(task), DATASETS, n=5)
         raise UserError(
