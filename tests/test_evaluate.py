@@ -111,18 +111,6 @@ def test_evaluate_refuses_what_is_not_a_run_or_checkpoint(tmp_path):
     assert "Traceback" not in result.stderr
 
 
-@pytest.mark.slow
-def test_evaluate_the_embedded_model(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    overrides = ["dataset.eval_size=8", "eval.samples=2", "trainer.max_completion_length=48"]
-    result = run_cli(*overrides, module="grpo_exp.evaluate")
-    assert result.returncode == 0, result.stderr[-3000:]
-    (path,) = tmp_path.glob("outputs/eval/*/evaluation.json")
-    results = json.loads(path.read_text())
-    assert results["problems"] == 8
-    assert 0.0 <= results["pass@1"] <= results["pass@2"] <= 1.0
-
-
 def test_a_runner_up_checkpoint_is_evaluated_with_its_runs_config(tmp_path):
     (tmp_path / ".hydra").mkdir()
     (tmp_path / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(["dataset=chain_sum", "hydra.job.name=x"]))

@@ -77,26 +77,6 @@ def test_multirun_over_reward_mixes_runs_every_job_as_one_wandb_group(tmp_path):
     assert seen == {(m, g) for m in ("math+length", "format+length") for g in (2, 3)}
 
 
-@pytest.mark.slow
-def test_embedded_model_trains_one_step(tmp_path):
-    run_dir = tmp_path / "run"
-    result = run_cli(
-        "trainer.max_steps=1",
-        "trainer.prompts_per_step=1",
-        "trainer.num_generations=2",
-        "trainer.max_completion_length=32",
-        "dataset.eval_size=4",
-        "logger=none",
-        f"hydra.run.dir={run_dir}",
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["steps"] == 1 and "smollm2_135m" in summary["model"]
-    checkpoint_config = json.loads((run_dir / "checkpoint-final" / "config.json").read_text())
-    assert "quantization_config" not in checkpoint_config  # a plain, trainable checkpoint
-    assert checkpoint_config["num_hidden_layers"] == 30
-
-
 @pytest.mark.e2e
 def test_a_local_pretrained_directory_trains_with_lora(tmp_path, tiny_model_dirs):
     """The generic loader on a real directory (what a hub download gives), with peft LoRA adapters."""

@@ -212,7 +212,10 @@ def project(tmp_path: Path) -> Path:
 
 
 RESOLVE_CASES = {
-    "not a built-in": (["verifier.labels=exact"], "verifier.labels=exact: not a built-in (math_verify, exact_match, task_score)"),
+    "not a built-in": (
+        ["verifier.labels=exact"],
+        "verifier.labels=exact: not a built-in (math_verify, exact_match, task_score)",
+    ),
     "no module": (["verifier.labels=no_such:f"], "verifier.labels=no_such:f: module 'no_such' not found"),
     "no attribute": (["verifier.labels=user_task:nope"], "module 'user_task' has no attribute 'nope'"),
     "not callable": (

@@ -82,6 +82,10 @@ def test_a_word_task_trains_and_every_statistic_follows_the_labels(project):
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["labels"] == "exact_match" and summary["answer"] == "phrase"  # auto: the references are words
+    assert summary["steps"] == 2 and "smollm2_135m" in summary["model"]  # the embedded model trained
+    checkpoint_config = json.loads((run_dir / "checkpoint-final" / "config.json").read_text())
+    assert "quantization_config" not in checkpoint_config  # a plain, trainable checkpoint
+    assert checkpoint_config["num_hidden_layers"] == 30
     assert "answers read by phrase" in result.stdout
 
     # held-out greedy answers: labelled by the word rule, the accuracy their mean
@@ -119,6 +123,7 @@ def test_a_word_task_trains_and_every_statistic_follows_the_labels(project):
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads(latest_evaluation(run_dir).read_text())
     assert results["labels"] == "exact_match" and results["answer"] == "phrase"
+    assert 0.0 <= results["pass@1"] <= results["pass@2"] <= results["pass@3"] <= 1.0
     problems = [json.loads(line) for line in (run_dir / results["answers_file"]).read_text().splitlines()]
     assert len(problems) == 6
     assert results["greedy accuracy"] == pytest.approx(sum(p["greedy"]["correct"] for p in problems) / 6)
