@@ -599,6 +599,18 @@ class StatsSchema:
 
 
 @dataclass
+class CurriculumSchema:
+    # A curriculum over each training prompt's difficulty (grpo_exp.trainer.curriculum): each step draws its prompts
+    # from those whose recent pass rate (the run's labels, over the last `window` times each was sampled) lies in
+    # [low, high] or that were never sampled, and `revisit` of them from the others, so that none starves.
+    enabled: bool = False
+    low: float = knob(0.1, ge=0.0, le=1.0)
+    high: float = knob(0.9, ge=0.0, le=1.0)
+    revisit: float = knob(0.1, ge=0.0, le=1.0)
+    window: int = knob(3, ge=1)
+
+
+@dataclass
 class LoggerSchema:
     backend: LoggerBackend = LoggerBackend.wandb
     project: str = "grpo_exp"  # W&B and trackio project; MLflow experiment (a sweep's: <project>/<sweep dir>)
@@ -627,6 +639,7 @@ class Schema:
     logger: LoggerSchema = MISSING
     eval: EvalSchema = field(default_factory=EvalSchema)
     stats: StatsSchema = field(default_factory=StatsSchema)
+    curriculum: CurriculumSchema = field(default_factory=CurriculumSchema)
     # Where materialised models are kept between runs.
     cache_dir: str = "${oc.env:GRPO_EXP_CACHE,${oc.env:HOME}/.cache/grpo_exp}"
     # Where run and sweep directories go (and where trainer.resume=auto looks for earlier attempts).

@@ -39,6 +39,8 @@ from grpo_exp.run.tracking import MetricsFileCallback, Tracker, run_identity
 from grpo_exp.run.validation import PeriodicValidation, Schedule
 from grpo_exp.run.wandb_offline import RECORD_KEY, segments_so_far, sync_command
 from grpo_exp.trainer.config import ddp_timeout
+from grpo_exp.trainer.curriculum import STATE_FILE as CURRICULUM_FILE
+from grpo_exp.trainer.curriculum import DifficultyPool, SavePool
 from grpo_exp.trainer.trainer import GRPOExpTrainer
 from grpo_exp.trainer.trl_batch import as_rollout_func
 
@@ -133,10 +135,12 @@ def open_tracker(spec: RunSpec, hydra_cfg: DictConfig, run_dir: Path) -> Tracked
 def make_trainer(spec: RunSpec, parts: RunParts, model, tokenizer, train_set, run_dir: Path, tracker: Tracker):
     cfg = spec.cfg
     sample_log = SampleLog(run_dir / SAMPLES_FILE, tracker)
+    pool = difficulty_pool(spec, train_set)
     trainer = GRPOExpTrainer(
         verifier=parts.verifier,
         stats_cfg=cfg.stats,
         selfverify=parts.selfverify,
+        curriculum=pool,
         log_histograms=tracker.log_histograms,
         log_samples=sample_log.write,
         model=model,
@@ -151,7 +155,21 @@ def make_trainer(spec: RunSpec, parts: RunParts, model, tokenizer, train_set, ru
     for dict_dump in (ProgressCallback, PrinterCallback):  # they print all 50+ metrics; ConsoleView shows a few
         trainer.remove_callback(dict_dump)
     parts.bind_policy(trainer.model, tokenizer)
+    if pool is not None:
+        trainer.add_callback(SavePool(pool))
     return trainer
+
+
+def difficulty_pool(spec: RunSpec, train_set) -> DifficultyPool | None:
+    """curriculum.enabled: the pool of the training prompts' pass rates; a resumed run's, from its checkpoint."""
+    curriculum = spec.cfg.curriculum
+    if not curriculum.enabled:
+        return None
+    settings = (curriculum.low, curriculum.high, curriculum.revisit, curriculum.window, spec.cfg.trainer.seed)
+    pool = DifficultyPool(train_set["question"], *settings)
+    if spec.attempt:
+        pool.load(spec.attempt.checkpoint / CURRICULUM_FILE)
+    return pool
 
 
 def add_callbacks(

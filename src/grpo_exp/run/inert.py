@@ -336,6 +336,14 @@ ONLY_WITH: tuple[OnlyWith, ...] = (
         "set eval.every too",
     ),
     OnlyWith(
+        ("curriculum",),
+        lambda cfg: cfg.curriculum.enabled,
+        "by the curriculum over prompts' difficulty (curriculum.enabled=true)",
+        lambda cfg: "curriculum.enabled=false",
+        "set curriculum.enabled=true too",
+        but=("curriculum.enabled",),
+    ),
+    OnlyWith(
         ("eval.verification_benchmark",),
         lambda cfg: cfg.eval.verification_benchmark.enabled,
         "by the verification benchmark (eval.verification_benchmark.enabled=true)",

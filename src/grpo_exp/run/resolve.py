@@ -117,6 +117,7 @@ def resolve(
     if spec.selfverify is not None:
         check_task(spec.selfverify, cfg.trainer, cfg.algorithm)
     check_validation(cfg.eval, cfg.trainer, tuple(name for name in spec.components if name in GRADED_COMPONENTS))
+    check_curriculum(cfg.curriculum)
     check_data_files(cfg.dataset)
     check_reachable(cfg.model)
     attempt = resolve_attempt(cfg.trainer.resume, Path(cfg.outputs_dir), saved_config)
@@ -134,6 +135,14 @@ def check_required(cfg: DictConfig) -> None:
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise UserError(f"required value(s) not set: {', '.join(missing)} (add e.g. {missing[0]}=...)")
+
+
+def check_curriculum(curriculum_cfg: DictConfig) -> None:
+    if curriculum_cfg.enabled and not curriculum_cfg.low < curriculum_cfg.high:
+        raise UserError(
+            f"curriculum.low={curriculum_cfg.low} and curriculum.high={curriculum_cfg.high}: the band of pass rates "
+            "to train on needs low < high"
+        )
 
 
 def check_task_score(spec: RunSpec) -> None:

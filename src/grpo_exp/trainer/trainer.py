@@ -22,6 +22,7 @@ from grpo_exp.rewards import GRADED_COMPONENTS
 from grpo_exp.rollout.flow import broadcast_to_turns, trajectory_statistics
 from grpo_exp.stats import group_statistics, group_std, label_values, per_task_means, score_statistics
 from grpo_exp.text import completion_text
+from grpo_exp.trainer.curriculum import DifficultyPool
 from grpo_exp.trainer.scored_batch import ScoredBatch
 from grpo_exp.trainer.seam import HookedGRPOTrainer
 from grpo_exp.verification.labels import Labels
@@ -37,6 +38,7 @@ class GRPOExpTrainer(HookedGRPOTrainer):
         verifier: Labels,
         stats_cfg,
         selfverify: SelfVerificationTask | None = None,
+        curriculum: DifficultyPool | None = None,
         log_histograms: Callable[[int, dict], None] | None = None,
         log_samples: Callable[[int, list[dict]], None] | None = None,
         **kwargs,
@@ -47,6 +49,7 @@ class GRPOExpTrainer(HookedGRPOTrainer):
         self.verifier = verifier
         self.stats_cfg = stats_cfg
         self.selfverify = selfverify
+        self.curriculum = curriculum
         self.log_histograms, self.log_samples = log_histograms, log_samples
         # a reasoning-gym mix (dataset.tasks): statistics per task, of each task a step samples
         columns = self.train_dataset.column_names
@@ -54,9 +57,11 @@ class GRPOExpTrainer(HookedGRPOTrainer):
 
     @property
     def wants_scored_batch(self) -> bool:
-        return self.stats_cfg.enabled or self.selfverify is not None
+        return self.stats_cfg.enabled or self.selfverify is not None or self.curriculum is not None
 
     def before_generation(self, inputs: list[dict]) -> list[dict]:
+        if self.curriculum is not None:
+            inputs = self._from_curriculum(inputs)
         if self.selfverify is None:
             return inputs
         rows, metrics = self.selfverify.mix_in(
@@ -100,9 +105,35 @@ class GRPOExpTrainer(HookedGRPOTrainer):
             self.record_metric("selfverify/loss_tokens", counted.mean().item())
         return mask
 
+    def _from_curriculum(self, inputs: list[dict]) -> list[dict]:
+        """This process's share of the step's groups, drawn by the curriculum for every process's groups together
+        (the same draw on each: one seed, one pool), each group's row repeated G times as TRL's sampler repeats it."""
+        size, ranks = self.num_generations, self._ranks
+        chosen = self.curriculum.choose(len(inputs) // size * ranks.count, self.state.global_step + 1)
+        rows = [self.train_dataset[row] for row in chosen[ranks.index :: ranks.count]]
+        for key, value in self.curriculum.metrics().items():
+            self.record_metric(key, value)
+        return [row for row in rows for _ in range(size)]
+
+    def _observe_for_curriculum(self, batch: ScoredBatch, correct: torch.Tensor) -> None:
+        """Each group's pass rate (every process's groups: the same on each) into the pool, its histogram logged."""
+        questions = [row["question"] for row in batch.rows[:: batch.group_size]]
+        self.curriculum.observe(questions, torch.nanmean(batch.grouped(correct), dim=1).tolist())
+        if self.log_histograms is not None and self.accelerator.is_main_process:
+            rates = {"curriculum/pass_rate_hist": self.curriculum.pass_rates()}
+            self.log_histograms(self.state.global_step + 1, rates)
+
     def after_scoring(self, batch: ScoredBatch) -> None:
         started = time.perf_counter()
         correct = self._correctness(batch)
+        if self.curriculum is not None:
+            groups = batch.grouped(correct)
+            questions = [row["question"] for row in batch.rows[:: batch.group_size]]
+            self.curriculum.observe(questions, torch.nanmean(groups, dim=1).tolist())
+            if self.log_histograms is not None and self.accelerator.is_main_process:
+                self.log_histograms(
+                    self.state.global_step + 1, {"curriculum/pass_rate_hist": self.curriculum.pass_rates()}
+                )
         if self.stats_cfg.enabled:
             self._record_group_statistics(batch, correct)
         if self.selfverify is not None:
