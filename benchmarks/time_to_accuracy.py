@@ -81,6 +81,9 @@ ARMS = {
         "trainer.fast_generation=false",
     ],
     "best": ["trainer.zero_variance_groups=skip", "trainer.shared_prompt_forward=true", "generation=transformers_fast"],
+    # today's defaults, and the same with the curriculum over prompts' difficulty (curriculum.*, its defaults)
+    "defaults": [],
+    "curriculum": ["curriculum.enabled=true"],
 }
 COMMON = ["trainer.save_steps=0", "save_model=false"]
 
