@@ -27,7 +27,7 @@ def test_evaluate_a_run_directory_with_samples(tiny_run):
     assert "greedy accuracy" in result.stdout
     # what it was measured with, and each problem's answers with their labels
     assert results["labels"] == "math_verify" and results["answer"] == "stated"
-    assert results["overrides"] == ["eval.samples=2"]
+    assert results["overrides"][-1] == "eval.samples=2" and "model=tiny" in results["overrides"]  # the run's, then mine
     answers = [json.loads(line) for line in (tiny_run / results["answers_file"]).read_text().splitlines()]
     assert len(answers) == 4 and all(len(a["samples"]) == 2 for a in answers)
     greedy = [a["greedy"]["correct"] for a in answers]
