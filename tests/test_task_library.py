@@ -93,8 +93,11 @@ def test_a_mix_trains_under_its_tasks_own_scores_with_statistics_per_task(tmp_pa
     assert summary["heldout_tasks"] == tasks and summary["labels"] == "task_score"
     after = [json.loads(line) for line in (run_dir / "eval_after.jsonl").read_text().splitlines()]
     for task in tasks:
-        mine = [s["correct"] for s in after if s["task_name"] == task]
-        assert summary[f"heldout_accuracy_{task}_after"] == pytest.approx(sum(mine) / len(mine))
+        mine = [s for s in after if s["task_name"] == task]
+        assert summary[f"heldout_accuracy_{task}_after"] == pytest.approx(sum(s["correct"] for s in mine) / len(mine))
+        answers = {s["answer"].casefold() if s["answer"] else None for s in mine}
+        assert summary[f"heldout_distinct_{task}_after"] <= len(answers) / len(mine)
+        assert 0.0 < summary[f"heldout_constant_{task}_after"] <= 1.0
     samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
     heldout = {s["question"]: s for s in after}
     assert not any(s["prompt"] in heldout for s in samples)
@@ -109,3 +112,12 @@ def test_any_task_by_name_and_a_missing_name_said_so():
     assert set(train["task_name"]) == {"spell_backward"}
     with pytest.raises(UserError, match="dataset.task is required: name a reasoning-gym task"):
         resolve(compose_config([*TINY_RUN, "dataset=reasoning_gym"]), processes=1)
+
+
+def test_a_constant_answer_is_the_bar_a_gain_on_labels_must_clear():
+    from grpo_exp.stats import constant_answer_accuracy, distinct_answer_share
+
+    assert constant_answer_accuracy(["Yes", "yes", "No", "Yes."]) == 0.75  # answering "Yes" to all of them
+    assert constant_answer_accuracy(["son", "father", "aunt", "son"]) == 0.5
+    assert distinct_answer_share(["Yes", "yes.", "YES"]) == pytest.approx(1 / 3)  # collapsed to one answer
+    assert distinct_answer_share(["a", "b", None]) == 1.0

@@ -139,6 +139,19 @@ def diversity_stats(texts: list[list[str]], answers: list[list[str | None]]) -> 
     }
 
 
+def constant_answer_accuracy(references: list[str | None]) -> float:
+    """The accuracy of giving every problem one and the same answer, the most common reference (normalised as votes
+    are): what a policy that collapsed to a constant answer scores. Near 0 for open answers; for Yes/No, True/False or
+    a few labels, the bar a gain must clear to be more than a guess."""
+    keys = [key for key in map(vote_key, references) if key is not None]
+    return Counter(keys).most_common(1)[0][1] / len(keys) if keys else math.nan
+
+
+def distinct_answer_share(answers: list[str | None]) -> float:
+    """Distinct final answers (normalised) per problem: 1/N when every problem got the same answer."""
+    return len({vote_key(a) for a in answers}) / len(answers) if answers else math.nan
+
+
 def per_task_means(
     tasks: list[str | None], values: list[float], prefix: str, mix: bool | None = None
 ) -> dict[str, float]:

@@ -166,7 +166,7 @@ class HeldoutEval:
                 measured = result.verification | result.rollout | result.judge | result.tasks
                 summary |= {f"heldout_{k.replace('/', '_')}_{when}": v for k, v in measured.items()}
                 summary[f"heldout_lenient_accuracy_{when}"] = result.lenient_accuracy
-        tasks = sorted({key.split("/", 1)[1] for r in (self.before, self.after) if r for key in r.tasks})
+        tasks = sorted({key.split("/", 1)[1] for r in (self.before, self.after) if r for key in r.tasks if "/" in key})
         if tasks:  # a reasoning-gym mix: heldout_accuracy_<task>_before / _after
             summary["heldout_tasks"] = tasks
         return summary | format_and_content(summary)

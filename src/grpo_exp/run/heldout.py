@@ -29,7 +29,9 @@ from grpo_exp.run.files import BENCHMARK_FILE
 from grpo_exp.run.prepacked_eval import greedy_completions
 from grpo_exp.run.resolve import RunSpec
 from grpo_exp.stats import (
+    constant_answer_accuracy,
     correctness_stats,
+    distinct_answer_share,
     final_answers,
     label_values,
     majority_vote_accuracy,
@@ -223,9 +225,16 @@ def validation_metrics(samples: list[dict], parts: RunParts) -> dict[str, float]
 
 
 def task_accuracies(samples: list[dict]) -> dict[str, float]:
-    """A reasoning-gym mix's held-out accuracy per task, as `accuracy/<task>` (nothing for one task)."""
-    labels = label_values([s["correct"] for s in samples])
-    return per_task_means([s.get("task_name") for s in samples], labels, "accuracy")
+    """A reasoning-gym mix's held-out accuracy per task, as `accuracy/<task>`, beside what one constant answer would
+    score (`constant/<task>`) and the distinct answers per problem (`distinct/<task>`): a policy that answers every
+    syllogism "Yes" scores the share of Yes. Nothing for one task."""
+    tasks = [s.get("task_name") for s in samples]
+    measures = per_task_means(tasks, label_values([s["correct"] for s in samples]), "accuracy")
+    for task in {key.split("/", 1)[1] for key in measures}:
+        mine = [s for s in samples if s.get("task_name") == task]
+        measures[f"constant/{task}"] = constant_answer_accuracy([s["solution"] for s in mine])
+        measures[f"distinct/{task}"] = distinct_answer_share([s["answer"] for s in mine])
+    return measures
 
 
 def learned_components(parts: RunParts) -> tuple[str, ...]:

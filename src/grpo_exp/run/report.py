@@ -88,14 +88,13 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
         f"{_fmt(before)} -> {_fmt(after)} (greedy, {summary['eval_size']} problems{', ' if judged else ''}{judged})",
     )
     if summary.get("heldout_tasks"):
-        ends = {
-            task: (
-                _fmt(summary.get(f"heldout_accuracy_{task}_before")),
-                _fmt(summary.get(f"heldout_accuracy_{task}_after")),
-            )
-            for task in summary["heldout_tasks"]
-        }
-        table.add_row("held-out by task", ", ".join(f"{task} {a} -> {b}" for task, (a, b) in ends.items()))
+        shown = []
+        for task in summary["heldout_tasks"]:
+            before, after = (_fmt(summary.get(f"heldout_accuracy_{task}_{when}")) for when in ("before", "after"))
+            constant = _fmt(summary.get(f"heldout_constant_{task}_after"))
+            distinct = _fmt(summary.get(f"heldout_distinct_{task}_after"), 2)
+            shown.append(f"{task} {before} -> {after} (one constant answer: {constant}; distinct answers: {distinct})")
+        table.add_row("held-out by task", "\n".join(shown))
     if "heldout_gain_format" in summary:
         lenient = (_fmt(summary[f"heldout_lenient_accuracy_{when}"]) for when in ("before", "after"))
         table.add_row(
