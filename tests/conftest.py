@@ -18,22 +18,6 @@ from tests.helpers.cli import (
     run_cli,
 )
 
-# The trained runs tests share (below): each trained once per session, so under pytest-xdist (`make test` runs the
-# suite on every core) the tests that read one run on one worker (an xdist_group), and so do the tests of a module
-# that share a module-scoped fixture.
-SHARED_RUNS = ("tiny_cli_run", "tiny_sweep", "confidence_run", "tiny_ddp_run", "skip_ddp_run")
-
-
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        group = next((name for name in SHARED_RUNS if name in item.fixturenames), None)
-        if group is None:
-            definitions = item._fixtureinfo.name2fixturedefs.values()
-            if any(defs[-1].scope == "module" for defs in definitions if defs):
-                group = item.module.__name__
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
-
 
 def pytest_configure(config):
     # No hub here: fail fast instead of retrying for half a minute. W&B never reaches its server in tests.
