@@ -144,7 +144,8 @@ class SelfVerificationTask:
             return rows, metrics
         for offset, candidate in enumerate(mine):
             group = groups - len(mine) + offset
-            row = {
+            # every column of the generation row it replaces (None: TRL hands the rewards each column of every row)
+            row = dict.fromkeys(rows[group * size]) | {
                 "prompt": verification_prompt(candidate, self.cfg.template, self.cfg.show),
                 "question": candidate.question,
                 "solution": None,
