@@ -57,7 +57,7 @@ def test_flags_and_their_values_are_not_overrides():
 def test_the_new_names_compose_and_resolve():
     cfg = compose_config([*TINY_RUN, "reward=math+confidence", "scorer=genrm", "scorer.model=tiny", "logger=none"])
     assert cfg.scorer.name is ScorerName.genrm and cfg.scorer.model == "tiny"
-    assert set(cfg.verifier) == {"labels", "labels_batched"}
+    assert set(cfg.verifier) == {"labels", "labels_batched", "answer"}
     resolve(cfg, processes=1)
     assert compose_config().scorer.name is ScorerName.none  # the default: no P(Yes) scorer
 
@@ -67,7 +67,7 @@ def test_the_command_line_translates_old_names_with_one_warning_each():
     assert result.returncode == 0, result.stderr
     cfg = yaml.safe_load(result.stdout)
     assert cfg["scorer"]["name"] == "genrm" and cfg["scorer"]["model"] == "tiny"
-    assert cfg["verifier"] == {"labels": "exact_match", "labels_batched": False}
+    assert cfg["verifier"] == {"labels": "exact_match", "labels_batched": False, "answer": "auto"}
     warnings = [line for line in result.stderr.splitlines() if "deprecated" in line]
     assert warnings == [
         "warning: verifier=genrm is deprecated: use scorer=genrm",

@@ -10,7 +10,6 @@ from pathlib import Path
 
 from grpo_exp.paths import REPO_ROOT
 from support.config import TINY_RUN
-from support.servers import free_port
 
 DDP = REPO_ROOT / "accelerate_configs" / "ddp.yaml"
 
@@ -105,10 +104,7 @@ def accelerate_launch(
     """`accelerate launch --config_file <accelerate_config> <launch_args> -m <module> <args>` from the repository's
     root, as a user starts several processes (`launch_args`: accelerate's own, over the config file's; `env`: added
     to this environment)."""
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(accelerate_config)]
-    if "--main_process_port" not in launch_args:  # tests run side by side (pytest-xdist): not all on 29500
-        launch += ["--main_process_port", str(free_port())]
-    launch += launch_args
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(accelerate_config), *launch_args]
     return subprocess.run(
         [*launch, "-m", module, *args],
         capture_output=True,
