@@ -99,9 +99,10 @@ def test_a_new_evaluation_never_overwrites_an_earlier_one(tmp_path):
 
 
 def test_the_recorded_overrides_mask_secrets():
-    from grpo_exp.evaluate import redacted_overrides
+    from grpo_exp.run.tracking import masked_override
 
-    shown = redacted_overrides(["judge.api_key=sk-123", "judge.base_url=http://u:pw@host/v1", "eval.samples=2"])
+    given = ["judge.api_key=sk-123", "judge.base_url=http://u:pw@host/v1", "eval.samples=2"]
+    shown = [masked_override(o) for o in given]
     assert "sk-123" not in str(shown) and "pw@" not in str(shown) and shown[2] == "eval.samples=2"
 
 

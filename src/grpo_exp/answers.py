@@ -130,7 +130,7 @@ def lenient_match(completion: str, reference: str) -> bool | None:
     wanted = normalise_answer(str(reference))
     if not wanted:
         return None
-    said = normalise_answer(TEXT_COMMAND.sub(r"\1", final_sentence(completion)))
+    said = normalise_answer(final_sentence(completion))
     return re.search(rf"(?<!\w){re.escape(wanted)}(?!\w)", said) is not None
 
 

@@ -34,7 +34,7 @@ from grpo_exp.run.files import FINAL_CHECKPOINT_DIR, new_evaluation_files
 from grpo_exp.run.heldout import SampledResult
 from grpo_exp.run.kept_models import BEST_CHECKPOINT_DIR, TOP_CHECKPOINTS_DIR
 from grpo_exp.run.resolve import resolve, saved_path_overrides
-from grpo_exp.run.tracking import Tracker, redact
+from grpo_exp.run.tracking import Tracker, masked_override
 from grpo_exp.schema import register_schemas
 
 EPILOG = """\
@@ -181,17 +181,6 @@ def write_answers(path: Path, greedy: list[dict], sampled: SampledResult | None)
             f.write(json.dumps(line) + "\n")
 
 
-def redacted_overrides(overrides: list[str]) -> list[str]:
-    """The overrides as given, a secret's value masked (judge.api_key=..., a URL's credentials)."""
-    shown = []
-    for override in overrides:
-        key, sep, value = override.partition("=")
-        shown.append(
-            f"{key}{sep}{redact({key.rsplit('.', 1)[-1]: value})[key.rsplit('.', 1)[-1]]}" if sep else override
-        )
-    return shown
-
-
 def main(argv: list[str] | None = None) -> dict:
     warnings.filterwarnings("ignore", category=FutureWarning)
     register_schemas()
@@ -230,7 +219,7 @@ def main(argv: list[str] | None = None) -> dict:
     recorded = {
         "labels": cfg.verifier.labels,
         "answer": parts.verifier.answer_rule,
-        "overrides": redacted_overrides(overrides),
+        "overrides": [masked_override(o) for o in overrides],
         "answers_file": answers_file.name,
     }
     as_json = {k: None if isinstance(v, float) and v != v else v for k, v in results.items()}  # NaN -> null

@@ -59,12 +59,13 @@ def run_name(task_overrides: list[str], swept: set[str] | None = None) -> str:
     overrides = [o.lstrip("+~") for o in task_overrides if not o.lstrip("+~").startswith(BOOKKEEPING)]
     if swept:
         overrides = [o for o in overrides if o.split("=", 1)[0] in swept]
-    return ",".join(redact(_mask_secret(o)) for o in overrides) or "defaults"
+    return ",".join(map(masked_override, overrides)) or "defaults"
 
 
-def _mask_secret(override: str) -> str:
+def masked_override(override: str) -> str:
+    """An override as given, a secret's value masked (judge.api_key=..., a URL's credentials)."""
     key, equals, _ = override.partition("=")
-    return f"{key}={REDACTED}" if equals and _is_secret_key(key.rsplit(".", 1)[-1]) else override
+    return redact(f"{key}={REDACTED}" if equals and _is_secret_key(key.rsplit(".", 1)[-1]) else override)
 
 
 def swept_keys(sweep_overrides: list[str], sweeper_params: dict | None = None) -> set[str]:

@@ -144,8 +144,7 @@ class GRPOExpTrainer(HookedGRPOTrainer):
     def _correctness(self, batch: ScoredBatch) -> torch.Tensor:
         """The run's correctness label (verifier.labels) of every completion: 1, 0, or NaN (cannot be judged)."""
         solutions = [None if r["solution"] is None else str(r["solution"]) for r in batch.rows]
-        entries = [r["task_entry"] for r in batch.rows]
-        labels = self.verifier(batch.texts, solutions, entries if any(entries) else None)
+        labels = self.verifier(batch.texts, solutions, [r["task_entry"] for r in batch.rows])
         return torch.tensor(label_values(labels))
 
     def _record_group_statistics(self, batch: ScoredBatch, correct: torch.Tensor) -> None:

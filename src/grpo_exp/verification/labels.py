@@ -81,8 +81,9 @@ class Labels:
     def __call__(
         self, texts: list[str], solutions: list[str | None], entries: list[str | None] | None = None
     ) -> list[bool | None]:
-        """`entries`: each answer's reasoning-gym entry (the task_entry column), for verifier.labels=task_score."""
-        return self.verify(texts, solutions, entries)
+        """`entries`: each answer's reasoning-gym entry (the task_entry column), for verifier.labels=task_score; None,
+        or all None: rows without a task."""
+        return self.verify(texts, solutions, entries if entries and any(entries) else None)
 
 
 def _user_function(verifier_cfg: DictConfig) -> Callable:

@@ -129,7 +129,7 @@ class SelfVerificationTask:
             texts = sample(prompts)
             solutions = [str(row["solution"]) for row in problems for _ in range(size)]
             entries = [row.get(ENTRY) for row in problems for _ in range(size)]
-            labels = self.verifier(texts, solutions, entries if any(entries) else None)
+            labels = self.verifier(texts, solutions, entries)
             self.observe_step([row["question"] for row in problems], texts, labels, size, ranks)
         if not wanted:
             return rows, {}
