@@ -24,9 +24,12 @@ def main(cfg: DictConfig) -> float | None:
 
     # The tasks of a Slurm job (hydra/launcher=slurm_multigpu) form one process group; set before anything reads them.
     export_torch_distributed_env()
+    from grpo_exp.run.distributed import leave_process_group
     from grpo_exp.run.experiment import run_experiment
 
-    return run_experiment(cfg, HydraConfig.get())["heldout_accuracy_after"]
+    summary = run_experiment(cfg, HydraConfig.get())
+    leave_process_group()  # on success only: after a failure, a barrier would wait for the rank that died
+    return summary["heldout_accuracy_after"]
 
 
 if __name__ == "__main__":

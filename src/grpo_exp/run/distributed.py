@@ -41,3 +41,16 @@ def wait_for_everyone() -> None:
         from accelerate import PartialState
 
         PartialState().wait_for_everyone()
+
+
+def leave_process_group() -> None:
+    """Every rank waits for the others, then the process group is destroyed, before the interpreter exits: a gloo
+    group left to the garbage collector at exit can abort a rank ("terminate called without an active exception",
+    SIGABRT) after its run has finished, and the launcher reports the run failed."""
+    if world_size() == 1:
+        return
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
