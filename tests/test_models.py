@@ -82,3 +82,26 @@ def test_bfloat16_compute_trains_with_autocast_on_float32_weights(tmp_path):
     assert not training().args.bf16
     evaluation = resolve(compose_config(["model=tiny", "model.dtype=bfloat16"]), processes=1)
     assert evaluation.policy_dtype == torch.bfloat16, "evaluation alone loads the weights as model.dtype says"
+
+
+def test_an_unreachable_hub_is_known_at_once_and_a_cached_copy_still_serves(tmp_path, monkeypatch):
+    """The hub id is checked with one connection attempt first (huggingface_hub's own retries take ~23 s); an id
+    already in the local hub cache still resolves without the hub."""
+    from grpo_exp import hub
+
+    monkeypatch.setattr(hub, "hub_unreachable", lambda: "huggingface.co:443 cannot be reached: no network")
+    monkeypatch.setattr("grpo_exp.models.hub_unreachable", hub.hub_unreachable)
+    cfg = compose_config(["model=pretrained", "model.name_or_path=nobody/no-such-model"])
+    with pytest.raises(UserError, match="no network, and no copy in the local cache"):
+        check_reachable(cfg.model)
+
+    # a copy in the hub cache layout (models--owner--name/snapshots/<revision>), found without the hub
+    cache = tmp_path / "hub"
+    snapshot = cache / "models--someone--cached-model" / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text('{"model_type": "llama"}')
+    (cache / "models--someone--cached-model" / "refs").mkdir()
+    (cache / "models--someone--cached-model" / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(cache))
+    check_reachable(compose_config(["model=pretrained", "model.name_or_path=someone/cached-model"]).model)

@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedTokenizerBase
 
 from grpo_exp.errors import UserError
+from grpo_exp.hub import hub_unreachable
 from grpo_exp.paths import CONF_DIR, FINAL_CHECKPOINT_DIR
 from grpo_exp.schema import DType, ModelSchema, ModelSource
 
@@ -101,13 +102,14 @@ def check_reachable(model_cfg: DictConfig) -> None:
         if not (Path(name).expanduser() / "config.json").is_file():
             raise UserError(f"model.name_or_path='{name}' is a local path without a config.json")
         return
+    offline = hub_unreachable()  # then only a copy in the local hub cache can serve, found at once
     try:
-        AutoConfig.from_pretrained(name, trust_remote_code=model_cfg.trust_remote_code)
+        AutoConfig.from_pretrained(name, trust_remote_code=model_cfg.trust_remote_code, local_files_only=bool(offline))
     except (OSError, ValueError) as err:
+        reason = f"the hub: {offline}, and no copy in the local cache" if offline else str(err).splitlines()[0]
         raise UserError(
             f"model.name_or_path='{name}' is neither a local model directory nor reachable on the Hugging Face "
-            f"Hub ({str(err).splitlines()[0]}). Without the hub, use a local directory, or the embedded "
-            "default: model=smollm2_135m."
+            f"Hub ({reason}). Without the hub, use a local directory, or the embedded default: model=smollm2_135m."
         ) from err
 
 
