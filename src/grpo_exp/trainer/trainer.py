@@ -127,13 +127,7 @@ class GRPOExpTrainer(HookedGRPOTrainer):
         started = time.perf_counter()
         correct = self._correctness(batch)
         if self.curriculum is not None:
-            groups = batch.grouped(correct)
-            questions = [row["question"] for row in batch.rows[:: batch.group_size]]
-            self.curriculum.observe(questions, torch.nanmean(groups, dim=1).tolist())
-            if self.log_histograms is not None and self.accelerator.is_main_process:
-                self.log_histograms(
-                    self.state.global_step + 1, {"curriculum/pass_rate_hist": self.curriculum.pass_rates()}
-                )
+            self._observe_for_curriculum(batch, correct)
         if self.stats_cfg.enabled:
             self._record_group_statistics(batch, correct)
         if self.selfverify is not None:
