@@ -3,7 +3,6 @@ before any model loads: several cases of each class, in-process where it can be 
 the command line where only that shows it (a user's config directory, evaluating from another directory)."""
 
 import json
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -20,7 +19,7 @@ from grpo_exp.run.build import build_parts
 from grpo_exp.run.files import latest_evaluation
 from grpo_exp.run.resolve import resolve, saved_path_overrides
 from support.config import TINY_RUN, compose_config
-from tests.helpers.cli import run_cli
+from tests.helpers.cli import run_cli, run_command
 
 GRPO_EXP = Path(sys.executable).with_name("grpo-exp")
 BASE = [*TINY_RUN, "logger=none"]
@@ -170,10 +169,10 @@ def test_what_the_users_code_raises_is_one_message_naming_the_key(user_module, o
 
 def test_the_command_line_prints_what_a_factory_raised_without_a_traceback(tmp_path):
     (tmp_path / "my_rewards.py").write_text(textwrap.dedent(USER_MODULE))
-    result = subprocess.run(
-        [str(GRPO_EXP), "train", *BASE, f"hydra.run.dir={tmp_path / 'run'}", "+reward.components.mine.weight=1",
+    result = run_command(
+        [GRPO_EXP, "train", *BASE, f"hydra.run.dir={tmp_path / 'run'}", "+reward.components.mine.weight=1",
          "+reward.components.mine.factory=my_rewards:make_reward", "+reward.components.mine.settings.secret=hunter2"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False,
+        cwd=tmp_path, timeout=600,
     )  # fmt: skip
     assert result.returncode != 0
     assert "reward.components.mine.factory=my_rewards:make_reward raised Broken: no reward today" in result.stderr
@@ -227,9 +226,7 @@ def test_a_config_of_yours_with_a_built_in_name_is_refused_naming_the_file(tmp_p
     target.parent.mkdir(parents=True)
     target.write_text(SHADOWING[config_path])
     where = ["--config-dir", "configs"] if how == "--config-dir" else [f"hydra.searchpath=[file://{tmp_path}/configs]"]
-    result = subprocess.run(
-        [str(GRPO_EXP), "train", *where, "--cfg", "job"], cwd=tmp_path, capture_output=True, text=True, check=False
-    )
+    result = run_command([GRPO_EXP, "train", *where, "--cfg", "job"], cwd=tmp_path)
     assert result.returncode != 0
     group, name = config_path.removesuffix(".yaml").split("/")
     assert f"{tmp_path / 'configs'}/{config_path} has the name of grpo_exp's built-in {group}/{name}" in result.stderr
@@ -266,19 +263,16 @@ def test_a_run_is_evaluated_from_another_directory(tmp_path):
     elsewhere.mkdir()
     write_rows(project / "data" / "train.jsonl", 16)
     run_dir = project / "run"
-    train = subprocess.run(
-        [str(GRPO_EXP), "train", "model=tiny", "trainer=debug", "logger=none", "dataset=files",
+    train = run_command(
+        [GRPO_EXP, "train", "model=tiny", "trainer=debug", "logger=none", "dataset=files",
          "dataset.path=data/train.jsonl", "dataset.eval_size=4", "eval.before=false", "eval.after=false",
          f"hydra.run.dir={run_dir}"],
-        cwd=project, capture_output=True, text=True, timeout=900, check=False,
+        cwd=project,
     )  # fmt: skip
     assert train.returncode == 0, train.stderr[-3000:]
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert saved["dataset"]["path"] == str(project / "data" / "train.jsonl")
-    evaluate = subprocess.run(
-        [str(GRPO_EXP), "evaluate", str(run_dir), "eval.samples=0"],
-        cwd=elsewhere, capture_output=True, text=True, timeout=900, check=False,
-    )  # fmt: skip
+    evaluate = run_command([GRPO_EXP, "evaluate", run_dir, "eval.samples=0"], cwd=elsewhere)
     assert evaluate.returncode == 0, evaluate.stderr[-3000:]
     assert json.loads(latest_evaluation(run_dir).read_text())["problems"] == 4
 

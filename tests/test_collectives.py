@@ -20,20 +20,25 @@ SELFVERIFY = [
     "reward.components.selfverify.balance=share",
 ]
 
-# Each a run of its own; the defaults (evaluation before and after, W&B, checkpoints) are tests/conftest.py's
-# tiny_ddp_run, and skip with the shared prompt on its skip_ddp_run, shared with test_distributed.py.
+# Each a run of its own, features that can share a run combined; the defaults (evaluation before and after, W&B,
+# checkpoints) are tests/conftest.py's tiny_ddp_run, and skip with the shared prompt on its skip_ddp_run, shared with
+# test_distributed.py.
 FEATURES = {
-    "keep, shared prompt off": ["trainer.zero_variance_groups=keep", "trainer.shared_prompt_forward=false"],
-    "selfverify joint": SELFVERIFY,
-    "selfverify verify_only": [*SELFVERIFY, "reward.components.selfverify.schedule=verify_only"],
-    "selfverify supervised": [*SELFVERIFY, "reward.components.selfverify.objective=supervised"],
-    "selfverify, held-out verification benchmark": [
+    "keep, shared prompt off, validation every step, the best two checkpoints": [
+        "trainer.zero_variance_groups=keep",
+        "trainer.shared_prompt_forward=false",
+        "eval.every=1",
+        "eval.every_problems=3",
+        "eval.keep_top_k=2",
+    ],
+    "selfverify joint, held-out verification benchmark": [
         *SELFVERIFY,
         "eval.verification_benchmark.enabled=true",
         "eval.verification_benchmark.problems=4",
     ],
+    "selfverify verify_only": [*SELFVERIFY, "reward.components.selfverify.schedule=verify_only"],
+    "selfverify supervised": [*SELFVERIFY, "reward.components.selfverify.objective=supervised"],
     "multi-turn rollout": ["rollout=multiturn"],
-    "validation every step, the best two checkpoints": ["eval.every=1", "eval.every_problems=3", "eval.keep_top_k=2"],
 }
 
 
@@ -119,7 +124,7 @@ def test_the_recorder_names_a_collective_called_on_one_rank_only(tmp_path):
         tmp_path,
         "eval.before=false",
         "eval.after=false",
-        "+trainer.extra.ddp_timeout=20",
+        "+trainer.extra.ddp_timeout=10",
         env={"GRPO_EXP_TEST_EXTRA_COLLECTIVE": "0"},
         timeout=300,
     )

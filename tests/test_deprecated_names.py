@@ -2,7 +2,6 @@
 work where the user types them, translated to the `scorer` group with one warning line naming old and new; the new
 names work; `verifier.labels` is the correctness labels, as it was (grpo_exp.deprecated)."""
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,7 +14,7 @@ from grpo_exp.run.files import FINAL_CHECKPOINT_DIR
 from grpo_exp.run.resolve import resolve, saved_path_overrides
 from grpo_exp.schema import ScorerName
 from support.config import TINY_RUN, compose_config
-from tests.helpers.cli import run_cli
+from tests.helpers.cli import run_cli, run_command
 
 GRPO_EXP = Path(sys.executable).with_name("grpo-exp")
 
@@ -76,10 +75,7 @@ def test_the_command_line_translates_old_names_with_one_warning_each():
 
 
 def test_grpo_exp_train_translates_old_names_too(tmp_path):
-    result = subprocess.run(
-        [str(GRPO_EXP), "train", "--cfg", "job", "verifier=math_verify"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+    result = run_command([GRPO_EXP, "train", "--cfg", "job", "verifier=math_verify"], cwd=tmp_path, timeout=300)
     assert result.returncode == 0, result.stderr
     assert yaml.safe_load(result.stdout)["scorer"]["name"] == "none"
     assert "verifier=math_verify is deprecated: use scorer=none" in result.stderr

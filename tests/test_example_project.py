@@ -13,6 +13,7 @@ import pytest
 from grpo_exp.paths import REPO_ROOT
 from grpo_exp.run.tracking import read_metrics
 from grpo_exp.verification.labels import built_in_labels
+from tests.helpers.cli import run_command
 
 GRPO_EXP = Path(sys.executable).with_name("grpo-exp")
 EXAMPLE = REPO_ROOT / "examples" / "capitals"
@@ -26,9 +27,7 @@ def project(tmp_path: Path) -> Path:
 
 
 def grpo_exp(project: Path, *args: str, timeout: int = 1200) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [str(GRPO_EXP), *args], cwd=project, capture_output=True, text=True, timeout=timeout, check=False
-    )
+    return run_command([GRPO_EXP, *args], cwd=project, timeout=timeout)
 
 
 def users_labels(project: Path, samples: list[dict]) -> list[bool]:

@@ -17,6 +17,7 @@ import yaml
 from grpo_exp.run.files import STATUS_FILE
 from grpo_exp.run.tracking import read_metrics
 from support.config import TINY_RUN
+from tests.helpers.cli import run_command
 from tests.helpers.resolve_cases import resolve_cases
 
 GRPO_EXP = Path(sys.executable).with_name("grpo-exp")
@@ -94,9 +95,7 @@ def project(tmp_path: Path) -> Path:
 def grpo_exp(project: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
     """`grpo-exp <args>` run from the user's project directory, as they run it."""
     assert GRPO_EXP.is_file(), f"{GRPO_EXP} is missing: install the package (make install)"
-    return subprocess.run(
-        [str(GRPO_EXP), *args], cwd=project, capture_output=True, text=True, timeout=timeout, check=False
-    )
+    return run_command([GRPO_EXP, *args], cwd=project, timeout=timeout)
 
 
 def composed(project: Path, *args: str) -> dict:
@@ -119,13 +118,10 @@ def test_a_mix_takes_parts_from_the_users_config_dir(project):
 
 
 def test_hydra_searchpath_finds_the_users_parts_too(project):
-    result = subprocess.run(
+    result = run_command(
         [sys.executable, "-m", "grpo_exp.train", "--cfg", "job", f"hydra.searchpath=[file://{project / 'configs'}]"]
         + ["reward=flat+format", "reward.components.flat.weight=2"],
         cwd=project,
-        capture_output=True,
-        text=True,
-        check=False,
     )
     assert result.returncode == 0, result.stderr
     components = yaml.safe_load(result.stdout)["reward"]["components"]

@@ -3,7 +3,6 @@ registered beside the built-ins, checked before any model loads (each mistake on
 TRL really trains with, and end to end from a project directory outside the repository."""
 
 import json
-import subprocess
 import sys
 import textwrap
 import uuid
@@ -19,6 +18,7 @@ from grpo_exp.run.tracking import read_metrics
 from grpo_exp.trainer.advantages import ESTIMATORS, estimate, register_estimator
 from grpo_exp.trainer.losses import TRL_LOSS_TYPES, policy_loss  # noqa: F401 - the seam delegates to it
 from support.config import TINY_RUN, compose_config
+from tests.helpers.cli import run_command
 from tests.helpers.tiny_trainer import PLAIN_TRL, knob_overrides, logged, make_trainer
 
 GRPO_EXP = Path(sys.executable).with_name("grpo-exp")
@@ -259,9 +259,9 @@ def test_a_users_estimator_and_loss_train_end_to_end_from_their_project(tmp_path
         )
     )
     sweep = tmp_path / "sweep"
-    result = subprocess.run(
+    result = run_command(
         [
-            str(GRPO_EXP),
+            GRPO_EXP,
             "train",
             "-m",
             "--config-dir",
@@ -279,10 +279,7 @@ def test_a_users_estimator_and_loss_train_end_to_end_from_their_project(tmp_path
             f"hydra.sweep.dir={sweep}",
         ],
         cwd=project,
-        capture_output=True,
-        text=True,
         timeout=1200,
-        check=False,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     # Hydra's sweep order: algorithm outer, loss inner.

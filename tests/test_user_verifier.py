@@ -26,6 +26,7 @@ from grpo_exp.text import stated_answer
 from grpo_exp.verification.benchmark import benchmark_key
 from grpo_exp.verification.labels import build_labels, exact_match, normalise_answer, user_verifier
 from support.config import TINY_RUN, compose_config
+from tests.helpers.cli import run_command
 from tests.helpers.resolve_cases import resolve_cases
 
 GRPO_EXP = Path(sys.executable).with_name("grpo-exp")
@@ -292,7 +293,7 @@ def test_a_bad_verifier_or_dataset_function_is_one_message_naming_the_key(projec
 def grpo_exp(cwd: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
     """`grpo-exp <args>`, run from `cwd` (the user's project directory), as they run it."""
     assert GRPO_EXP.is_file(), f"{GRPO_EXP} is missing: install the package (make install)"
-    return subprocess.run([str(GRPO_EXP), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False)
+    return run_command([GRPO_EXP, *args], cwd=cwd, timeout=timeout)
 
 
 def test_evaluate_finds_the_config_directories_a_run_had(tmp_path):

@@ -15,6 +15,7 @@ import pytest
 from grpo_exp.answers import normalise_answer, phrase, vote_key
 from grpo_exp.run.files import latest_evaluation
 from grpo_exp.run.tracking import read_metrics
+from tests.helpers.cli import run_command
 
 GRPO_EXP = Path(sys.executable).with_name("grpo-exp")
 WORDS = (
@@ -72,7 +73,7 @@ def project(tmp_path_factory) -> Path:
 
 
 def grpo_exp(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(GRPO_EXP), *args], cwd=cwd, capture_output=True, text=True, timeout=1500, check=False)
+    return run_command([GRPO_EXP, *args], cwd=cwd, timeout=1500)
 
 
 @pytest.mark.slow

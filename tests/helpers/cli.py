@@ -10,6 +10,7 @@ from pathlib import Path
 
 from grpo_exp.paths import REPO_ROOT
 from support.config import TINY_RUN
+from tests.helpers import warm
 
 DDP = REPO_ROOT / "accelerate_configs" / "ddp.yaml"
 
@@ -84,13 +85,17 @@ def copied_run(run: CliRun, destination: Path) -> Path:
 def run_cli(
     *args: str, module: str = "grpo_exp.train", timeout: int = 900, env: dict | None = None
 ) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", module, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
+    """`python -m <module> <args>`, its output captured (tests/helpers/warm.py: forked from a warm interpreter when
+    its environment allows)."""
+    return warm.run([sys.executable, "-m", module, *args], None, {**os.environ, **(env or {})}, timeout)
+
+
+def run_command(
+    argv: list, cwd: Path | None = None, timeout: int = 900, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    """`argv` (`python -m <module> ...` or `grpo-exp ...`) from `cwd`, its output captured, as subprocess.run would
+    run it (tests/helpers/warm.py: forked from a warm interpreter when its environment allows)."""
+    return warm.run([str(a) for a in argv], cwd, {**os.environ, **(env or {})}, timeout)
 
 
 def accelerate_launch(

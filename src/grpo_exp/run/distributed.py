@@ -3,6 +3,7 @@
 Every rank runs the whole Hydra job; only the main process evaluates, writes files and logs to W&B.
 """
 
+import atexit
 import os
 from datetime import timedelta
 from pathlib import Path
@@ -43,14 +44,18 @@ def wait_for_everyone() -> None:
         PartialState().wait_for_everyone()
 
 
-def leave_process_group() -> None:
-    """Every rank waits for the others, then the process group is destroyed, before the interpreter exits: a gloo
-    group left to the garbage collector at exit can abort a rank ("terminate called without an active exception",
-    SIGABRT) after its run has finished, and the launcher reports the run failed."""
-    if world_size() == 1:
-        return
+
+def destroy_process_group_at_exit() -> None:
+    """The process group destroyed when the interpreter exits, before its finalisation: a gloo group left to the
+    garbage collector then can abort a rank ("terminate called without an active exception", SIGABRT) after its
+    run has finished, and the launcher reports the run failed. At exit, not at the end of a job: the jobs of a
+    Hydra multirun share the group."""
+    if world_size() > 1:
+        atexit.register(_destroy_process_group)
+
+
+def _destroy_process_group() -> None:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
-        dist.barrier()
         dist.destroy_process_group()
