@@ -44,7 +44,6 @@ def wait_for_everyone() -> None:
         PartialState().wait_for_everyone()
 
 
-
 def destroy_process_group_at_exit() -> None:
     """The process group destroyed when the interpreter exits, before its finalisation: a gloo group left to the
     garbage collector then can abort a rank ("terminate called without an active exception", SIGABRT) after its
