@@ -24,6 +24,7 @@ from reasoning_gym.factory import DATASETS
 from grpo_exp.errors import UserError
 from grpo_exp.plugins import call_user, check_takes, import_callable
 from grpo_exp.schema import AnswerFormat, DataSource
+from grpo_exp.task_levels import level_entries, level_ranges
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,13 @@ def _task_rows(entries: list[dict], data_cfg: DictConfig) -> list[dict]:
     for row, entry in zip(rows, entries, strict=True):
         row["task_name"] = entry["metadata"].get("source_dataset", data_cfg.task)
         row["task_entry"] = json.dumps(entry, default=str)
+    return rows
+
+
+def _level_rows(entries: list[tuple[dict, int]], data_cfg: DictConfig) -> list[dict]:
+    rows = _task_rows([entry for entry, _ in entries], data_cfg)
+    for row, (_, level) in zip(rows, entries, strict=True):
+        row["task_level"] = level
     return rows
 
 
@@ -120,7 +128,10 @@ def _reasoning_gym_mix(data_cfg: DictConfig, size: int, seed: int):
 
 
 def _reasoning_gym_splits(data_cfg: DictConfig) -> tuple[list[dict], list[dict]]:
-    """One seeded stream: the first eval_size distinct questions are held out, the rest (minus repeats) train."""
+    """One seeded stream: the first eval_size distinct questions are held out, the rest (minus repeats) train.
+    With dataset.levels, a stream per task and level (grpo_exp.task_levels), each row with its task_level."""
+    if data_cfg.levels.enabled:
+        return tuple(_level_rows(entries, data_cfg) for entries in level_entries(data_cfg))
     held_out: dict[str, dict] = {}
     train: list[dict] = []
     for item in _reasoning_gym_task(data_cfg):
@@ -295,6 +306,8 @@ def check_data_files(data_cfg: DictConfig) -> None:
         )
     if data_cfg.source is DataSource.reasoning_gym:
         _reasoning_gym_task(data_cfg, size=1)  # its name and task_config, with one generated problem
+        if data_cfg.levels.enabled:
+            level_ranges(data_cfg)  # each task's curriculum, the range of levels, the user's settings
         return
     if data_cfg.source is DataSource.function:
         check_data_function(data_cfg)  # what it returns is checked when it is called, before any model loads

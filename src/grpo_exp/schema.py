@@ -186,6 +186,19 @@ class PromptSchema:
 
 
 @dataclass
+class LevelsSchema:
+    # reasoning-gym's own curricula (grpo_exp.trainer.levels): each task trains at one level of its curriculum at a
+    # time, from `start`, and moves up one level when its held-out accuracy at that level, at a validation
+    # (eval.every), reaches `threshold`; up to `top` (null: the curriculum's highest). Rows are generated for every
+    # level up front: train_size and eval_size rows per level (split among a mix's tasks by weight), so the held-out
+    # evaluation before and after training answers every level.
+    enabled: bool = False
+    start: int = knob(0, ge=0)
+    top: int | None = knob(None, ge=0)
+    threshold: float = knob(0.7, ge=0.0, le=1.0)
+
+
+@dataclass
 class DatasetSchema:
     name: str = MISSING
     source: DataSource = DataSource.reasoning_gym
@@ -212,6 +225,7 @@ class DatasetSchema:
     eval_size: int = knob(32, ge=1)  # held-out problems, never seen in training
     seed: int = knob(0, ge=0)  # the generated problems and the held-out split
     prompt: PromptSchema = field(default_factory=PromptSchema)
+    levels: LevelsSchema = field(default_factory=LevelsSchema)  # reasoning_gym: the tasks' own curricula
 
 
 # ---- reward components (conf/reward/<name>.yaml: each file sets the component's weight) -------------------------

@@ -31,6 +31,7 @@ from grpo_exp.run.heldout import (
 from grpo_exp.run.resolve import RunSpec
 from grpo_exp.run.resume import Attempt, write_record
 from grpo_exp.run.validation import untouched_rng
+from grpo_exp.trainer.levels import TaskLevels, accuracy_by_level
 from grpo_exp.verification.benchmark import load_benchmark
 
 log = logging.getLogger("grpo_exp.train")
@@ -41,11 +42,20 @@ class HeldoutEval:
     their held-out measures too; the verification benchmark when it is on; pass@k / maj@k from sampled answers.
     `run_dir`: where eval_<when>.jsonl and the benchmark go."""
 
-    def __init__(self, spec: RunSpec, parts: RunParts, tokenizer, heldout: Dataset, run_dir: Path, train: Dataset):
+    def __init__(
+        self,
+        spec: RunSpec,
+        parts: RunParts,
+        tokenizer,
+        heldout: Dataset,
+        run_dir: Path,
+        train: Dataset,
+        levels: TaskLevels | None = None,
+    ):
+        """`levels` (dataset.levels): validations answer the held-out rows at the tasks' current levels, and raise
+        the levels they measure as mastered."""
         self.spec, self.parts, self.tokenizer = spec, parts, tokenizer
-        self.heldout, self.train, self.run_dir = heldout, train, run_dir
-        every_problems = spec.cfg.eval.every_problems or len(heldout)
-        self.problems = heldout.select(range(min(every_problems, len(heldout))))  # what validations answer
+        self.heldout, self.train, self.run_dir, self.levels = heldout, train, run_dir, levels
         self.before: EvalResult | None = None
         self.after: EvalResult | None = None
         self.benchmark = None  # the verification benchmark's examples, once built
@@ -67,14 +77,24 @@ class HeldoutEval:
             self.before = self.measure(model, "before")
         self.seconds = time.perf_counter() - started
 
+    def problem_rows(self) -> list[int]:
+        """What a validation answers: the first eval.every_problems held-out rows (at the current levels)."""
+        rows = self.levels.heldout_rows() if self.levels is not None else range(len(self.heldout))
+        return list(rows)[: self.spec.cfg.eval.every_problems or None]
+
+    @property
+    def problems(self) -> Dataset:
+        return self.heldout.select(self.problem_rows())
+
     def validate(self, model, step: int) -> dict[str, float]:
         """A validation's metrics on `problems` (greedy; pass@k / maj@k with eval.every_samples)."""
         eval_cfg = self.spec.cfg.eval
-        result = run_heldout_accuracy(model, self.tokenizer, self.problems, self.spec, self.parts, None)
+        problems = self.problems
+        result = run_heldout_accuracy(model, self.tokenizer, problems, self.spec, self.parts, None)
         self.validated = (step, result)
-        metrics = validation_metrics(result.samples, self.parts)
+        metrics = self._scored(result.samples, step)
         if eval_cfg.every_samples:
-            sampled = self.sampled(model, self.problems, eval_cfg.every_samples)
+            sampled = self.sampled(model, problems, eval_cfg.every_samples)
             metrics |= {f"heldout/{key}": value for key, value in sampled.metrics.items()}
         return metrics
 
@@ -83,12 +103,20 @@ class HeldoutEval:
         it ran (greedy: the same answers, up to the padding of a last, partial batch), scored as validations are."""
         if self.before is None or self.spec.cfg.eval.every_samples:
             return self.validate(model, 0)
-        return validation_metrics(self.before.samples[: len(self.problems)], self.parts)
+        return self._scored([self.before.samples[row] for row in self.problem_rows()], 0)
+
+    def _scored(self, samples: list[dict], step: int) -> dict[str, float]:
+        """A validation's metrics; with dataset.levels, the levels raised where mastered, and each task's level."""
+        metrics = validation_metrics(samples, self.parts)
+        if self.levels is not None:
+            self.levels.raise_levels(samples, step)
+            metrics |= self.levels.metrics()
+        return metrics
 
     def after_training(self, model, step: int) -> None:
         """The accuracy after training; a validation at this step on every held-out problem has answered already."""
         validated = self.validated
-        reuse = validated is not None and validated[0] == step and len(self.problems) == len(self.heldout)
+        reuse = validated is not None and validated[0] == step and len(self.problem_rows()) == len(self.heldout)
         self.after = self.measure(model, "after", answered=validated[1] if reuse else None)
 
     # ---- any model --------------------------------------------------------------------------------------------
@@ -169,6 +197,11 @@ class HeldoutEval:
         tasks = sorted({key.split("/", 1)[1] for r in (self.before, self.after) if r for key in r.tasks if "/" in key})
         if tasks:  # a reasoning-gym mix: heldout_accuracy_<task>_before / _after
             summary["heldout_tasks"] = tasks
+        if self.levels is not None:  # each task's level reached, and the accuracy at every level
+            summary |= {f"level_{task}_final": level for task, level in sorted(self.levels.current.items())}
+            for when, result in (("before", self.before), ("after", self.after)):
+                accuracies = accuracy_by_level(result.samples) if result is not None else {}
+                summary |= {f"heldout_accuracy_{task}_level{lv}_{when}": a for (task, lv), a in accuracies.items()}
         return summary | format_and_content(summary)
 
 

@@ -38,9 +38,12 @@ from grpo_exp.run.sample_log import SampleLog
 from grpo_exp.run.tracking import MetricsFileCallback, Tracker, run_identity
 from grpo_exp.run.validation import PeriodicValidation, Schedule
 from grpo_exp.run.wandb_offline import RECORD_KEY, segments_so_far, sync_command
+from grpo_exp.task_levels import level_ranges
 from grpo_exp.trainer.config import ddp_timeout
 from grpo_exp.trainer.curriculum import STATE_FILE as CURRICULUM_FILE
-from grpo_exp.trainer.curriculum import DifficultyPool, SavePool
+from grpo_exp.trainer.curriculum import DifficultyPool, SaveState
+from grpo_exp.trainer.levels import STATE_FILE as LEVELS_FILE
+from grpo_exp.trainer.levels import LevelChooser, TaskLevels
 from grpo_exp.trainer.trainer import GRPOExpTrainer
 from grpo_exp.trainer.trl_batch import as_rollout_func
 
@@ -65,10 +68,11 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
     tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
     model = load_model(cfg.model, tokenizer, cfg.cache_dir, cfg.trainer.seed, spec.policy_dtype)
     tracked = open_tracker(spec, hydra_cfg, run_dir)
-    evaluation = HeldoutEval(spec, parts, tokenizer, heldout, run_dir, train_set)
+    levels = task_levels(spec, train_set, heldout)
+    evaluation = HeldoutEval(spec, parts, tokenizer, heldout, run_dir, train_set, levels)
     failed, summary = True, {"heldout_accuracy_after": None}
     try:
-        trainer = make_trainer(spec, parts, model, tokenizer, train_set, run_dir, tracked.tracker)
+        trainer = make_trainer(spec, parts, model, tokenizer, train_set, run_dir, tracked.tracker, levels)
         validation = add_callbacks(trainer, spec, parts, evaluation, tracked, run_dir)
         started = time.perf_counter()
         with interruptible(trainer):
@@ -132,15 +136,16 @@ def open_tracker(spec: RunSpec, hydra_cfg: DictConfig, run_dir: Path) -> Tracked
     return TrackedRun(tracker, name, segments_so_far(spec.attempt, offline, run_id) if main else [])
 
 
-def make_trainer(spec: RunSpec, parts: RunParts, model, tokenizer, train_set, run_dir: Path, tracker: Tracker):
+def make_trainer(spec: RunSpec, parts: RunParts, model, tokenizer, train_set, run_dir: Path, tracker: Tracker, levels):
     cfg = spec.cfg
     sample_log = SampleLog(run_dir / SAMPLES_FILE, tracker)
     pool = difficulty_pool(spec, train_set)
+    chooser = pool if levels is None else LevelChooser(levels, pool, cfg.trainer.seed)
     trainer = GRPOExpTrainer(
         verifier=parts.verifier,
         stats_cfg=cfg.stats,
         selfverify=parts.selfverify,
-        curriculum=pool,
+        curriculum=chooser,
         log_histograms=tracker.log_histograms,
         log_samples=sample_log.write,
         model=model,
@@ -156,8 +161,24 @@ def make_trainer(spec: RunSpec, parts: RunParts, model, tokenizer, train_set, ru
         trainer.remove_callback(dict_dump)
     parts.bind_policy(trainer.model, tokenizer)
     if pool is not None:
-        trainer.add_callback(SavePool(pool))
+        trainer.add_callback(SaveState(pool, CURRICULUM_FILE))
+    if levels is not None:
+        trainer.add_callback(SaveState(levels, LEVELS_FILE))
     return trainer
+
+
+def task_levels(spec: RunSpec, train_set, heldout) -> TaskLevels | None:
+    """dataset.levels.enabled: each task's level, from its start; a resumed run's, from its checkpoint."""
+    levels_cfg = spec.cfg.dataset.levels
+    if not levels_cfg.enabled:
+        return None
+    ranges = level_ranges(spec.cfg.dataset)
+    rows = [list(zip(split["task_name"], split["task_level"], strict=True)) for split in (train_set, heldout)]
+    start, top = ({task.name: getattr(task, end) for task in ranges} for end in ("start", "top"))
+    levels = TaskLevels(*rows, start, top, levels_cfg.threshold)
+    if spec.attempt:
+        levels.load(spec.attempt.checkpoint / LEVELS_FILE)
+    return levels
 
 
 def difficulty_pool(spec: RunSpec, train_set) -> DifficultyPool | None:

@@ -138,12 +138,14 @@ def heldout_accuracy(
         stats = trajectory_statistics(details, label_values(labels), verifier.answer)
     scored = [label for label in labels if label is not None]
     columns = [dataset[key] for key in ("question", "prompt", "solution")]
-    tasks = dataset["task_name"] if "task_name" in dataset.column_names else [None] * len(dataset)
+    # a reasoning-gym row's task and (dataset.levels) level
+    tagged = {key: dataset[key] for key in ("task_name", "task_level") if key in dataset.column_names}
+    tags = [{key: values[i] for key, values in tagged.items()} for i in range(len(dataset))]
     samples = [
         {"question": q, "prompt": p, "solution": s, "completion": c, "answer": verifier.answer(c), "correct": label}
-        | ({"task_name": task} if task is not None else {})
+        | tag
         | extra
-        for q, p, s, c, label, task, extra in zip(*columns, completions, labels, tasks, details, strict=True)
+        for q, p, s, c, label, tag, extra in zip(*columns, completions, labels, tags, details, strict=True)
     ]
     correct = sum(scored)
     lenient = [lenient_match(s["completion"], s["solution"]) for s in samples if s["correct"] is not None]

@@ -126,7 +126,7 @@ ONLY_WITH: tuple[OnlyWith, ...] = (
     ),
     # ---- dataset: each source reads its own options
     OnlyWith(
-        ("dataset.task", "dataset.task_config", "dataset.tasks"),
+        ("dataset.task", "dataset.task_config", "dataset.tasks", "dataset.levels"),
         lambda cfg: cfg.dataset.source is DataSource.reasoning_gym,
         "for a reasoning-gym task (dataset.source=reasoning_gym)",
         _dataset_here,
@@ -342,6 +342,14 @@ ONLY_WITH: tuple[OnlyWith, ...] = (
         lambda cfg: "curriculum.enabled=false",
         "set curriculum.enabled=true too",
         but=("curriculum.enabled",),
+    ),
+    OnlyWith(
+        ("dataset.levels",),
+        lambda cfg: cfg.dataset.levels.enabled,
+        "by reasoning-gym's curricula (dataset.levels.enabled=true)",
+        lambda cfg: "dataset.levels.enabled=false",
+        "set dataset.levels.enabled=true too",
+        but=("dataset.levels.enabled",),
     ),
     OnlyWith(
         ("eval.verification_benchmark",),

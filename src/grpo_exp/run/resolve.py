@@ -118,6 +118,8 @@ def resolve(
         check_task(spec.selfverify, cfg.trainer, cfg.algorithm)
     check_validation(cfg.eval, cfg.trainer, tuple(name for name in spec.components if name in GRADED_COMPONENTS))
     check_curriculum(cfg.curriculum)
+    if not evaluating:
+        check_levels(cfg)
     check_data_files(cfg.dataset)
     check_reachable(cfg.model)
     attempt = resolve_attempt(cfg.trainer.resume, Path(cfg.outputs_dir), saved_config)
@@ -142,6 +144,15 @@ def check_curriculum(curriculum_cfg: DictConfig) -> None:
         raise UserError(
             f"curriculum.low={curriculum_cfg.low} and curriculum.high={curriculum_cfg.high}: the band of pass rates "
             "to train on needs low < high"
+        )
+
+
+def check_levels(cfg: DictConfig) -> None:
+    """dataset.levels raises a task's level at validations: a run without them would stay at the start."""
+    if cfg.dataset.levels.enabled and not cfg.eval.every:
+        raise UserError(
+            "dataset.levels.enabled=true raises a task's level when a validation finds it mastered, and eval.every=0 "
+            "runs no validation: set eval.every=N (and eval.every_problems to bound its cost)"
         )
 
 

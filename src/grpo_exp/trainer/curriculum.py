@@ -44,17 +44,19 @@ class DifficultyPool:
             if row is not None and not math.isnan(rate):
                 self.rates.setdefault(row, deque(maxlen=self.window)).append(rate)
 
-    def choose(self, groups: int, step: int) -> list[int]:
+    def choose(self, groups: int, step: int, among: list[int] | None = None) -> list[int]:
         """The training rows of a step's `groups` groups (every process's): `revisit` of them (rounded, at least one
         when any rate is outside the band and revisit > 0) from outside the band, the others from inside it; without
-        repeats while each side has enough rows."""
+        repeats while each side has enough rows. `among`: the rows to choose from (dataset.levels: those at the
+        current levels), else all."""
         rng = random.Random(self.seed * 1_000_003 + step)
-        inside = [row for row in range(self.size) if self.in_band(row)]
-        outside = [row for row in range(self.size) if not self.in_band(row)]
+        rows = range(self.size) if among is None else among
+        inside = [row for row in rows if self.in_band(row)]
+        outside = [row for row in rows if not self.in_band(row)]
         revisits = min(len(outside), max(round(self.revisit * groups), 1 if self.revisit > 0 else 0))
         if not inside:  # everything is too easy or too hard: draw from all of it
             inside, revisits = outside, 0
-        chosen = _draw(rng, outside, revisits) + _draw(rng, inside, groups - revisits)
+        chosen = draw(rng, outside, revisits) + draw(rng, inside, groups - revisits)
         rng.shuffle(chosen)
         return chosen
 
@@ -87,7 +89,7 @@ class DifficultyPool:
             self.rates = {int(row): deque(seen, maxlen=self.window) for row, seen in saved.items()}
 
 
-def _draw(rng: random.Random, rows: list[int], count: int) -> list[int]:
+def draw(rng: random.Random, rows: list[int], count: int) -> list[int]:
     """`count` of `rows`, without repeats while there are enough of them."""
     if count <= 0 or not rows:
         return []
@@ -95,14 +97,15 @@ def _draw(rng: random.Random, rows: list[int], count: int) -> list[int]:
     return [row for _ in range(whole) for row in rng.sample(rows, len(rows))] + rng.sample(rows, rest)
 
 
-class SavePool(TrainerCallback):
-    """The pool beside each checkpoint the trainer saves (main process), for a resumed run to continue it."""
+class SaveState(TrainerCallback):
+    """A run's state (the difficulty pool, the task levels: any object with save(path)) beside each checkpoint the
+    trainer saves (main process), as `file`, for a resumed run to continue it."""
 
-    def __init__(self, pool: DifficultyPool):
-        self.pool = pool
+    def __init__(self, state, file: str):
+        self.state, self.file = state, file
 
     def on_save(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
             directory = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             if directory.is_dir():
-                self.pool.save(directory / STATE_FILE)
+                self.state.save(directory / self.file)

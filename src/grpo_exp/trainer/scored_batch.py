@@ -14,7 +14,17 @@ from grpo_exp.rollout.multiturn import TRAJECTORY_FIELDS
 from grpo_exp.text import completion_text
 
 # Dataset / rollout columns carried from the inputs into the ScoredBatch rows (None where a row lacks them).
-ROW_KEYS = ("question", "solution", "task", "verify_label", "pass_rate", "task_name", "task_entry", *TRAJECTORY_FIELDS)
+ROW_KEYS = (
+    "question",
+    "solution",
+    "task",
+    "verify_label",
+    "pass_rate",
+    "task_name",
+    "task_level",
+    "task_entry",
+    *TRAJECTORY_FIELDS,
+)
 
 
 @dataclass

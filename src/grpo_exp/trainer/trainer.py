@@ -23,12 +23,15 @@ from grpo_exp.rollout.flow import broadcast_to_turns, trajectory_statistics
 from grpo_exp.stats import group_statistics, group_std, label_values, per_task_means, score_statistics
 from grpo_exp.text import completion_text
 from grpo_exp.trainer.curriculum import DifficultyPool
+from grpo_exp.trainer.levels import LevelChooser
 from grpo_exp.trainer.scored_batch import ScoredBatch
 from grpo_exp.trainer.seam import HookedGRPOTrainer
 from grpo_exp.verification.labels import Labels
 from grpo_exp.verification.p_yes import verdict_log_probabilities, yes_no_token_ids
 from grpo_exp.verification.selfverify import NO, YES
 from grpo_exp.verification.task import VERIFY, Ranks, SelfVerificationTask
+
+TASK_COLUMNS = ("task_name", "task_level")  # a reasoning-gym row's task and (dataset.levels) level, in the samples
 
 
 class GRPOExpTrainer(HookedGRPOTrainer):
@@ -38,7 +41,7 @@ class GRPOExpTrainer(HookedGRPOTrainer):
         verifier: Labels,
         stats_cfg,
         selfverify: SelfVerificationTask | None = None,
-        curriculum: DifficultyPool | None = None,
+        curriculum: DifficultyPool | LevelChooser | None = None,
         log_histograms: Callable[[int, dict], None] | None = None,
         log_samples: Callable[[int, list[dict]], None] | None = None,
         **kwargs,
@@ -119,9 +122,9 @@ class GRPOExpTrainer(HookedGRPOTrainer):
         """Each group's pass rate (every process's groups: the same on each) into the pool, its histogram logged."""
         questions = [row["question"] for row in batch.rows[:: batch.group_size]]
         self.curriculum.observe(questions, torch.nanmean(batch.grouped(correct), dim=1).tolist())
-        if self.log_histograms is not None and self.accelerator.is_main_process:
-            rates = {"curriculum/pass_rate_hist": self.curriculum.pass_rates()}
-            self.log_histograms(self.state.global_step + 1, rates)
+        rates = self.curriculum.pass_rates()  # none when only the task levels choose
+        if rates and self.log_histograms is not None and self.accelerator.is_main_process:
+            self.log_histograms(self.state.global_step + 1, {"curriculum/pass_rate_hist": rates})
 
     def after_scoring(self, batch: ScoredBatch) -> None:
         started = time.perf_counter()
@@ -217,6 +220,7 @@ class GRPOExpTrainer(HookedGRPOTrainer):
                         "step": step,
                         "group": group,
                         "task": batch.rows[i]["task"] or "generate",
+                        **{key: batch.rows[i][key] for key in TASK_COLUMNS if batch.rows[i].get(key) is not None},
                         "prompt": completion_text(batch.prompts[i]),
                         "completion": texts[i],
                         "answer": self.verifier.answer(texts[i]),
