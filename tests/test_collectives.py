@@ -212,3 +212,28 @@ def test_multi_turn_evaluation_under_zero3_runs_on_the_gathered_weights(tmp_path
     assert summary["heldout_accuracy_after"] is not None and "heldout_rollout_turns_mean_after" in summary, sorted(
         summary
     )
+
+
+@pytest.mark.e2e
+def test_under_two_processes_every_rank_raises_the_task_levels_together(tmp_path):
+    """dataset.levels: both ranks validate on the same gathered answers, so both raise the levels at the same
+    validation and draw the next step's prompts at the new level (samples.jsonl holds every rank's groups)."""
+    result = recorded_launch(
+        tmp_path,
+        "dataset=reasoning_gym_mix",
+        "dataset.eval_size=6",
+        "dataset.train_size=12",
+        "dataset.levels.enabled=true",
+        "dataset.levels.top=1",
+        "dataset.levels.threshold=0.0",
+        "eval.every=1",
+        "reward=task_score",
+        "verifier.labels=task_score",
+        "stats.table_every=1",
+        "stats.table_groups=8",
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert_same_calls(tmp_path)
+    samples = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+    assert {s["task_level"] for s in samples} == {1}, "raised at the initial validation, on both ranks"
+    assert len({s["group"] for s in samples if s["step"] == 1}) == 2, "both ranks' groups"
