@@ -31,13 +31,13 @@ FEATURES = {
         "eval.every_problems=3",
         "eval.keep_top_k=2",
     ],
-    "selfverify joint, held-out verification benchmark": [
+    "selfverify joint, supervised, held-out verification benchmark": [
         *SELFVERIFY,
+        "reward.components.selfverify.objective=supervised",
         "eval.verification_benchmark.enabled=true",
         "eval.verification_benchmark.problems=4",
     ],
     "selfverify verify_only": [*SELFVERIFY, "reward.components.selfverify.schedule=verify_only"],
-    "selfverify supervised": [*SELFVERIFY, "reward.components.selfverify.objective=supervised"],
     "multi-turn rollout": ["rollout=multiturn"],
 }
 

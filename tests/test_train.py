@@ -103,7 +103,7 @@ def test_embedded_model_with_the_self_verification_task(tmp_path):
     run_dir = tmp_path / "run"
     result = run_cli(
         "reward=math+format+selfverify",
-        "trainer.max_steps=2",
+        "trainer.max_steps=1",
         "trainer.max_completion_length=48",
         "trainer.prompts_per_step=3",
         "dataset.eval_size=6",
