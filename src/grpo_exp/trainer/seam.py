@@ -1,18 +1,18 @@
-"""The one seam between grpo_exp and TRL's GRPOTrainer internals: it reads TRL's state and overrides TRL's methods,
-each override a short delegation to a feature module beside it (zero_variance, imputation, sampling, shared_prompt,
-advantages, losses, scored_batch). It translates; the features decide. What it touches of TRL 1.16 is declared in
-grpo_exp.trainer.trl_contract (and trl_batch: the generation batch's layout), which tests/test_trl_contract.py checks
-against the installed TRL. The trainer subclass (grpo_exp.trainer.trainer) sees hooks and a typed ScoredBatch.
+"""The one seam between grpo_exp and TRL's GRPOTrainer internals: it overrides TRL's methods, each override a short
+delegation to a feature module beside it (zero_variance, imputation, sampling, shared_prompt, advantages, losses,
+scored_batch), and reads TRL's state of the batch for them. It translates; the features decide. What grpo_exp's run
+and tests call on the trainer is TRL's surface (grpo_exp.trainer.trl_surface), mixed into the same class. What both
+touch of TRL 1.16 is declared in grpo_exp.trainer.trl_contract (and trl_batch: the generation batch's layout), which
+tests/test_trl_contract.py checks against the installed TRL. The trainer subclass (grpo_exp.trainer.trainer) sees
+hooks and a typed ScoredBatch.
 """
 
-import contextlib
 import functools
 
 import torch
 from accelerate.utils import gather_object
 from trl import GRPOTrainer
 from trl.extras.profiling import profiling_context
-from trl.models.utils import unwrap_model_for_generation
 
 from grpo_exp.schema import ZeroVarianceGroups
 from grpo_exp.trainer.advantages import TRL_ADVANTAGES, estimate
@@ -22,10 +22,11 @@ from grpo_exp.trainer.losses import policy_loss
 from grpo_exp.trainer.sampling import Sampler, fast_generation_pays
 from grpo_exp.trainer.scored_batch import ROW_KEYS, ScoredBatch, aggregated_reward
 from grpo_exp.trainer.shared_prompt import shared_prompt_forward
+from grpo_exp.trainer.trl_surface import TRLSurface
 from grpo_exp.trainer.zero_variance import fresh_inputs, informative_loss, leaves_groups_out, no_spread_groups, settle
 
 
-class HookedGRPOTrainer(TrainingHooks, GRPOTrainer):
+class HookedGRPOTrainer(TrainingHooks, TRLSurface, GRPOTrainer):
     """TRL's GRPOTrainer, unmodified, with the hooks (grpo_exp.trainer.hooks) called around its training step, and
     grpo_exp's trainer knobs read from `args` (a GRPOExpConfig)."""
 
@@ -46,65 +47,6 @@ class HookedGRPOTrainer(TrainingHooks, GRPOTrainer):
             aux_loss=self.aux_loss_enabled,
         )
         self._imputed = None
-
-    # ---- public: what grpo_exp and its tests may call ------------------------------------------------------
-
-    def record_metric(self, key: str, value: float) -> None:
-        """A scalar for this step: averaged with TRL's own metrics over the logging step, logged alongside them."""
-        self._metrics["train"][key].append(value)
-
-    def _record(self, metrics: dict[str, float]) -> None:
-        for key, value in metrics.items():
-            self.record_metric(key, value)
-
-    def save_model_to(self, directory) -> None:
-        """The model (and tokenizer) alone, for inference: every process calls it (sharded weights are gathered)."""
-        self.save_model(str(directory))
-
-    def batch_layout(self) -> dict:
-        """As TRL runs it: the group size and the per-process batch it derived, over this many processes."""
-        return {
-            "trl_num_generations": self.num_generations,
-            "per_device_train_batch_size": self.args.per_device_train_batch_size,
-            "processes": self.accelerator.num_processes,
-        }
-
-    def save_checkpoint(self) -> None:
-        """A resumable checkpoint of the current step: weights, optimiser, scheduler, RNG, trainer state."""
-        self._save_checkpoint(self.model, trial=None)
-
-    def generate_and_score(self, inputs: list[dict]) -> dict:
-        """TRL's generation batch for `inputs` (each prompt's row G times), as the training loop makes it."""
-        return self._generate_and_score_completions(inputs)
-
-    def per_token_logps(
-        self, model, input_ids, attention_mask, logits_to_keep: int, compute_entropy: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The loss forward: each completion token's log-probability (and entropy), [B, logits_to_keep]."""
-        logps, entropies, _ = self._get_per_token_logps_and_entropies(
-            model, input_ids, attention_mask, logits_to_keep, compute_entropy=compute_entropy
-        )
-        return logps, entropies
-
-    @property
-    def sampling_settings(self) -> tuple[int, float]:
-        """(max new tokens, temperature) of training's sampling."""
-        return self.max_completion_length, self.temperature
-
-    @contextlib.contextmanager
-    def policy_for_generation(self):
-        """The policy, ready to generate outside a training step (held-out evaluation): unwrapped as TRL unwraps it
-        for its own generation; under ZeRO-3 its parameters gathered once (trainer.extra.ds3_gather_for_generation),
-        so that generation makes no collective call per forward and every process may run its own number of them."""
-        gather = self.args.ds3_gather_for_generation
-        with unwrap_model_for_generation(
-            self.model_wrapped, self.accelerator, gather_deepspeed3_params=gather
-        ) as model:
-            yield model
-
-    def last_rewards(self, name: str) -> list[float]:
-        """Reward component `name` of every completion of the last generation batch (gathered), as TRL logged it."""
-        return list(self._logs["rewards"][name])
 
     # ---- TRL's methods, overridden -------------------------------------------------------------------------
 
