@@ -34,14 +34,14 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 def run(argv: list[str], cwd: Path | None, env: dict, timeout: float) -> subprocess.CompletedProcess:
     """`argv` (`python -m <module> ...` or a console script of this environment) as subprocess.run(capture_output,
     text) would run it: warm when it can, else cold."""
-    request = _request(argv, cwd, env)
+    request = _request(argv, cwd)
     server = _server() if request is not None else None
     if server is None or not server.same_imports(env):
         return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
     return server.run(request, argv, timeout)
 
 
-def _request(argv: list[str], cwd: Path | None, env: dict) -> dict | None:
+def _request(argv: list[str], cwd: Path | None) -> dict | None:
     """What the server runs: a module, the interpreter's sys.argv and sys.path[0], as `python -m` or the console
     script would have them; None for anything else."""
     directory = str(cwd or os.getcwd())
@@ -49,14 +49,8 @@ def _request(argv: list[str], cwd: Path | None, env: dict) -> dict | None:
         return {"module": argv[2], "args": argv[3:], "argv0": argv[2], "path0": directory, "cwd": directory}
     script = Path(argv[0])
     if script.parent == Path(sys.executable).parent and script.name == "grpo-exp":
-        args = argv[1:]
-        return {
-            "module": "grpo_exp.cli",
-            "args": args,
-            "argv0": str(script),
-            "path0": str(script.parent),
-            "cwd": directory,
-        }
+        path0 = str(script.parent)
+        return {"module": "grpo_exp.cli", "args": argv[1:], "argv0": str(script), "path0": path0, "cwd": directory}
     return None
 
 
@@ -82,7 +76,7 @@ class Server:
     def run(self, request: dict, argv: list[str], timeout: float) -> subprocess.CompletedProcess:
         with self.lock, tempfile.TemporaryDirectory(prefix="warm-") as directory:
             out, err = Path(directory) / "stdout", Path(directory) / "stderr"
-            request = {**request, "env": None, "stdout": str(out), "stderr": str(err), "timeout": timeout}
+            request = {**request, "stdout": str(out), "stderr": str(err), "timeout": timeout}
             self.process.stdin.write(json.dumps(request) + "\n")
             self.process.stdin.flush()
             reply = json.loads(self.process.stdout.readline())
@@ -104,9 +98,9 @@ def _server() -> Server | None:
     global _SERVER
     if os.environ.get("GRPO_EXP_TEST_COLD") == "1":
         return None
-    if _SERVER is None or _SERVER.process.poll() is not None:
+    if _SERVER is None or (_SERVER.ready and _SERVER.process.poll() is not None):  # never started, or it died
         _SERVER = Server()
-    return _SERVER if _SERVER.ready else None
+    return _SERVER if _SERVER.ready else None  # one that could not start is not started again
 
 
 # ---- the server ------------------------------------------------------------------------------------------------

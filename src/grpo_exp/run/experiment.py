@@ -38,7 +38,6 @@ from grpo_exp.run.sample_log import SampleLog
 from grpo_exp.run.tracking import MetricsFileCallback, Tracker, run_identity
 from grpo_exp.run.validation import PeriodicValidation, Schedule
 from grpo_exp.run.wandb_offline import RECORD_KEY, segments_so_far, sync_command
-from grpo_exp.task_levels import level_ranges
 from grpo_exp.trainer.config import ddp_timeout
 from grpo_exp.trainer.curriculum import STATE_FILE as CURRICULUM_FILE
 from grpo_exp.trainer.curriculum import DifficultyPool, SaveState
@@ -136,7 +135,16 @@ def open_tracker(spec: RunSpec, hydra_cfg: DictConfig, run_dir: Path) -> Tracked
     return TrackedRun(tracker, name, segments_so_far(spec.attempt, offline, run_id) if main else [])
 
 
-def make_trainer(spec: RunSpec, parts: RunParts, model, tokenizer, train_set, run_dir: Path, tracker: Tracker, levels):
+def make_trainer(
+    spec: RunSpec,
+    parts: RunParts,
+    model,
+    tokenizer,
+    train_set,
+    run_dir: Path,
+    tracker: Tracker,
+    levels: TaskLevels | None,
+):
     cfg = spec.cfg
     sample_log = SampleLog(run_dir / SAMPLES_FILE, tracker)
     pool = difficulty_pool(spec, train_set)
@@ -172,9 +180,10 @@ def task_levels(spec: RunSpec, train_set, heldout) -> TaskLevels | None:
     levels_cfg = spec.cfg.dataset.levels
     if not levels_cfg.enabled:
         return None
-    ranges = level_ranges(spec.cfg.dataset)
     rows = [list(zip(split["task_name"], split["task_level"], strict=True)) for split in (train_set, heldout)]
-    start, top = ({task.name: getattr(task, end) for task in ranges} for end in ("start", "top"))
+    start, top = {}, {}  # each task's range: the levels its rows were generated at
+    for task, level in rows[0] + rows[1]:
+        start[task], top[task] = min(start.get(task, level), level), max(top.get(task, level), level)
     levels = TaskLevels(*rows, start, top, levels_cfg.threshold)
     if spec.attempt:
         levels.load(spec.attempt.checkpoint / LEVELS_FILE)
@@ -204,7 +213,7 @@ def add_callbacks(
         kept = KeptModels(run_dir, trainer.save_model_to, eval_cfg.best_metric, eval_cfg.keep_top_k)
         learned = tuple(func.__name__ for func in parts.reward_funcs if func.__name__ in GRADED_COMPONENTS)
         validation = PeriodicValidation(
-            Schedule.of(eval_cfg, len(evaluation.problems)),
+            Schedule.of(eval_cfg, len(evaluation.problem_rows())),
             validate=on_policy.validate,
             record=trainer.record_metric,
             log_now=trainer.log,

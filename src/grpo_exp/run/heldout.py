@@ -39,6 +39,7 @@ from grpo_exp.stats import (
     score_statistics,
 )
 from grpo_exp.text import prompt_text
+from grpo_exp.trainer.scored_batch import TASK_COLUMNS
 from grpo_exp.verification.benchmark import (
     benchmark_key,
     build_benchmark,
@@ -138,8 +139,7 @@ def heldout_accuracy(
         stats = trajectory_statistics(details, label_values(labels), verifier.answer)
     scored = [label for label in labels if label is not None]
     columns = [dataset[key] for key in ("question", "prompt", "solution")]
-    # a reasoning-gym row's task and (dataset.levels) level
-    tagged = {key: dataset[key] for key in ("task_name", "task_level") if key in dataset.column_names}
+    tagged = {key: dataset[key] for key in TASK_COLUMNS if key in dataset.column_names}
     tags = [{key: values[i] for key, values in tagged.items()} for i in range(len(dataset))]
     samples = [
         {"question": q, "prompt": p, "solution": s, "completion": c, "answer": verifier.answer(c), "correct": label}

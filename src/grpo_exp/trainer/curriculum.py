@@ -49,7 +49,7 @@ class DifficultyPool:
         when any rate is outside the band and revisit > 0) from outside the band, the others from inside it; without
         repeats while each side has enough rows. `among`: the rows to choose from (dataset.levels: those at the
         current levels), else all."""
-        rng = random.Random(self.seed * 1_000_003 + step)
+        rng = step_rng(self.seed, step)
         rows = range(self.size) if among is None else among
         inside = [row for row in rows if self.in_band(row)]
         outside = [row for row in rows if not self.in_band(row)]
@@ -87,6 +87,11 @@ class DifficultyPool:
         if path.is_file():
             saved = json.loads(path.read_text(encoding="utf-8"))
             self.rates = {int(row): deque(seen, maxlen=self.window) for row, seen in saved.items()}
+
+
+def step_rng(seed: int, step: int) -> random.Random:
+    """The draw of a step: the same on every process."""
+    return random.Random(seed * 1_000_003 + step)
 
 
 def draw(rng: random.Random, rows: list[int], count: int) -> list[int]:

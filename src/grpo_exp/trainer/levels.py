@@ -9,10 +9,9 @@ with checkpoints (levels.json) for resume.
 
 import json
 import logging
-import random
 from pathlib import Path
 
-from grpo_exp.trainer.curriculum import DifficultyPool, draw
+from grpo_exp.trainer.curriculum import DifficultyPool, draw, step_rng
 
 STATE_FILE = "levels.json"  # each task's level, in each checkpoint directory
 
@@ -70,12 +69,7 @@ class TaskLevels:
 
 def level_accuracies(samples: list[dict], current: dict[str, int]) -> dict[str, float]:
     """Each task's accuracy over the samples at its current level (None labels left out). Pure."""
-    counts: dict[str, list[int]] = {}
-    for sample in samples:
-        task, correct = sample.get("task_name"), sample.get("correct")
-        if task in current and sample.get("task_level") == current[task] and correct is not None:
-            counts.setdefault(task, []).append(int(bool(correct)))
-    return {task: sum(values) / len(values) for task, values in counts.items()}
+    return {task: a for (task, level), a in accuracy_by_level(samples).items() if current.get(task) == level}
 
 
 class LevelChooser:
@@ -89,8 +83,7 @@ class LevelChooser:
         rows = self.levels.train_rows()
         if self.pool is not None:
             return self.pool.choose(groups, step, among=rows)
-        rng = random.Random(self.seed * 1_000_003 + step)
-        return draw(rng, rows, groups)
+        return draw(step_rng(self.seed, step), rows, groups)
 
     def observe(self, questions: list[str], pass_rates: list[float]) -> None:
         if self.pool is not None:

@@ -13,6 +13,8 @@ from trl.trainer.utils import nanstd
 from grpo_exp.rollout.multiturn import TRAJECTORY_FIELDS
 from grpo_exp.text import completion_text
 
+TASK_COLUMNS = ("task_name", "task_level")  # a reasoning-gym row's task and (dataset.levels) level
+
 # Dataset / rollout columns carried from the inputs into the ScoredBatch rows (None where a row lacks them).
 ROW_KEYS = (
     "question",
@@ -20,8 +22,7 @@ ROW_KEYS = (
     "task",
     "verify_label",
     "pass_rate",
-    "task_name",
-    "task_level",
+    *TASK_COLUMNS,
     "task_entry",
     *TRAJECTORY_FIELDS,
 )

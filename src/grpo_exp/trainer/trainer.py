@@ -24,14 +24,12 @@ from grpo_exp.stats import group_statistics, group_std, label_values, per_task_m
 from grpo_exp.text import completion_text
 from grpo_exp.trainer.curriculum import DifficultyPool
 from grpo_exp.trainer.levels import LevelChooser
-from grpo_exp.trainer.scored_batch import ScoredBatch
+from grpo_exp.trainer.scored_batch import TASK_COLUMNS, ScoredBatch
 from grpo_exp.trainer.seam import HookedGRPOTrainer
 from grpo_exp.verification.labels import Labels
 from grpo_exp.verification.p_yes import verdict_log_probabilities, yes_no_token_ids
 from grpo_exp.verification.selfverify import NO, YES
 from grpo_exp.verification.task import VERIFY, Ranks, SelfVerificationTask
-
-TASK_COLUMNS = ("task_name", "task_level")  # a reasoning-gym row's task and (dataset.levels) level, in the samples
 
 
 class GRPOExpTrainer(HookedGRPOTrainer):
