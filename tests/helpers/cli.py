@@ -110,14 +110,10 @@ def accelerate_launch(
     root, as a user starts several processes (`launch_args`: accelerate's own, over the config file's; `env`: added
     to this environment)."""
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(accelerate_config), *launch_args]
-    return subprocess.run(
-        [*launch, "-m", module, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=REPO_ROOT,
-        env={**os.environ, **(env or {})},
-    )
+    # the launcher and its ranks start warm (tests/helpers/warm.py): accelerate and torchrun start each rank as
+    # `python -m tests.helpers.warm_rank <module> ...`, which the warm server forks
+    argv = [*launch, "-m", *warm.launch_module(module), *args]
+    return warm.run(argv, REPO_ROOT, {**os.environ, **(env or {})}, timeout)
 
 
 def logged_steps(run_dir: Path) -> list[dict]:

@@ -4,19 +4,27 @@ torch, transformers, TRL and grpo_exp once, instead of importing them again (abo
 
 The server (`python -m tests.helpers.warm`, started by the first command and kept for the session) only imports:
 it computes nothing, and holds no thread, so a fork of it is as clean as a new interpreter that has read the same
-modules. For each request it forks a child, which takes the request's working directory, environment and
-arguments, runs the module as `python -m` does (runpy, as __main__), exits as Python exits (threads joined, atexit
-handlers run) and leaves its stdout and stderr in files; the server waits for it, with the request's time limit.
+modules. It serves two kinds of request, one loop for both:
+- a command of the tests (`run`), over its stdin: it forks a child, which takes the request's working directory,
+  environment and arguments, runs the module as `python -m` does (runpy, as __main__), exits as Python exits
+  (threads joined, atexit handlers run) and leaves its stdout and stderr in files; the reply comes when the child
+  ends, or at the request's time limit, when the child's process group is killed;
+- a rank of `accelerate launch` (`launch_module`): accelerate and torchrun start each rank as they always do, as
+  `python -m tests.helpers.warm_rank <module> ...`, a stdlib-only client that hands the server its environment
+  (RANK, MASTER_PORT, ...) and its stdin/stdout/stderr over a Unix socket. The server forks the rank with them; the
+  client forwards the launcher's signals to it and exits with its status, so the launcher sees its own process.
 
-A command goes cold (a new interpreter, `subprocess.run`) when its environment differs from the server's in a
-variable that a library may read at import, when the server cannot start, or with GRPO_EXP_TEST_COLD=1 (to check
-that the tests pass without it).
+A command goes cold (a new interpreter) when its environment differs from the server's in a variable that a library
+may read at import, when the server cannot start, or with GRPO_EXP_TEST_COLD=1 (to check that the tests pass
+without it).
 """
 
 import atexit
 import json
 import os
+import select
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -25,8 +33,16 @@ import time
 import weakref
 from pathlib import Path
 
-# Variables that differ between the tests' calls and that nothing reads at import.
-PER_CALL = {"PYTEST_CURRENT_TEST", "PWD", "OLDPWD", "COLUMNS", "LINES"}
+# Variables that nothing reads at import: they may differ between the server and a command, which gets its own.
+RUNTIME_VARIABLES = {
+    "PYTEST_CURRENT_TEST", "PWD", "OLDPWD", "COLUMNS", "LINES", "_",
+    # what accelerate launch and torchrun give each rank, read when the process group and the Accelerator start
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_NAME",
+    "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+    "OMP_NUM_THREADS",  # applied with torch.set_num_threads: torch reads it only when its thread pool starts
+}  # fmt: skip
+RUNTIME_PREFIXES = ("ACCELERATE_", "TORCHELASTIC_", "GRPO_EXP_TEST_")
+SOCKET_VARIABLE = "GRPO_EXP_TEST_WARM_SOCKET"
 IMPORTS = ("torch", "transformers", "trl", "datasets", "hydra", "grpo_exp.run.experiment", "grpo_exp.cli")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,29 +50,43 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 def run(argv: list[str], cwd: Path | None, env: dict, timeout: float) -> subprocess.CompletedProcess:
     """`argv` (`python -m <module> ...` or a console script of this environment) as subprocess.run(capture_output,
     text) would run it: warm when it can, else cold."""
-    request = _request(argv, cwd)
+    request = _request(argv, cwd, env)
     server = _server() if request is not None else None
-    if server is None or not server.same_imports(env):
+    if server is None or not same_imports(env, server.env):
         return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
     return server.run(request, argv, timeout)
 
 
-def _request(argv: list[str], cwd: Path | None) -> dict | None:
+def launch_module(module: str) -> list[str]:
+    """What to give `accelerate launch -m` for `module`'s ranks to start warm (cold with GRPO_EXP_TEST_COLD=1)."""
+    return [module] if os.environ.get("GRPO_EXP_TEST_COLD") == "1" else ["tests.helpers.warm_rank", module]
+
+
+def same_imports(env: dict, imported_with: dict, set_by_imports: frozenset = frozenset()) -> bool:
+    keys = (set(env) | set(imported_with)) - set_by_imports
+    return all(env.get(key) == imported_with.get(key) for key in keys if not _at_runtime(key))
+
+
+def _at_runtime(variable: str) -> bool:
+    return variable in RUNTIME_VARIABLES or variable.startswith(RUNTIME_PREFIXES)
+
+
+def _request(argv: list[str], cwd: Path | None, env: dict) -> dict | None:
     """What the server runs: a module, the interpreter's sys.argv and sys.path[0], as `python -m` or the console
     script would have them; None for anything else."""
     directory = str(cwd or os.getcwd())
     if len(argv) >= 3 and argv[0] == sys.executable and argv[1] == "-m":
-        return {"module": argv[2], "args": argv[3:], "argv0": argv[2], "path0": directory, "cwd": directory}
-    script = Path(argv[0])
-    if script.parent == Path(sys.executable).parent and script.name == "grpo-exp":
-        path0 = str(script.parent)
-        return {"module": "grpo_exp.cli", "args": argv[1:], "argv0": str(script), "path0": path0, "cwd": directory}
-    return None
+        request = {"module": argv[2], "args": argv[3:], "argv0": argv[2], "path0": directory}
+    elif Path(argv[0]).parent == Path(sys.executable).parent and Path(argv[0]).name == "grpo-exp":
+        request = {"module": "grpo_exp.cli", "args": argv[1:], "argv0": argv[0], "path0": str(Path(argv[0]).parent)}
+    else:
+        return None
+    return {**request, "cwd": directory, "env": env}
 
 
 class Server:
     def __init__(self):
-        self.env = {k: v for k, v in os.environ.items() if k not in PER_CALL}
+        self.env = dict(os.environ)
         self.process = subprocess.Popen(
             [sys.executable, "-m", "tests.helpers.warm"],
             stdin=subprocess.PIPE,
@@ -68,10 +98,6 @@ class Server:
         self.lock = threading.Lock()
         self.ready = self.process.stdout.readline().strip() == "ready"
         atexit.register(self.close)
-
-    def same_imports(self, env: dict) -> bool:
-        keys = (set(env) | set(self.env)) - PER_CALL
-        return all(env.get(key) == self.env.get(key) for key in keys)
 
     def run(self, request: dict, argv: list[str], timeout: float) -> subprocess.CompletedProcess:
         with self.lock, tempfile.TemporaryDirectory(prefix="warm-") as directory:
@@ -106,51 +132,148 @@ def _server() -> Server | None:
 # ---- the server ------------------------------------------------------------------------------------------------
 
 
+class Loop:
+    """The server's one thread: the tests' commands over stdin (one at a time), ranks over the socket (any number),
+    children reaped as they end."""
+
+    def __init__(self, listener: socket.socket, imported_with: dict):
+        self.listener = listener
+        self.imported_with = imported_with
+        # what the libraries put in the environment as they were imported (mlflow, torch): a new interpreter's
+        # imports would set them too, so a command has them beside its own environment
+        self.set_by_imports = {k: v for k, v in os.environ.items() if k not in imported_with}
+        self.command: tuple[int, float] | None = None  # the command's pid and deadline
+        self.timed_out = False
+        self.ranks: dict[int, socket.socket] = {}  # a rank's pid -> its client's connection
+
+    def serve(self) -> None:
+        stdin_open = True
+        while stdin_open or self.command or self.ranks:
+            watched = [self.listener, *self.ranks.values()] + ([sys.stdin] if stdin_open else [])
+            for source in select.select(watched, [], [], 0.05)[0]:
+                if source is sys.stdin:
+                    line = sys.stdin.readline()
+                    stdin_open = bool(line)
+                    if line:
+                        self.start_command(json.loads(line))
+                elif source is self.listener:
+                    self.start_rank(self.listener.accept()[0])
+                elif not source.recv(16):  # a client that went away takes its rank with it
+                    self.kill(next(pid for pid, conn in self.ranks.items() if conn is source))
+            self.reap()
+            if self.command and time.monotonic() > self.command[1]:  # at the time limit: it, and any rank
+                self.timed_out = True
+                for pid in [self.command[0], *self.ranks]:
+                    self.kill(pid)
+            if not stdin_open and self.command is None:
+                for pid in self.ranks:
+                    self.kill(pid)
+
+    def start_command(self, request: dict) -> None:
+        files = [os.open(request[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) for name in ("stdout", "stderr")]
+        stdin = os.open(os.devnull, os.O_RDONLY)
+        pid = self.fork(request, [stdin, *files])
+        self.command, self.timed_out = (pid, time.monotonic() + request["timeout"]), False
+
+    def start_rank(self, conn: socket.socket) -> None:
+        message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+        request = json.loads(message)
+        if len(fds) != 3 or not same_imports(request["env"], self.imported_with, frozenset(self.set_by_imports)):
+            for fd in fds:
+                os.close(fd)
+            conn.send(json.dumps({"cold": True}).encode())
+            conn.close()
+            return
+        pid = self.fork(request, fds)
+        conn.send(json.dumps({"pid": pid}).encode())
+        self.ranks[pid] = conn
+
+    def fork(self, request: dict, fds: list[int]) -> int:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            self.listener.close()
+            for conn in self.ranks.values():
+                conn.close()
+            _child({**request, "env": {**self.set_by_imports, **request["env"]}}, fds)  # never returns
+        for fd in fds:
+            os.close(fd)
+        return pid
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            code = os.waitstatus_to_exitcode(status)
+            if self.command and pid == self.command[0]:
+                self.command = None
+                print(json.dumps({"returncode": code, "timed_out": self.timed_out}), flush=True)
+            elif pid in self.ranks:
+                conn = self.ranks.pop(pid)
+                try:
+                    conn.send(json.dumps({"returncode": code}).encode())
+                except OSError:
+                    pass  # its client is gone
+                conn.close()
+
+    @staticmethod
+    def kill(pid: int) -> None:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def serve() -> None:
     import importlib
 
+    imported_with = dict(os.environ)
     for module in IMPORTS:
         importlib.import_module(module)
     if threading.active_count() != 1:  # a fork would copy a thread's locks, not the thread: go cold
         print(f"not ready: {threading.active_count()} threads after the imports", flush=True)
         return
+    directory = tempfile.mkdtemp(prefix="warm-ranks-")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(os.path.join(directory, "socket"))
+    listener.listen(16)
+    loop = Loop(listener, imported_with)
+    os.environ[SOCKET_VARIABLE] = listener.getsockname()  # for the ranks of the launchers it forks
     print("ready", flush=True)
-    for line in sys.stdin:
-        request = json.loads(line)
-        print(json.dumps(_fork_and_wait(request)), flush=True)
+    try:
+        loop.serve()
+    finally:
+        listener.close()
+        os.unlink(os.path.join(directory, "socket"))
+        os.rmdir(directory)
 
 
-def _fork_and_wait(request: dict) -> dict:
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:
-        _child(request)  # never returns
-    deadline = time.monotonic() + request["timeout"]
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return {"returncode": os.waitstatus_to_exitcode(status), "timed_out": False}
-        if time.monotonic() > deadline:
-            os.killpg(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            return {"returncode": -signal.SIGKILL, "timed_out": True}
-        time.sleep(0.05)
-
-
-def _child(request: dict) -> None:
-    """Become the command: its own process group (killed together at the time limit), its files for stdout and
-    stderr, its directory and module search path; then exit as the interpreter would."""
+def _child(request: dict, fds: list[int]) -> None:
+    """Become the command: its own process group (killed together), its stdin/stdout/stderr, environment, directory
+    and module search path; then exit as the interpreter would."""
     code = 1
     try:
         os.setpgid(0, 0)
-        for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
-            file = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            os.dup2(file, fd)
-            os.close(file)
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(devnull, 0)
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
         _leave_the_servers_exit_handlers()
+        server_socket = os.environ[SOCKET_VARIABLE]
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.environ[SOCKET_VARIABLE] = server_socket  # for the ranks of a launcher it starts
+        if "OMP_NUM_THREADS" in os.environ:
+            import torch
+
+            torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+        if request.get("unbuffered"):
+            for stream in (sys.stdout, sys.stderr):
+                stream.reconfigure(write_through=True)
         os.chdir(request["cwd"])
         sys.path[0] = request["path0"]
         sys.argv = [request["argv0"], *request["args"]]
