@@ -13,8 +13,13 @@ runs already there with the same arm, seed, settings and overrides are not run a
 continues where it stopped. A run whose arm has changed since (or that predates this record) is run again, and
 only runs of the current settings are reported.
 
+With --every N, the grpo_exp arms also validate every N steps (greedy, the same 100 problems), and each run records
+its time to accuracy: the training time (the sum of TRL's step_time through that step: validating is not training)
+and the step of its first validation at or above the target, the bare TRL run's final accuracy of the same seed.
+`--baseline ARM` then reports every arm's time to that accuracy over the baseline arm's, seed by seed.
+
     python -m benchmarks.time_to_accuracy [--seeds 42 43 44] [--arms trl best] [--results JSON] [--out PNG]
-                                          [overrides of every arm...]
+                                          [--every N --baseline ARM] [overrides of every arm...]
 """
 
 import argparse
@@ -116,7 +121,8 @@ def run_trl(seed: int, overrides: list[str]) -> dict:
     return {"train_seconds": seconds, "accuracy_after": result.accuracy}
 
 
-def run_grpo_exp(seed: int, settings: list[str], overrides: list[str]) -> dict:
+def run_grpo_exp(seed: int, settings: list[str], overrides: list[str], every: int = 0) -> dict:
+    validation = [f"eval.every={every}"] if every else []
     with tempfile.TemporaryDirectory() as tmp:
         command = [
             sys.executable,
@@ -127,21 +133,40 @@ def run_grpo_exp(seed: int, settings: list[str], overrides: list[str]) -> dict:
             *COMMON,
             *overrides,
             *settings,
+            *validation,
         ]
         completed = subprocess.run(command, capture_output=True, text=True)
         if completed.returncode != 0:
             raise SystemExit(f"grpo_exp run (seed {seed}) failed:\n{completed.stderr[-3000:]}")
         summary = json.loads((Path(tmp) / "run" / "summary.json").read_text())
-    return {
+        metrics = [json.loads(line) for line in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()]
+    result = {
         "train_seconds": summary["train_seconds"],
         "accuracy_before": summary["heldout_accuracy_before"],
         "accuracy_after": summary["heldout_accuracy_after"],
     }
+    return result | ({"every": every, "validations": validations(metrics)} if every else {})
 
 
-def run_arm(arm: str, seed: int, overrides: list[str]) -> dict:
+def validations(metrics: list[dict]) -> list[list[float]]:
+    """[step, training seconds through that step, held-out accuracy] of each validation in a run's metrics.jsonl."""
+    seconds, elapsed, points = 0.0, {}, []
+    for record in sorted(metrics, key=lambda m: m["step"]):
+        seconds += record.get("step_time", 0.0)
+        elapsed[record["step"]] = seconds
+        if "heldout/accuracy" in record:
+            points.append([record["step"], elapsed[record["step"]], record["heldout/accuracy"]])
+    return points
+
+
+def time_to(target: float, points: list[list[float]]) -> tuple[int, float] | None:
+    """The step and training seconds of the first validation at or above `target` (None: never reached)."""
+    return next(((int(step), seconds) for step, seconds, accuracy in points if accuracy >= target - 1e-9), None)
+
+
+def run_arm(arm: str, seed: int, overrides: list[str], every: int = 0) -> dict:
     if ARMS[arm] is not None:
-        return run_grpo_exp(seed, ARMS[arm], overrides)
+        return run_grpo_exp(seed, ARMS[arm], overrides, every)
     with tempfile.TemporaryDirectory() as tmp:  # bare TRL in its own process, as the grpo_exp job is
         out = Path(tmp) / "result.json"
         command = [sys.executable, "-m", "benchmarks.time_to_accuracy", "--trl-worker", str(seed), str(out), *overrides]
@@ -177,6 +202,35 @@ def report(results: list[dict], arms: list[str]) -> None:
             f"  reached bare TRL's final accuracy (mean over seeds): {'yes' if reached else 'no'}, in "
             f"{statistics.mean(ratios):.2f}x its wall time (target <= 0.5x)"
         )
+
+
+def report_time_to(results: list[dict], arms: list[str], baseline: str) -> None:
+    """Each arm's time to the bare TRL run's final accuracy (same seed) over the baseline arm's, seed by seed."""
+    from grpo_exp.stats import mean_interval
+
+    by = {(r["arm"], r["seed"]): r for r in results}
+    for arm in [a for a in arms if a not in ("trl", baseline)]:
+        seeds = sorted(s for name, s in by if name == arm and ("trl", s) in by and (baseline, s) in by)
+        if not seeds:
+            continue
+        every = by[arm, seeds[0]]["every"]
+        print(f"time to bare TRL's 40-step accuracy, {arm} / {baseline} (validation every {every} steps):")
+        ratios = []
+        for seed in seeds:
+            target = by["trl", seed]["accuracy_after"]
+            ours, base = (time_to(target, by[name, seed]["validations"]) for name in (arm, baseline))
+            line = f"  seed {seed}: target {target:.3f}; {baseline} {_reached(base)}; {arm} {_reached(ours)}"
+            if ours and base:
+                ratios.append(ours[1] / base[1])
+                line += f"; ratio {ratios[-1]:.3f}"
+            print(line)
+        if len(ratios) > 1:
+            mean, low, high = mean_interval(ratios)
+            print(f"  {arm} / {baseline}: {mean:.3f}, 95% t-interval [{low:.3f}, {high:.3f}] over {len(ratios)} seeds")
+
+
+def _reached(point: tuple[int, float] | None) -> str:
+    return "not reached" if point is None else f"step {point[0]}, {point[1] / 60:.2f} min"
 
 
 def plot(results: list[dict], path: Path) -> None:
@@ -221,10 +275,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=["trl", "best"])
     parser.add_argument("--results", type=Path, default=Path("outputs/time_to_accuracy/results.json"))
     parser.add_argument("--out", type=Path, default=Path("outputs/time_to_accuracy/time_to_accuracy.png"))
+    parser.add_argument("--every", type=int, default=0, help="grpo_exp arms validate every N steps: time to accuracy")
+    parser.add_argument("--baseline", choices=list(ARMS), help="with --every: report time to accuracy over this arm")
     parser.add_argument("overrides", nargs="*", help="the experiment, for both (default: `make train`'s)")
     args = parser.parse_args(argv)
     results = json.loads(args.results.read_text()) if args.results.exists() else []
-    kept = current(results, args.overrides)
+    if args.baseline and not args.every:
+        parser.error("--baseline compares times to accuracy: give --every N too")
+    kept = current(results, args.overrides, args.every)
     if results:
         stale = len(results) - len(kept)
         print(
@@ -238,7 +296,7 @@ def main(argv: list[str] | None = None) -> None:
             if any(r["arm"] == arm and r["seed"] == seed for r in kept):
                 continue
             run = {"arm": arm, "seed": seed, "settings": ARMS[arm], "overrides": args.overrides}
-            result = run | run_arm(arm, seed, args.overrides)
+            result = run | run_arm(arm, seed, args.overrides, args.every)
             results.append(result)
             kept.append(result)
             args.results.parent.mkdir(parents=True, exist_ok=True)
@@ -249,15 +307,21 @@ def main(argv: list[str] | None = None) -> None:
                 flush=True,
             )
     report(kept, args.arms)
+    if args.baseline:
+        report_time_to(kept, args.arms, args.baseline)
     plot(kept, args.out)
 
 
-def current(results: list[dict], overrides: list[str]) -> list[dict]:
-    """The runs made with their arm's present settings and these overrides (a run without that record: not)."""
+def current(results: list[dict], overrides: list[str], every: int = 0) -> list[dict]:
+    """The runs made with their arm's present settings, these overrides and (grpo_exp's) this validation schedule
+    (a run without that record: not)."""
     return [
         r
         for r in results
-        if "settings" in r and r["settings"] == ARMS.get(r["arm"], "gone") and r.get("overrides") == overrides
+        if "settings" in r
+        and r["settings"] == ARMS.get(r["arm"], "gone")
+        and r.get("overrides") == overrides
+        and (r["settings"] is None or r.get("every", 0) == every)
     ]
 
 

@@ -101,6 +101,40 @@ def test_the_time_to_accuracy_benchmark_runs_each_arm_and_continues_where_it_sto
     assert "seed 1 best" in printed and "seed 1 trl" not in printed  # the changed arm alone is measured again
 
 
+def test_time_to_accuracy_is_the_training_time_through_the_first_validation_at_the_target(capsys):
+    """Training time sums TRL's step_time (validating is not training); the first validation at or above the bare
+    TRL run's final accuracy of the same seed counts; the ratio is taken seed by seed."""
+    from benchmarks.time_to_accuracy import report_time_to, time_to, validations
+
+    metrics = [{"step": s, "step_time": 10.0 * s} for s in range(1, 5)]  # 10, 30, 60, 100 s through steps 1-4
+    metrics[1] |= {"heldout/accuracy": 0.30}
+    metrics[3] |= {"heldout/accuracy": 0.45}
+    points = validations(list(reversed(metrics)))
+    assert points == [[2, 30.0, 0.30], [4, 100.0, 0.45]]
+    assert time_to(0.30, points) == (2, 30.0) and time_to(0.40, points) == (4, 100.0) and time_to(0.5, points) is None
+
+    def run(arm, seed, **fields):
+        return {"arm": arm, "seed": seed, "every": 2, **fields}
+
+    results = [
+        run("trl", 1, accuracy_after=0.40),
+        run("trl", 2, accuracy_after=0.30),
+        run("trl", 3, accuracy_after=0.90),
+        run("defaults", 1, validations=[[2, 50.0, 0.35], [4, 100.0, 0.40]]),
+        run("defaults", 2, validations=[[2, 40.0, 0.30]]),
+        run("defaults", 3, validations=[[2, 40.0, 0.30]]),
+        run("curriculum", 1, validations=[[2, 50.0, 0.40]]),  # 50 / 100
+        run("curriculum", 2, validations=[[2, 30.0, 0.20], [4, 60.0, 0.31]]),  # 60 / 40
+        run("curriculum", 3, validations=[[2, 30.0, 0.20]]),  # neither reached 0.90
+    ]
+    report_time_to(results, ["trl", "defaults", "curriculum"], "defaults")
+    printed = capsys.readouterr().out
+    assert "seed 1: target 0.400; defaults step 4, 1.67 min; curriculum step 2, 0.83 min; ratio 0.500" in printed
+    assert "ratio 1.500" in printed and "seed 3: target 0.900; defaults not reached; curriculum not reached" in printed
+    # mean 1.0; sd of (0.5, 1.5) = 0.7071; half-width 12.706 * 0.7071 / sqrt(2) = 6.353
+    assert "curriculum / defaults: 1.000, 95% t-interval [-5.353, 7.353] over 2 seeds" in printed
+
+
 # ---- across seeds, on run directories with known numbers --------------------------------------------------------
 
 T_2 = 4.302653  # Student t, 97.5% quantile, 2 degrees of freedom (3 seeds or pairs): from a table
