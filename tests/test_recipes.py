@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from grpo_exp.errors import UserError
 from grpo_exp.paths import CONF_DIR
 from grpo_exp.run.resolve import resolve
 from support.config import TINY_RUN, compose_config
@@ -58,6 +59,18 @@ def test_a_recipe_reaches_trl_with_what_its_paper_sets(recipe):
 def test_a_recipe_cites_its_paper_and_says_what_it_leaves_out(recipe):
     text = (CONF_DIR / "recipe" / f"{recipe}.yaml").read_text()
     assert re.search(r"arXiv \d{4}\.\d{5}", text) and "Leaves out:" in text
+
+
+def test_dapo_mixes_its_soft_overlong_punishment_into_any_reward():
+    """The paper's eq. 13 over the last fifth of the completion limit, beside whatever reward the user chose; a
+    penalty zone longer than the limit is refused at resolve, naming both keys."""
+    base = [*TINY_RUN, "logger=none", "recipe=dapo"]
+    spec = resolve(compose_config([*base, "reward=math+format"]), processes=1)
+    assert list(spec.components) == ["math", "format", "overlong"]
+    assert spec.components["overlong"].weight == 1.0 and spec.components["overlong"].cache_tokens is None
+    too_long = [*base, f"reward.components.overlong.cache_tokens={spec.cfg.trainer.max_completion_length + 1}"]
+    with pytest.raises(UserError, match=r"reward.components.overlong.cache_tokens=\d+ is longer than trainer.max_"):
+        resolve(compose_config(too_long), processes=1)
 
 
 def test_the_command_line_wins_over_a_recipe():

@@ -113,6 +113,36 @@ def test_length_reward_is_linear_and_clipped():
     assert reward([chat(""), chat("x" * 50), chat("x" * 500)]) == [1.0, 0.5, 0.0]
 
 
+def test_dapo_overlong_penalty_by_hand():
+    """max_completion_length 64, cache 16: free up to 48 tokens, then (48 - len) / 16, -1 at 64 and beyond."""
+    from grpo_exp.rewards.overlong import cache_size, make_overlong_reward, overlong_penalty
+
+    assert [overlong_penalty(n, 64, 16) for n in (0, 48, 49, 56, 64, 65)] == [0.0, 0.0, -1 / 16, -0.5, -1.0, -1.0]
+    reward = make_overlong_reward(cache_tokens=16, max_completion_length=64)
+    assert reward.__name__ == "overlong"
+    assert reward([chat("a"), chat("b")], completion_ids=[[7] * 40, [7] * 60]) == [0.0, -0.75]
+    assert cache_size(None, 64) == 12 and cache_size(None, 3) == 1  # the paper's fifth, at least one token
+    with pytest.raises(UserError, match=r"cache_tokens=100 is longer than trainer.max_completion_length=64"):
+        cache_size(100, 64)
+
+
+def test_kimi_length_reward_by_hand():
+    """Per prompt: lambda = 0.5 - (len - min) / (max - min); correct gets lambda, wrong min(0, lambda); a group of
+    equal lengths gets 0; a completion the labels cannot judge counts as wrong."""
+    from grpo_exp.rewards.length_by_correctness import length_rewards, make_length_by_correctness_reward
+
+    lengths = [10, 20, 30, 10, 30, 5, 5, 12]
+    correct = [True, True, False, False, True, True, False, None]
+    groups = ["a", "a", "a", "b", "b", "c", "c", "a"]
+    # a: min 10, max 30 -> lambda 0.5, 0.0, -0.5 and (12) 0.4; b: 0.5 (wrong: 0), -0.5; c: equal lengths
+    assert length_rewards(lengths, correct, groups) == pytest.approx([0.5, 0.0, -0.5, 0.0, -0.5, 0.0, 0.0, 0.0])
+    reward = make_length_by_correctness_reward(built_in_labels())
+    prompts = [[{"role": "user", "content": "1 + 1?"}]] * 2 + [[{"role": "user", "content": "2 + 2?"}]] * 2
+    completions = [chat("\\boxed{2}"), chat("It is \\boxed{2}"), chat("\\boxed{5}"), chat("\\boxed{4}")]
+    scores = reward(completions, ["2", "2", "4", "4"], prompts, completion_ids=[[1] * 3, [1] * 7, [1] * 2, [1] * 9])
+    assert scores == pytest.approx([0.5, -0.5, 0.0, -0.5])  # group 2: the short wrong answer gains nothing
+
+
 def test_repetition_reward_uses_token_ngrams():
     from grpo_exp.rewards.repetition import make_repetition_reward
 

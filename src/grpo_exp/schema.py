@@ -251,6 +251,21 @@ class LengthReward:
 
 
 @dataclass
+class OverlongReward:
+    # DAPO's soft overlong punishment (tokens): 0 up to cache_tokens before trainer.max_completion_length, falling
+    # linearly to -1 at it. null: a fifth of max_completion_length (the paper's 4096 of 20480)
+    weight: float = MISSING
+    cache_tokens: int | None = knob(None, ge=1)
+
+
+@dataclass
+class LengthByCorrectnessReward:
+    # Kimi k1.5's length reward within each prompt's group, by the run's labels: 0.5 for the shortest, -0.5 for the
+    # longest, linear between; a wrong completion gets at most 0
+    weight: float = MISSING
+
+
+@dataclass
 class RepetitionReward:
     weight: float = MISSING
     ngram_size: int = knob(3, ge=1)
@@ -330,6 +345,8 @@ REWARD_COMPONENTS: dict[str, type] = {
     "correct": CorrectReward,
     "format": FormatReward,
     "length": LengthReward,
+    "overlong": OverlongReward,
+    "length_by_correctness": LengthByCorrectnessReward,
     "repetition": RepetitionReward,
     "judge": JudgeReward,
     "confidence": ConfidenceReward,

@@ -3,7 +3,7 @@
 Each factory takes the component's settings (typed by grpo_exp.schema.REWARD_COMPONENTS, weights set in
 conf/reward/<name>.yaml) that it names as parameters, and any shared
 object the run built once that it names as a parameter (`p_yes`: the P(Yes) scorer; `verifier`: the run's
-correctness labels; `judge`), and returns a TRL reward
+correctness labels; `judge`; `max_completion_length`), and returns a TRL reward
 function named after the component, so TRL logs it as `rewards/<name>/mean`.
 
 Any other name is the user's own component (schema.CustomReward: a function or a factory by import path,
@@ -24,7 +24,9 @@ from grpo_exp.rewards.custom import build_custom, check_custom, is_custom
 from grpo_exp.rewards.format import make_format_reward
 from grpo_exp.rewards.judge import make_judge_reward
 from grpo_exp.rewards.length import make_length_reward
+from grpo_exp.rewards.length_by_correctness import make_length_by_correctness_reward
 from grpo_exp.rewards.math import make_math_reward
+from grpo_exp.rewards.overlong import make_overlong_reward
 from grpo_exp.rewards.repetition import make_repetition_reward
 from grpo_exp.rewards.selfverify import make_selfverify_reward
 from grpo_exp.rewards.task_score import make_task_score_reward
@@ -35,6 +37,8 @@ COMPONENTS: dict[str, Callable[..., Callable]] = {
     "correct": make_correct_reward,
     "format": make_format_reward,
     "length": make_length_reward,
+    "overlong": make_overlong_reward,
+    "length_by_correctness": make_length_by_correctness_reward,
     "repetition": make_repetition_reward,
     "judge": make_judge_reward,
     "confidence": make_confidence_reward,

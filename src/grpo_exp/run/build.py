@@ -40,7 +40,9 @@ def build_parts(spec: RunSpec, references: list) -> RunParts:
     verifier = build_labels(cfg.verifier, [str(r) for r in references if r is not None])
     p_yes = p_yes_scorer(spec)
     judge = build_judge(cfg.judge, cfg.cache_dir) if "judge" in spec.components else None
-    reward_funcs = build_rewards(spec.components, {"p_yes": p_yes, "judge": judge, "verifier": verifier})
+    limit = cfg.trainer.max_completion_length
+    shared = {"p_yes": p_yes, "judge": judge, "verifier": verifier, "max_completion_length": limit}
+    reward_funcs = build_rewards(spec.components, shared)
     rollout = build_rollout(spec)
     if rollout is not None:
         reward_funcs = [scored_on_final_turn(func) for func in reward_funcs]

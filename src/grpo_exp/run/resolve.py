@@ -34,6 +34,7 @@ from grpo_exp.models import check_reachable, torch_dtype, trained_dtype
 from grpo_exp.paths import CONF_DIR
 from grpo_exp.rewards import GRADED_COMPONENTS
 from grpo_exp.rewards.judge import check_judge
+from grpo_exp.rewards.overlong import cache_size
 from grpo_exp.rewards.registry import reward_weights, typed_components
 from grpo_exp.rewards.rubric import load_rubric_file
 from grpo_exp.rollout.tools import check_tool_names
@@ -114,6 +115,8 @@ def resolve(
     check_trainer(cfg.trainer, spec.processes, multiturn=spec.multiturn, policy_dtype=spec.policy_dtype)
     check_algorithm(cfg.algorithm, cfg.trainer)
     check_rollout(spec)
+    if "overlong" in spec.components:
+        cache_size(spec.components["overlong"].cache_tokens, cfg.trainer.max_completion_length)
     if spec.selfverify is not None:
         check_task(spec.selfverify, cfg.trainer, cfg.algorithm)
     check_validation(cfg.eval, cfg.trainer, tuple(name for name in spec.components if name in GRADED_COMPONENTS))
