@@ -642,6 +642,21 @@ class CurriculumSchema:
 
 
 @dataclass
+class HealthSchema:
+    # The policy's own health at every logged step, beside the reward-hacking alarm (eval.alarm), each beyond its
+    # noise: warn (log, console, summary.json) | stop (...and stop training) | off.
+    # Entropy: TRL's `entropy` over the last `window` logged steps against the first `window`.
+    entropy_alarm: AlarmAction = AlarmAction.warn
+    collapse_below: float = knob(0.2, gt=0.0, lt=1.0)  # collapsed: under this fraction of the start
+    blowup_above: float = knob(3.0, gt=1.0)  # blown up: over this multiple of the start
+    # Truncation: the completions cut at trainer.max_completion_length (TRL's completions/clipped_ratio) over the
+    # last `window` logged steps, above this share.
+    truncation: AlarmAction = AlarmAction.warn
+    truncation_share: float = knob(0.5, ge=0.0, lt=1.0)
+    window: int = knob(5, ge=2)
+
+
+@dataclass
 class LoggerSchema:
     backend: LoggerBackend = LoggerBackend.wandb
     project: str = "grpo_exp"  # W&B and trackio project; MLflow experiment (a sweep's: <project>/<sweep dir>)
@@ -671,6 +686,7 @@ class Schema:
     eval: EvalSchema = field(default_factory=EvalSchema)
     stats: StatsSchema = field(default_factory=StatsSchema)
     curriculum: CurriculumSchema = field(default_factory=CurriculumSchema)
+    health: HealthSchema = field(default_factory=HealthSchema)
     # Where materialised models are kept between runs.
     cache_dir: str = "${oc.env:GRPO_EXP_CACHE,${oc.env:HOME}/.cache/grpo_exp}"
     # Where run and sweep directories go (and where trainer.resume=auto looks for earlier attempts).

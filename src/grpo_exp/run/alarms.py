@@ -1,5 +1,12 @@
-"""Alarms over a run's validations: the reward-hacking alarm (the training reward and the held-out truth parting
-ways, each beyond its noise). Pure functions; grpo_exp.run.validation calls them at each validation."""
+"""Alarms, each sounding only beyond its noise. Pure functions.
+
+- Over a run's validations (grpo_exp.run.validation calls it at each): the reward-hacking alarm, the training reward
+  and the held-out truth parting ways.
+- Over the policy's own health at each logged step (grpo_exp.run.health): its entropy collapsing or blowing up, and
+  its completions cut at the length limit.
+"""
+
+import statistics
 
 from grpo_exp.run.kept_models import METRIC
 from grpo_exp.stats import accuracy_change_interval, auroc_change_interval, slope_interval
@@ -62,3 +69,58 @@ def labelled(accuracy: float, problems: int) -> tuple[int, int]:
     """(correct, wrong) answers of a validation, from its accuracy on `problems` problems."""
     correct = round(accuracy * problems)
     return correct, problems - correct
+
+
+def entropy_alarm(entropies: list[float], window: int, collapse_below: float, blowup_above: float) -> str | None:
+    """The policy's token entropy (TRL's `entropy`, one value per logged step) collapsing or blowing up: the mean of
+    the last `window` logged steps below `collapse_below` times the mean of the first `window` (above `blowup_above`
+    times it), and their difference's 95% interval (Welch's t) all below 0 (above 0). None when silent, or with
+    fewer than 2 x window steps."""
+    if len(entropies) < 2 * window:
+        return None
+    first, recent = entropies[:window], entropies[-window:]
+    start, now = statistics.fmean(first), statistics.fmean(recent)
+    if start <= 0:
+        return None
+    low, high = _welch_interval(recent, first)
+    if now < collapse_below * start and high < 0:
+        what, rule = "collapsed", f"below health.collapse_below={collapse_below} of the start"
+    elif now > blowup_above * start and low > 0:
+        what, rule = "blew up", f"above health.blowup_above={blowup_above} times the start"
+    else:
+        return None
+    return (
+        f"the policy's entropy {what}: {start:.3f} -> {now:.3f} nats a token (the first and the last {window} logged "
+        f"steps, x{now / start:.2f}, {rule}; change {now - start:+.3f}, 95% interval {low:+.3f} to {high:+.3f})"
+    )
+
+
+def _welch_interval(sample: list[float], reference: list[float]) -> tuple[float, float]:
+    """95% interval of mean(sample) - mean(reference), Welch's t; without any spread, the difference itself."""
+    from scipy.stats import ttest_ind
+
+    difference = statistics.fmean(sample) - statistics.fmean(reference)
+    if statistics.pvariance(sample) == 0 and statistics.pvariance(reference) == 0:
+        return difference, difference
+    interval = ttest_ind(sample, reference, equal_var=False).confidence_interval(0.95)
+    return float(interval.low), float(interval.high)
+
+
+def truncation_warning(shares: list[float], completions_per_step: int, window: int, threshold: float) -> str | None:
+    """Completions cut at the length limit: of the last `window` logged steps' completions (TRL's
+    completions/clipped_ratio, `completions_per_step` each), the share cut has a 95% interval (Wilson) all above
+    `threshold`. None when silent, or before `window` steps."""
+    from scipy.stats import binomtest
+
+    if len(shares) < window:
+        return None
+    total = completions_per_step * window
+    cut = min(round(sum(shares[-window:]) * completions_per_step), total)
+    low = binomtest(cut, total).proportion_ci(0.95, method="wilson").low
+    if not low > threshold:
+        return None
+    return (
+        f"{cut} of the last {total} completions ({cut / total:.0%}, 95% interval from {low:.2f}) were cut at "
+        f"trainer.max_completion_length, above health.truncation_share={threshold}: their answers may never be "
+        "reached, and the rewards score unfinished text; raise trainer.max_completion_length"
+    )

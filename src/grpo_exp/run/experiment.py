@@ -30,6 +30,7 @@ from grpo_exp.run.files import (
     SUMMARY_FILE,
     TRAINER_DIR,
 )
+from grpo_exp.run.health import PolicyHealth
 from grpo_exp.run.kept_models import KeptModels, carry_best
 from grpo_exp.run.report import build_summary, print_summary, write_summary
 from grpo_exp.run.resolve import RunSpec, resolve
@@ -72,7 +73,7 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
     failed, summary = True, {"heldout_accuracy_after": None}
     try:
         trainer = make_trainer(spec, parts, model, tokenizer, train_set, run_dir, tracked.tracker, levels)
-        validation = add_callbacks(trainer, spec, parts, evaluation, tracked, run_dir)
+        validation, health = add_callbacks(trainer, spec, parts, evaluation, tracked, run_dir)
         started = time.perf_counter()
         with interruptible(trainer):
             trainer.train(resume_from_checkpoint=str(attempt.checkpoint) if attempt else None)
@@ -82,7 +83,7 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
         checkpoint = save_final_model(trainer, spec, run_dir)
         if is_main_process():
             paths = run_paths(run_dir, hydra_cfg, checkpoint, tracked.tracker)
-            summary = summarise(spec, trainer, evaluation, validation, tracked, paths, train_seconds)
+            summary = summarise(spec, trainer, evaluation, (validation, health), tracked, paths, train_seconds)
         failed = False
     finally:
         tracked.tracker.finish(failed)
@@ -204,8 +205,9 @@ def difficulty_pool(spec: RunSpec, train_set) -> DifficultyPool | None:
 
 def add_callbacks(
     trainer, spec: RunSpec, parts: RunParts, evaluation: HeldoutEval, tracked: TrackedRun, run_dir: Path
-) -> PeriodicValidation | None:
-    """In this order: the evaluation before training, validations (eval.every), metrics.jsonl, the console."""
+) -> tuple[PeriodicValidation | None, PolicyHealth]:
+    """In this order: the evaluation before training, validations (eval.every), the policy's health, metrics.jsonl,
+    the console."""
     eval_cfg, on_policy = spec.cfg.eval, OnPolicy(trainer, evaluation)
     trainer.add_callback(BeforeTraining(on_policy, spec.attempt, tracked.record))
     validation = None
@@ -222,9 +224,12 @@ def add_callbacks(
             initial=on_policy.initial,
         )
         trainer.add_callback(validation)
+    completions_per_step = spec.args.generation_batch_size  # what TRL's clipped ratio is a share of
+    health = PolicyHealth(spec.cfg.health, completions_per_step, run_dir / METRICS_FILE)
+    trainer.watch_logs_first(health)
     trainer.add_callback(MetricsFileCallback(run_dir / METRICS_FILE))
     trainer.add_callback(ConsoleView(evaluation.accuracy_before))
-    return validation
+    return validation, health
 
 
 def save_final_model(trainer, spec: RunSpec, run_dir: Path) -> Path | None:
@@ -253,7 +258,7 @@ def summarise(
     spec: RunSpec,
     trainer,
     evaluation: HeldoutEval,
-    validation: PeriodicValidation | None,
+    watchers: tuple[PeriodicValidation | None, PolicyHealth],
     tracked: TrackedRun,
     paths: dict,
     train_seconds: float,
@@ -265,8 +270,10 @@ def summarise(
         cfg, tracked.name, describe(cfg.model, trainer.model), sizes, steps, train_seconds, paths, tracked.sync_command
     )
     summary |= tracked.tracker.identity() | trainer.batch_layout() | evaluation.summary()
+    validation, health = watchers
     if validation:
         summary |= validation.summary()
+    summary |= health.summary()
     if attempt:  # this attempt trained the steps after the checkpoint only
         seconds_per_step = train_seconds / max(steps - attempt.step, 1)
         summary |= {"resumed_from": str(attempt.checkpoint), "seconds_per_step": seconds_per_step}

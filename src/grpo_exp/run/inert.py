@@ -24,6 +24,7 @@ from grpo_exp.paths import CONF_DIR
 from grpo_exp.rollout.tools.user import is_import_path
 from grpo_exp.run.tracking import redact
 from grpo_exp.schema import (
+    AlarmAction,
     DataSource,
     JudgeBackend,
     JudgeMode,
@@ -334,6 +335,27 @@ ONLY_WITH: tuple[OnlyWith, ...] = (
         "by validations while training (eval.every=N)",
         lambda cfg: "eval.every=0 runs none",
         "set eval.every too",
+    ),
+    OnlyWith(
+        ("health.collapse_below", "health.blowup_above"),
+        lambda cfg: cfg.health.entropy_alarm is not AlarmAction.off,
+        "by the entropy alarm",
+        lambda cfg: "health.entropy_alarm=off",
+        "set health.entropy_alarm=warn or stop",
+    ),
+    OnlyWith(
+        ("health.truncation_share",),
+        lambda cfg: cfg.health.truncation is not AlarmAction.off,
+        "by the truncation warning",
+        lambda cfg: "health.truncation=off",
+        "set health.truncation=warn or stop",
+    ),
+    OnlyWith(
+        ("health.window",),
+        lambda cfg: {cfg.health.entropy_alarm, cfg.health.truncation} != {AlarmAction.off},
+        "by the entropy alarm and the truncation warning",
+        lambda cfg: "health.entropy_alarm=off and health.truncation=off",
+        "set either to warn or stop",
     ),
     OnlyWith(
         ("curriculum",),

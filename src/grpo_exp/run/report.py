@@ -110,6 +110,13 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
         shares = (_fmt(summary.get(f"heldout_verify_yes_share_{when}"), 2) for when in ("before", "after"))
         note = " (held-out, the policy's own answers; share of correct ones {} -> {})".format(*shares)
         table.add_row("self-verification", ", ".join(parts) + note)
+    if summary.get("entropy_first") is not None:
+        health = (
+            f"entropy {_fmt(summary['entropy_first'])} -> {_fmt(summary['entropy_last'])} nats a token, "
+            f"{_fmt(summary['clipped_ratio_last'], 2)} of the last steps' completions cut at the length limit"
+        )
+        fired = [summary[key] for key in ("entropy_alarm", "truncation_warning", "alarm") if summary.get(key)]
+        table.add_row("policy health", "\n".join([health, *fired]))
     for key in ("run_dir", "config", "metrics", "log", "checkpoint", "wandb"):
         if summary.get(key):
             table.add_row(key.replace("_", " "), str(summary[key]))

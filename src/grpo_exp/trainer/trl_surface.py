@@ -18,6 +18,11 @@ class TRLSurface:
         for key, value in metrics.items():
             self.record_metric(key, value)
 
+    def watch_logs_first(self, callback) -> None:
+        """`callback` sees each log before every other callback (TRL's trackers, metrics.jsonl, the console), so that
+        what it adds to a step's logs reaches all of them at that step."""
+        self.callback_handler.callbacks.insert(0, callback)
+
     def save_model_to(self, directory) -> None:
         """The model (and tokenizer) alone, for inference: every process calls it (sharded weights are gathered)."""
         self.save_model(str(directory))
