@@ -657,6 +657,16 @@ class HealthSchema:
 
 
 @dataclass
+class ProbeSchema:
+    # The reward probe (`grpo-exp probe`): every component of the mix, and the mix, scored on adversarial completions
+    # to held-out problems beside a right and a plainly wrong answer (grpo_exp.probe). before_training: probe each run
+    # first: warn (findings logged, in probe.json and summary.json) | stop (refuse to train while there is one) | off
+    before_training: AlarmAction = AlarmAction.off
+    problems: int = knob(20, ge=2)  # the first N held-out problems
+    attacks: list[str] = field(default_factory=list)  # your own too, by import path: f(problem) -> str
+
+
+@dataclass
 class LoggerSchema:
     backend: LoggerBackend = LoggerBackend.wandb
     project: str = "grpo_exp"  # W&B and trackio project; MLflow experiment (a sweep's: <project>/<sweep dir>)
@@ -687,6 +697,7 @@ class Schema:
     stats: StatsSchema = field(default_factory=StatsSchema)
     curriculum: CurriculumSchema = field(default_factory=CurriculumSchema)
     health: HealthSchema = field(default_factory=HealthSchema)
+    probe: ProbeSchema = field(default_factory=ProbeSchema)
     # Where materialised models are kept between runs.
     cache_dir: str = "${oc.env:GRPO_EXP_CACHE,${oc.env:HOME}/.cache/grpo_exp}"
     # Where run and sweep directories go (and where trainer.resume=auto looks for earlier attempts).

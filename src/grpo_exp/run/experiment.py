@@ -32,6 +32,7 @@ from grpo_exp.run.files import (
 )
 from grpo_exp.run.health import PolicyHealth
 from grpo_exp.run.kept_models import KeptModels, carry_best
+from grpo_exp.run.probe_first import probe_first
 from grpo_exp.run.report import build_summary, print_summary, write_summary
 from grpo_exp.run.resolve import RunSpec, resolve
 from grpo_exp.run.resume import Attempt, carry_history, is_complete, remove_checkpoints
@@ -67,13 +68,14 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
 
     tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
     model = load_model(cfg.model, tokenizer, cfg.cache_dir, cfg.trainer.seed, spec.policy_dtype)
+    probed = probe_first(spec, parts, tokenizer, heldout, run_dir)
     tracked = open_tracker(spec, hydra_cfg, run_dir)
     levels = task_levels(spec, train_set, heldout)
     evaluation = HeldoutEval(spec, parts, tokenizer, heldout, run_dir, train_set, levels)
     failed, summary = True, {"heldout_accuracy_after": None}
     try:
         trainer = make_trainer(spec, parts, model, tokenizer, train_set, run_dir, tracked.tracker, levels)
-        validation, health = add_callbacks(trainer, spec, parts, evaluation, tracked, run_dir)
+        watchers = add_callbacks(trainer, spec, parts, evaluation, tracked, run_dir, probed)
         started = time.perf_counter()
         with interruptible(trainer):
             trainer.train(resume_from_checkpoint=str(attempt.checkpoint) if attempt else None)
@@ -83,7 +85,7 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
         checkpoint = save_final_model(trainer, spec, run_dir)
         if is_main_process():
             paths = run_paths(run_dir, hydra_cfg, checkpoint, tracked.tracker)
-            summary = summarise(spec, trainer, evaluation, (validation, health), tracked, paths, train_seconds)
+            summary = summarise(spec, trainer, evaluation, watchers, tracked, paths, train_seconds)
         failed = False
     finally:
         tracked.tracker.finish(failed)
@@ -203,9 +205,29 @@ def difficulty_pool(spec: RunSpec, train_set) -> DifficultyPool | None:
     return pool
 
 
+@dataclass
+class Watchers:
+    """What watched the run and goes in its summary: validations (eval.every), the policy's health, the reward probe's
+    findings (probe.before_training)."""
+
+    validation: PeriodicValidation | None
+    health: PolicyHealth
+    probe_findings: list[str] | None
+
+    def summary(self) -> dict:
+        validated = self.validation.summary() if self.validation else {}
+        return validated | self.health.summary() | {"probe_findings": self.probe_findings}
+
+
 def add_callbacks(
-    trainer, spec: RunSpec, parts: RunParts, evaluation: HeldoutEval, tracked: TrackedRun, run_dir: Path
-) -> tuple[PeriodicValidation | None, PolicyHealth]:
+    trainer,
+    spec: RunSpec,
+    parts: RunParts,
+    evaluation: HeldoutEval,
+    tracked: TrackedRun,
+    run_dir: Path,
+    probe_findings: list[str] | None,
+) -> Watchers:
     """In this order: the evaluation before training, validations (eval.every), the policy's health, metrics.jsonl,
     the console."""
     eval_cfg, on_policy = spec.cfg.eval, OnPolicy(trainer, evaluation)
@@ -229,7 +251,7 @@ def add_callbacks(
     trainer.watch_logs_first(health)
     trainer.add_callback(MetricsFileCallback(run_dir / METRICS_FILE))
     trainer.add_callback(ConsoleView(evaluation.accuracy_before))
-    return validation, health
+    return Watchers(validation, health, probe_findings)
 
 
 def save_final_model(trainer, spec: RunSpec, run_dir: Path) -> Path | None:
@@ -258,7 +280,7 @@ def summarise(
     spec: RunSpec,
     trainer,
     evaluation: HeldoutEval,
-    watchers: tuple[PeriodicValidation | None, PolicyHealth],
+    watchers: Watchers,
     tracked: TrackedRun,
     paths: dict,
     train_seconds: float,
@@ -270,10 +292,7 @@ def summarise(
         cfg, tracked.name, describe(cfg.model, trainer.model), sizes, steps, train_seconds, paths, tracked.sync_command
     )
     summary |= tracked.tracker.identity() | trainer.batch_layout() | evaluation.summary()
-    validation, health = watchers
-    if validation:
-        summary |= validation.summary()
-    summary |= health.summary()
+    summary |= watchers.summary()
     if attempt:  # this attempt trained the steps after the checkpoint only
         seconds_per_step = train_seconds / max(steps - attempt.step, 1)
         summary |= {"resumed_from": str(attempt.checkpoint), "seconds_per_step": seconds_per_step}

@@ -117,6 +117,9 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
         )
         fired = [summary[key] for key in ("entropy_alarm", "truncation_warning", "alarm") if summary.get(key)]
         table.add_row("policy health", "\n".join([health, *fired]))
+    if summary.get("probe_findings") is not None:
+        findings = summary["probe_findings"]
+        table.add_row("reward probe", "\n".join(findings) or "no attack paid beyond a wrong answer")
     for key in ("run_dir", "config", "metrics", "log", "checkpoint", "wandb"):
         if summary.get(key):
             table.add_row(key.replace("_", " "), str(summary[key]))

@@ -115,6 +115,12 @@ def resolve(
     check_trainer(cfg.trainer, spec.processes, multiturn=spec.multiturn, policy_dtype=spec.policy_dtype)
     check_algorithm(cfg.algorithm, cfg.trainer)
     check_rollout(spec)
+    probing = spec.cfg.probe.before_training
+    if spec.multiturn and probing != "off":
+        raise UserError(
+            f"probe.before_training={probing.value}: rollout=multiturn's rewards score whole tool conversations, "
+            "which the probe's battery does not write yet: set probe.before_training=off"
+        )
     if "overlong" in spec.components:
         cache_size(spec.components["overlong"].cache_tokens, cfg.trainer.max_completion_length)
     if spec.selfverify is not None:
