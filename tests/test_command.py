@@ -25,14 +25,14 @@ def test_help_lists_the_commands():
     assert result.returncode == 0
     for name, (module, _) in COMMANDS.items():
         assert f"  {name} " in result.stdout and f"python -m {module}" in result.stdout
-    assert set(COMMANDS) == {"train", "evaluate", "compare"}
+    assert set(COMMANDS) == {"train", "evaluate", "compare", "probe"}
 
 
 @pytest.mark.parametrize("args,code", [((), 2), (("bogus",), 2)])
 def test_no_or_an_unknown_command_is_a_usage_error(args, code):
     result = grpo_exp(*args)
     assert result.returncode == code
-    assert "usage: grpo-exp {train,evaluate,compare}" in result.stdout + result.stderr
+    assert "usage: grpo-exp {train,evaluate,compare,probe}" in result.stdout + result.stderr
 
 
 @pytest.mark.parametrize(
@@ -44,6 +44,7 @@ def test_no_or_an_unknown_command_is_a_usage_error(args, code):
         ("evaluate", ["--help"]),
         ("compare", ["--help"]),
         ("compare", ["/no/such/multirun"]),
+        ("probe", ["--help"]),
     ],
 )
 def test_a_command_is_its_module_run_with_python_dash_m(command, args):

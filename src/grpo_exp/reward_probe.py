@@ -5,6 +5,7 @@ grpo-exp probe                                  # the default run's reward (rewa
 grpo-exp probe reward=math+format+length        # any mix: each component and the weighted mix
 grpo-exp probe reward=math+confidence scorer=genrm probe.problems=40
 grpo-exp probe --config-dir configs reward=math+mine probe.attacks=[my_attacks:sneaky]
+grpo-exp probe outputs/runs/<date>/<time>       # a run's own rewards, composed as `grpo-exp evaluate` does
 
 For the first probe.problems held-out problems it writes a right answer, a plainly wrong one and each attack (several
 final answers, a hedge, the question echoed, the reference in the reasoning but a wrong final answer, empty answer
@@ -15,6 +16,7 @@ reward that tells right from wrong), or more than the wrong one beyond noise (95
 and probe.json in <outputs_dir>/probe/<time>/.
 """
 
+import argparse
 import logging
 import sys
 import time
@@ -27,7 +29,7 @@ from rich.table import Table
 
 from grpo_exp.data import load_splits
 from grpo_exp.errors import UserError
-from grpo_exp.evaluate import compose_with, parse_args, resolve_source
+from grpo_exp.evaluate import compose_with, resolve_source
 from grpo_exp.models import load_tokenizer
 from grpo_exp.plugins import ensure_cwd_importable
 from grpo_exp.probe.attacks import RIGHT, WRONG
@@ -75,6 +77,22 @@ def print_result(result: ProbeResult, console: Console | None = None) -> None:
     for line, finding in zip(lines, result.found, strict=True):
         example = finding.example if len(finding.example) <= 160 else finding.example[:157] + "..."
         console.print(f"  - {line}\n    e.g. {example!r}")
+
+
+def parse_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(the arguments, the --config-dir directories)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m grpo_exp.reward_probe",
+        description=__doc__.split("\n\n", 1)[0].strip("`").split(": ", 1)[-1],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("args", nargs="*", metavar="[RUN_DIR] [KEY=VALUE ...]")
+    parser.add_argument(
+        "--config-dir", "-cd", action="append", default=[], metavar="DIR", help="a config directory of yours"
+    )
+    parsed = parser.parse_intermixed_args(argv)
+    return parsed.args, parsed.config_dir
 
 
 def main(argv: list[str] | None = None) -> ProbeResult:
