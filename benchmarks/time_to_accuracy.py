@@ -93,6 +93,11 @@ ARMS = {
 COMMON = ["trainer.save_steps=0", "save_model=false"]
 
 
+def run_command(command: list[str]) -> subprocess.CompletedProcess:
+    """Each run in a fresh process (the tests start theirs warm: tests/helpers/warm.py)."""
+    return subprocess.run(command, capture_output=True, text=True)
+
+
 def run_trl(seed: int, overrides: list[str]) -> dict:
     """Bare TRL: train, then the held-out accuracy of the trained policy (in this process)."""
     from benchmarks.overhead_worker import bare_trl_trainer
@@ -135,7 +140,7 @@ def run_grpo_exp(seed: int, settings: list[str], overrides: list[str], every: in
             *settings,
             *validation,
         ]
-        completed = subprocess.run(command, capture_output=True, text=True)
+        completed = run_command(command)
         if completed.returncode != 0:
             raise SystemExit(f"grpo_exp run (seed {seed}) failed:\n{completed.stderr[-3000:]}")
         summary = json.loads((Path(tmp) / "run" / "summary.json").read_text())
@@ -170,7 +175,7 @@ def run_arm(arm: str, seed: int, overrides: list[str], every: int = 0) -> dict:
     with tempfile.TemporaryDirectory() as tmp:  # bare TRL in its own process, as the grpo_exp job is
         out = Path(tmp) / "result.json"
         command = [sys.executable, "-m", "benchmarks.time_to_accuracy", "--trl-worker", str(seed), str(out), *overrides]
-        completed = subprocess.run(command, capture_output=True, text=True)
+        completed = run_command(command)
         if completed.returncode != 0:
             raise SystemExit(f"bare TRL run (seed {seed}) failed:\n{completed.stderr[-3000:]}")
         return json.loads(out.read_text())

@@ -15,7 +15,7 @@ from grpo_exp.compare import main as compare_main
 from grpo_exp.paths import REPO_ROOT
 from grpo_exp.run.comparison import side_by_side
 from grpo_exp.run.files import METRICS_FILE, STATUS_FILE, SUMMARY_FILE
-from tests.helpers.cli import copied_run, run_cli
+from tests.helpers.cli import copied_run, run_cli, run_command
 
 
 @pytest.fixture(scope="module")
@@ -78,9 +78,13 @@ def test_the_overhead_benchmark_runs_both_variants_and_prints_the_ratios(capsys)
 
 
 @pytest.mark.e2e
-def test_the_time_to_accuracy_benchmark_runs_each_arm_and_continues_where_it_stopped(tmp_path, capsys):
-    """The benchmark's machinery on the tiny model (the real numbers, embedded model: BENCHMARKS.md)."""
+def test_the_time_to_accuracy_benchmark_runs_each_arm_and_continues_where_it_stopped(tmp_path, capsys, monkeypatch):
+    """The benchmark's machinery on the tiny model (the real numbers, embedded model: BENCHMARKS.md); each run still
+    a process of its own, started warm."""
+    from benchmarks import time_to_accuracy
     from benchmarks.time_to_accuracy import main as time_main
+
+    monkeypatch.setattr(time_to_accuracy, "run_command", lambda command: run_command(command, timeout=600))
 
     results, figure = tmp_path / "results.json", tmp_path / "figure.png"
     tiny = ["model=tiny", "trainer=debug", "dataset.eval_size=4", "dataset.train_size=64", "logger=none"]

@@ -155,6 +155,15 @@ def run_config_sources(run_dir: Path) -> tuple[list[tuple[str, str]], str | None
     return sources, cwd
 
 
+def composed(source: Source):
+    """The training config `source` names, the user's modules importable (reward components, verifier, dataset
+    function) from the current directory as in training, else from the directory the run was started in."""
+    ensure_cwd_importable()
+    if source.run_cwd and os.path.isdir(source.run_cwd) and source.run_cwd not in sys.path:
+        sys.path.append(source.run_cwd)
+    return compose_with(source.config_sources, source.overrides)
+
+
 def compose_with(sources: list[tuple[str, str]], overrides: list[str]):
     """The training config composed on conf/ (Hydra's compose API), with these config directories on the search
     path where Hydra's --config-dir and hydra.searchpath put theirs: after conf/, before the structured schema."""
@@ -186,10 +195,7 @@ def main(argv: list[str] | None = None) -> dict:
     register_schemas()
     source = resolve_source(*parse_args(sys.argv[1:] if argv is None else argv))
     overrides, out_dir = source.overrides, source.out_dir
-    ensure_cwd_importable()  # the user's modules (reward components, verifier, dataset function), as in training
-    if source.run_cwd and os.path.isdir(source.run_cwd) and source.run_cwd not in sys.path:
-        sys.path.append(source.run_cwd)  # ...else from the directory the run was started in
-    cfg = compose_with(source.config_sources, overrides)
+    cfg = composed(source)
     spec = resolve(cfg, processes=1, evaluating=True)
     out_dir = out_dir or Path(cfg.outputs_dir) / "eval" / time.strftime("%Y-%m-%d_%H-%M-%S")
     train, heldout = load_splits(cfg.dataset)

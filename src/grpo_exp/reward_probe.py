@@ -29,9 +29,8 @@ from rich.table import Table
 
 from grpo_exp.data import load_splits
 from grpo_exp.errors import UserError
-from grpo_exp.evaluate import compose_with, resolve_source
+from grpo_exp.evaluate import composed, resolve_source
 from grpo_exp.models import load_tokenizer
-from grpo_exp.plugins import ensure_cwd_importable
 from grpo_exp.probe.attacks import RIGHT, WRONG
 from grpo_exp.probe.battery import MIX, ProbeResult, finding_lines, probe_heldout
 from grpo_exp.run.build import build_parts
@@ -99,8 +98,7 @@ def main(argv: list[str] | None = None) -> ProbeResult:
     warnings.filterwarnings("ignore", category=FutureWarning)
     register_schemas()
     source = resolve_source(*parse_args(sys.argv[1:] if argv is None else argv))
-    ensure_cwd_importable()  # the user's reward modules and attacks
-    cfg = compose_with(source.config_sources, source.overrides)
+    cfg = composed(source)  # the user's modules importable: their reward components and attacks
     spec = resolve(cfg, processes=1, evaluating=source.out_dir is not None)
     train, heldout = load_splits(cfg.dataset)
     parts = build_parts(spec, train["solution"])
