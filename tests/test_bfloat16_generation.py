@@ -28,13 +28,54 @@ def teacher_forced_log_probs(model, prompt: list[int], completion: list[int], te
     return torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(completion)[:, None]).squeeze(1)
 
 
-def test_sampled_log_probs_read_each_step_and_rows_end_at_their_first_eos():
-    scores = (torch.tensor([[0.0, 0.0], [2.0, 0.0]]), torch.tensor([[0.0, float("-inf")], [1.0, 1.0]]))
+def test_sampled_log_probs_read_each_step_at_the_temperature_and_rows_end_at_their_first_eos():
+    logits = (torch.tensor([[0.0, 0.0], [4.0, 0.0]]), torch.tensor([[0.0, float("-inf")], [2.0, 2.0]]))
     tokens = torch.tensor([[1, 0], [0, 1]])
+    # temperature 2: log_softmax([0, 0]) = -0.6931; log_softmax([2, 0])[0] = -0.1269; [0, -inf] -> 0; [1, 1] -> -0.6931
     expected = torch.tensor([[-0.6931, 0.0], [-0.1269, -0.6931]])
-    torch.testing.assert_close(sampled_log_probs(scores, tokens), expected, atol=1e-4, rtol=0)
+    torch.testing.assert_close(sampled_log_probs(logits, tokens, 2.0), expected, atol=1e-4, rtol=0)
     rows = torch.tensor([[5, 2, 9, 2], [5, 5, 5, 5], [3, 5, 5, 7]])
     assert through_first_eos(rows, [2, 7]) == [2, 4, 4]
+
+
+def test_top_p_sampled_tokens_carry_the_whole_distributions_log_probability_as_trls_loss_computes_it():
+    """The top_p question, by hand. Logits [2, 1, 0, -1] at temperature 1: probabilities 0.6439, 0.2369, 0.0871,
+    0.0321. top_p=0.7 keeps tokens 0 and 1 (0.6439 < 0.7 <= 0.8808) and renormalises: token 0 at 0.6439 / 0.8808 =
+    0.7311 (log -0.3133). TRL's loss takes the new log-probability over the whole vocabulary: log 0.6439 = -0.4402.
+    Handed the truncated one as the old, the ratio would be exp(-0.4402 + 0.3133) = 0.8808 (the kept mass) before any
+    update: with a kept mass under 1 - epsilon = 0.8, PPO's clip would zero every negative advantage's gradient. So
+    the sampler hands the whole distribution's: the ratio is 1 on-policy."""
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    token = torch.tensor([[0]])
+    sampled = sampled_log_probs((logits,), token, 1.0)
+    trl_new = torch.log_softmax(logits, dim=-1)[0, 0]  # TRL: selective_log_softmax(logits / temperature)
+    torch.testing.assert_close(sampled[0, 0], trl_new)
+    assert float(sampled[0, 0]) == pytest.approx(-0.4402, abs=1e-4)
+    kept = torch.softmax(logits, dim=-1)[0, :2]
+    assert math.log(kept[0] / kept.sum()) == pytest.approx(-0.3133, abs=1e-4)  # the truncated one, not handed on
+
+
+def test_with_top_p_the_copys_old_log_probabilities_are_trls_on_policy(tiny_policy):
+    """The copy samples with top_k=5, top_p=0.5: what it hands on is its whole distribution at the temperature,
+    teacher-forced (up to bfloat16 rounding between its cached and full forwards), never above it by the
+    renormalisation (which, for the tiny model's flat distributions, would be ~log(V/5) higher)."""
+    policy, tokenizer = tiny_policy
+    sampler = SamplingCopy(policy)
+    sampler.sync(policy, step=0)
+    prompt = tokenizer("What is 2 + 3?")["input_ids"]
+    config = GenerationConfig(
+        do_sample=True,
+        temperature=0.7,
+        top_k=5,
+        top_p=0.5,
+        max_new_tokens=12,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=[tokenizer.eos_token_id],
+    )
+    torch.manual_seed(0)
+    (completion,), (sampled,) = sampler.generate([prompt], config)
+    whole = teacher_forced_log_probs(sampler.copy, prompt, completion, 0.7)
+    torch.testing.assert_close(torch.tensor(sampled), whole, atol=0.03, rtol=0)
 
 
 def test_the_sampler_gives_the_log_probabilities_of_the_copy_that_sampled(tiny_policy):

@@ -162,9 +162,9 @@ class SamplingCopy:
         self, prompt_ids: list[list[int]], generation_config, with_log_probs: bool = True
     ) -> tuple[list[list[int]], list[list[float]] | None]:
         """Each prompt's completion (through its first EOS, as TRL cuts it) and, `with_log_probs`, the sampler's
-        log-probability of each of its tokens, under the distribution it was drawn from (temperature, top-k,
-        top-p... applied). `generation_config` (TRL's) replaces the copy's own, so that none of the model's
-        defaults slip in."""
+        log-probability of each of its tokens as TRL's loss computes the policy's: the copy's whole distribution at
+        the sampling temperature, not the one top-k / top-p truncated and renormalised (sampled_log_probs).
+        `generation_config` (TRL's) replaces the copy's own, so that none of the model's defaults slip in."""
         self.copy.generation_config = generation_config
         pad, eos = generation_config.pad_token_id, generation_config.eos_token_id
         prompts = [torch.tensor(ids) for ids in prompt_ids]
@@ -178,12 +178,13 @@ class SamplingCopy:
             input_ids=input_ids,
             attention_mask=attention_mask,
             past_key_values=cache,
-            output_scores=with_log_probs,
+            output_logits=with_log_probs,
             return_dict_in_generate=True,
         )
         completions = output.sequences[:, input_ids.shape[1] :].cpu()
         lengths = through_first_eos(completions, eos if isinstance(eos, list) else [eos])
-        log_probs = sampled_log_probs(output.scores, completions) if with_log_probs else None
+        temperature = generation_config.temperature if generation_config.do_sample else 1.0
+        log_probs = sampled_log_probs(output.logits, completions, temperature) if with_log_probs else None
         return (
             [row[:n].tolist() for row, n in zip(completions, lengths, strict=True)],
             None if log_probs is None else [row[:n].tolist() for row, n in zip(log_probs, lengths, strict=True)],
@@ -214,12 +215,17 @@ def shared_prefill(model, input_ids: torch.Tensor, attention_mask: torch.Tensor)
     return cache
 
 
-def sampled_log_probs(scores: tuple[torch.Tensor, ...], tokens: torch.Tensor) -> torch.Tensor:
-    """[B, T] log-probability of each sampled token under the distribution it was sampled from: `scores` are
-    generate()'s processed scores of each step ([B, V] each: logits after temperature, top-k/top-p masking...)."""
+def sampled_log_probs(logits: tuple[torch.Tensor, ...], tokens: torch.Tensor, temperature: float) -> torch.Tensor:
+    """[B, T] log-probability of each sampled token as TRL's loss computes the policy's: log_softmax(logits /
+    temperature) over the whole vocabulary, from generate()'s raw logits of each step ([B, V] each).
+
+    Not under the top-k / top-p truncated distribution it was drawn from: these are the old log-probabilities of
+    TRL's PPO ratio, whose new ones TRL takes over the whole vocabulary. Truncated ones would put every kept token's
+    ratio at the kept mass (< 1) before any update, so that with a mass under 1 - epsilon the clip would cut every
+    negative advantage's gradient (tests/test_bfloat16_generation.py, by hand)."""
     columns = [
-        torch.log_softmax(step.float(), dim=-1).gather(1, tokens[:, t : t + 1].to(step.device)).cpu()
-        for t, step in enumerate(scores)
+        torch.log_softmax(step.float() / temperature, dim=-1).gather(1, tokens[:, t : t + 1].to(step.device)).cpu()
+        for t, step in enumerate(logits)
     ]
     return torch.cat(columns, dim=1)
 
