@@ -137,7 +137,7 @@ def test_the_probe_reports_the_frozen_p_yes_verifiers_weakness(tmp_path):
     while accuracy fell 0.25 -> 0.01: it does not tell the right answer from the wrong one, and pays empty answer
     tags more than a wrong answer."""
     result = run_cli(
-        "reward=math+confidence", "scorer=genrm", "probe.problems=10", f"outputs_dir={tmp_path}",
+        "reward=math+confidence", "scorer=genrm", "probe.problems=5", f"outputs_dir={tmp_path}",
         module="grpo_exp.reward_probe",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
