@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from grpo_exp.errors import UserError
 from grpo_exp.probe.attacks import RIGHT, WRONG, Problem, battery, final_answer_style, question_expression, wrong_answer
 from grpo_exp.probe.findings import findings
-from support.config import TINY_RUN
+from grpo_exp.run.resolve import resolve
+from support.config import TINY_RUN, compose_config
 from tests.helpers.cli import run_cli, run_command
 
 GRPO_EXP = Path(sys.executable).with_name("grpo-exp")
@@ -49,6 +51,13 @@ def test_findings_by_hand():
     assert [(f.attack, f.kind) for f in findings("format", flat, dict.fromkeys(flat, ""))] == [
         ("more", "more than wrong")
     ]
+
+
+def test_a_multi_turn_run_is_probed_only_when_asked_and_then_refused_with_the_reason():
+    base = [*TINY_RUN, "logger=none", "rollout=multiturn"]
+    assert resolve(compose_config(base), processes=1).multiturn  # probe.before_training=off: nothing to refuse
+    with pytest.raises(UserError, match=r"probe.before_training=warn: rollout=multiturn's rewards score whole tool"):
+        resolve(compose_config([*base, "probe.before_training=warn"]), processes=1)
 
 
 OLD_MATH = '''

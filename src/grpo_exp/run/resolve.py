@@ -44,7 +44,7 @@ from grpo_exp.run.inert import check_only_with
 from grpo_exp.run.resume import Attempt, resolve_attempt
 from grpo_exp.run.tracking import redact, report_to
 from grpo_exp.run.validation import check_validation
-from grpo_exp.schema import DataSource, RolloutName, ScorerName, check_values
+from grpo_exp.schema import AlarmAction, DataSource, RolloutName, ScorerName, check_values
 from grpo_exp.trainer.advantages import check_algorithm
 from grpo_exp.trainer.config import GRPOExpConfig, check_trainer, grpo_exp_config
 from grpo_exp.verification.labels import check_labels
@@ -115,8 +115,8 @@ def resolve(
     check_trainer(cfg.trainer, spec.processes, multiturn=spec.multiturn, policy_dtype=spec.policy_dtype)
     check_algorithm(cfg.algorithm, cfg.trainer)
     check_rollout(spec)
-    probing = spec.cfg.probe.before_training
-    if spec.multiturn and probing != "off":
+    probing = AlarmAction(spec.cfg.probe.before_training)
+    if spec.multiturn and probing is not AlarmAction.off:
         raise UserError(
             f"probe.before_training={probing.value}: rollout=multiturn's rewards score whole tool conversations, "
             "which the probe's battery does not write yet: set probe.before_training=off"
