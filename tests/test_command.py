@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from grpo_exp.cli import COMMANDS
+from tests.helpers.cli import run_command
 
 GRPO_EXP = Path(sys.executable).with_name("grpo-exp")
 
@@ -48,8 +49,10 @@ def test_no_or_an_unknown_command_is_a_usage_error(args, code):
     ],
 )
 def test_a_command_is_its_module_run_with_python_dash_m(command, args):
-    mine = grpo_exp(command, *args)
-    theirs = run(sys.executable, "-m", COMMANDS[command][0], *args)
+    """Both started warm (tests/helpers/warm.py runs the console script as its entry point would); the console
+    script itself, cold, in the other tests here."""
+    mine = run_command([GRPO_EXP, command, *args], timeout=300)
+    theirs = run_command([sys.executable, "-m", COMMANDS[command][0], *args], timeout=300)
     assert (mine.returncode, mine.stdout) == (theirs.returncode, theirs.stdout)
     assert mine.stderr.splitlines()[-3:] == theirs.stderr.splitlines()[-3:]
     assert mine.stdout or mine.stderr

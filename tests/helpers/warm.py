@@ -43,7 +43,8 @@ RUNTIME_VARIABLES = {
 }  # fmt: skip
 RUNTIME_PREFIXES = ("ACCELERATE_", "TORCHELASTIC_", "GRPO_EXP_TEST_")
 SOCKET_VARIABLE = "GRPO_EXP_TEST_WARM_SOCKET"
-IMPORTS = ("torch", "transformers", "trl", "datasets", "hydra", "grpo_exp.run.experiment", "grpo_exp.cli")
+# Not grpo_exp.cli (nor any module a command runs): runpy warns when the module it runs is already imported.
+IMPORTS = ("torch", "transformers", "trl", "datasets", "hydra", "grpo_exp.run.experiment")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
