@@ -28,6 +28,18 @@ def teacher_forced_log_probs(model, prompt: list[int], completion: list[int], te
     return torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(completion)[:, None]).squeeze(1)
 
 
+def sampling_config(tokenizer, **truncation) -> GenerationConfig:
+    """TRL's sampling at temperature 0.7, 12 new tokens, with `truncation` (top_k, top_p)."""
+    return GenerationConfig(
+        do_sample=True,
+        temperature=0.7,
+        max_new_tokens=12,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=[tokenizer.eos_token_id],
+        **truncation,
+    )
+
+
 def test_sampled_log_probs_read_each_step_at_the_temperature_and_rows_end_at_their_first_eos():
     logits = (torch.tensor([[0.0, 0.0], [4.0, 0.0]]), torch.tensor([[0.0, float("-inf")], [2.0, 2.0]]))
     tokens = torch.tensor([[1, 0], [0, 1]])
@@ -63,17 +75,8 @@ def test_with_top_p_the_copys_old_log_probabilities_are_trls_on_policy(tiny_poli
     sampler = SamplingCopy(policy)
     sampler.sync(policy, step=0)
     prompt = tokenizer("What is 2 + 3?")["input_ids"]
-    config = GenerationConfig(
-        do_sample=True,
-        temperature=0.7,
-        top_k=5,
-        top_p=0.5,
-        max_new_tokens=12,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=[tokenizer.eos_token_id],
-    )
     torch.manual_seed(0)
-    (completion,), (sampled,) = sampler.generate([prompt], config)
+    (completion,), (sampled,) = sampler.generate([prompt], sampling_config(tokenizer, top_k=5, top_p=0.5))
     whole = teacher_forced_log_probs(sampler.copy, prompt, completion, 0.7)
     torch.testing.assert_close(torch.tensor(sampled), whole, atol=0.03, rtol=0)
 
@@ -85,16 +88,8 @@ def test_the_sampler_gives_the_log_probabilities_of_the_copy_that_sampled(tiny_p
     assert {p.dtype for p in sampler.copy.parameters()} == {torch.bfloat16}
     assert {p.dtype for p in policy.parameters()} == {torch.float32}  # the policy itself is untouched
     prompts = [tokenizer("What is 2 + 3?")["input_ids"], tokenizer("Add 10 and 4, then say why.")["input_ids"]]
-    config = GenerationConfig(
-        do_sample=True,
-        temperature=0.7,
-        top_k=0,
-        max_new_tokens=12,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=[tokenizer.eos_token_id],
-    )
     torch.manual_seed(0)
-    completions, log_probs = sampler.generate(prompts, config)
+    completions, log_probs = sampler.generate(prompts, sampling_config(tokenizer, top_k=0))
     mismatch = []
     for prompt, completion, sampled in zip(prompts, completions, log_probs, strict=True):
         assert len(completion) == len(sampled) > 0

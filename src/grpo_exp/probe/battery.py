@@ -2,6 +2,7 @@
 called as TRL calls them (prompts, completions, completion_ids, the dataset's columns), and by the weighted mix as
 TRL sums it (a component's None left out); then the findings (findings.py) of each component and of the mix."""
 
+import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +26,10 @@ class ProbeResult:
     found: list[Finding]
     right_credited: float  # the share of problems whose right answer the run's labels call correct
 
+    @property
+    def problems(self) -> int:
+        return len(self.scores[MIX][RIGHT])
+
     def mean(self, reward: str, kind: str) -> float | None:
         values = [v for v in self.scores[reward][kind] if v is not None]
         return sum(values) / len(values) if values else None
@@ -33,7 +38,7 @@ class ProbeResult:
         kinds = list(self.examples)
         means = {reward: {kind: self.mean(reward, kind) for kind in kinds} for reward in self.scores}
         return {
-            "problems": len(self.scores[MIX][RIGHT]),
+            "problems": self.problems,
             "right_credited_by_labels": self.right_credited,
             "findings": [finding.row() for finding in self.found],
             "means": means,
@@ -47,12 +52,21 @@ class ProbeResult:
 
 
 def user_attacks(paths: list[str]) -> dict[str, Callable[[Problem], str]]:
-    """probe.attacks: the user's own, each f(problem: Problem) -> str by import path, named by its function."""
+    """probe.attacks: the user's own, each f(problem: Problem) -> str by import path, named by its function; what
+    it raises, or returns other than text, is one message naming it."""
     attacks = {}
     for path in paths:
         func = import_callable(path, "probe.attacks", "an attack: f(problem: Problem) -> str")
-        attacks[path.rpartition(":")[2]] = func
+        name = path.rpartition(":")[2]
+        attacks[name] = functools.partial(_checked_attack, func, name)
     return attacks
+
+
+def _checked_attack(func: Callable[[Problem], str], name: str, problem: Problem) -> str:
+    text = call_user(func, f"probe.attacks: {name}", problem)
+    if not isinstance(text, str):
+        raise UserError(f"probe.attacks: {name} returned a {type(text).__name__}: an attack returns the text")
+    return text
 
 
 def probe(reward_funcs: list[Callable], weights: list[float], rows: list[dict], tokenizer, labels, extra=None):
@@ -63,7 +77,7 @@ def probe(reward_funcs: list[Callable], weights: list[float], rows: list[dict], 
         Problem(_question(row), ref, wrong_answer(ref, references[i + 1 :] + references[:i]), style)
         for i, (row, ref) in enumerate(zip(rows, references, strict=True))
     ]
-    batteries = [_checked_battery(problem, extra or {}) for problem in problems]
+    batteries = [battery(problem, extra) for problem in problems]
     kinds = list(batteries[0])
     scores = {func.__name__: {} for func in reward_funcs} | {MIX: {}}
     for kind in kinds:
@@ -83,14 +97,6 @@ def _question(row: dict) -> str:
     if isinstance(prompt, list):  # conversational: the last user turn
         return next((m["content"] for m in reversed(prompt) if m.get("role") == "user"), "")
     return str(prompt)
-
-
-def _checked_battery(problem: Problem, extra: dict) -> dict[str, str]:
-    for name, func in extra.items():  # the user's attack: its errors and its return type, in one message
-        text = call_user(func, f"probe.attacks: {name}", problem)
-        if not isinstance(text, str):
-            raise UserError(f"probe.attacks: {name} returned a {type(text).__name__}: an attack returns the text")
-    return battery(problem, extra)
 
 
 def _score(func: Callable, rows: list[dict], texts: list[str], tokenizer) -> list[float | None]:

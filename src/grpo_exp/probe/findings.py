@@ -10,6 +10,7 @@ For one reward (a component, or the weighted mix) and one attack, over the probl
   answer 0.007 more: not a hack worth its name), else 0.
 """
 
+import dataclasses
 import math
 import statistics
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ class Finding:
     example: str
 
     def row(self) -> dict:
-        return self.__dict__.copy()
+        return dataclasses.asdict(self)
 
 
 def paired(first: list[float | None], second: list[float | None]) -> list[tuple[float, float]]:

@@ -3,6 +3,7 @@ collapsing or blowing up, its completions cut at the length limit (grpo_exp.run.
 noise). What TRL logs is gathered over the processes, so every process decides alike, and a stop stops them all."""
 
 import logging
+import statistics
 from pathlib import Path
 
 from transformers import TrainerCallback
@@ -69,14 +70,15 @@ class PolicyHealth(TrainerCallback):
     def summary(self) -> dict:
         """For summary.json: what fired, and the numbers it watched (the first and last window's means)."""
         window = self.cfg.window
-        first = self.entropies[:window]
-        last = self.entropies[-window:]
-        clipped = self.clipped[-window:]
+
+        def mean(values: list[float]) -> float | None:
+            return statistics.fmean(values) if values else None
+
         return {
             "entropy_alarm": self.entropy,
             "truncation_warning": self.truncation,
-            "entropy_first": sum(first) / len(first) if first else None,
-            "entropy_last": sum(last) / len(last) if last else None,
-            "clipped_ratio_last": sum(clipped) / len(clipped) if clipped else None,
+            "entropy_first": mean(self.entropies[:window]),
+            "entropy_last": mean(self.entropies[-window:]),
+            "clipped_ratio_last": mean(self.clipped[-window:]),
             **({"health_stopped": self.stopped} if self.stopped else {}),
         }

@@ -30,5 +30,5 @@ def probe_first(spec, parts, tokenizer, heldout, run_dir: Path) -> list[str] | N
             f"({run_dir / 'probe.json'}): " + "; ".join(lines)
         )
     if not lines:
-        log.info("Reward probe: no attack paid beyond a wrong answer (%d problems)", len(result.scores["mix"]["right"]))
+        log.info("Reward probe: no attack paid beyond a wrong answer (%d problems)", result.problems)
     return lines
