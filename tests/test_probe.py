@@ -60,6 +60,15 @@ def test_a_multi_turn_run_is_probed_only_when_asked_and_then_refused_with_the_re
         resolve(compose_config([*base, "probe.before_training=warn"]), processes=1)
 
 
+def test_the_probes_settings_in_a_run_that_does_not_probe_are_refused_naming_both_keys():
+    base = [*TINY_RUN, "logger=none", "probe.problems=10"]
+    refused = r"probe.problems=10 is read only by the reward probe.*but probe.before_training=off"
+    with pytest.raises(UserError, match=refused):
+        resolve(compose_config(base), processes=1)
+    assert resolve(compose_config([*base, "probe.before_training=warn"]), processes=1).cfg.probe.problems == 10
+    assert resolve(compose_config(base), processes=1, probing=True).cfg.probe.problems == 10  # grpo-exp probe
+
+
 OLD_MATH = '''
 from math_verify import parse, verify
 

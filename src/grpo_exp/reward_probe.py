@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> ProbeResult:
     register_schemas()
     source = resolve_source(*parse_args(sys.argv[1:] if argv is None else argv))
     cfg = composed(source)  # the user's modules importable: their reward components and attacks
-    spec = resolve(cfg, processes=1, evaluating=source.out_dir is not None)
+    spec = resolve(cfg, processes=1, evaluating=source.out_dir is not None, probing=True)
     train, heldout = load_splits(cfg.dataset)
     parts = build_parts(spec, train["solution"])
     tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)

@@ -358,6 +358,13 @@ ONLY_WITH: tuple[OnlyWith, ...] = (
         "set either to warn or stop",
     ),
     OnlyWith(
+        ("probe.problems", "probe.attacks"),
+        lambda cfg: cfg.probe.before_training is not AlarmAction.off,
+        "by the reward probe: `grpo-exp probe`, or before a run with probe.before_training",
+        lambda cfg: "probe.before_training=off",
+        "set probe.before_training=warn or stop (or run grpo-exp probe)",
+    ),
+    OnlyWith(
         ("curriculum",),
         lambda cfg: cfg.curriculum.enabled,
         "by the curriculum over prompts' difficulty (curriculum.enabled=true)",
@@ -412,12 +419,13 @@ ONLY_WITH: tuple[OnlyWith, ...] = (
 )
 
 
-def check_only_with(cfg: DictConfig, evaluating: bool = False) -> None:
+def check_only_with(cfg: DictConfig, read_by_caller: tuple[str, ...] = ()) -> None:
     """Every rule of ONLY_WITH, in order: the first option given a value that this run ignores is one UserError
-    naming it, what would read it, and the setting of this run that turns it off. `evaluating`: a checkpoint is
-    evaluated in place of the run's model (grpo_exp.evaluate), whose settings are then not checked."""
+    naming it, what would read it, and the setting of this run that turns it off. `read_by_caller`: the sections
+    the command itself reads or replaces whatever the rest says (grpo_exp.evaluate: `model.`, a checkpoint in place
+    of the run's model; grpo-exp probe: `probe.`), whose rules are then not checked."""
     for rule in ONLY_WITH:
-        if evaluating and rule.keys[0].startswith("model."):
+        if rule.keys[0].startswith(read_by_caller):
             continue
         given = [leaf for key in rule.keys for leaf in _leaves(cfg, key) if leaf not in rule.but and _given(cfg, leaf)]
         if not given or rule.active(cfg):

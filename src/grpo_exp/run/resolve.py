@@ -89,11 +89,16 @@ class RunSpec:
 
 
 def resolve(
-    cfg: DictConfig, processes: int | None = None, trainer_dir: Path | None = None, evaluating: bool = False
+    cfg: DictConfig,
+    processes: int | None = None,
+    trainer_dir: Path | None = None,
+    evaluating: bool = False,
+    probing: bool = False,
 ) -> RunSpec:
     """`processes`: how many processes train together (default: this launch's); `trainer_dir`: where the trainer
     writes its checkpoints, for a training run (its GRPOExpConfig is made and checked too); `evaluating`: a
-    checkpoint is evaluated in place of the config's model (grpo_exp.evaluate), whose own settings are not checked."""
+    checkpoint is evaluated in place of the config's model (grpo_exp.evaluate), whose own settings are not checked;
+    `probing`: `grpo-exp probe` reads probe.* whatever probe.before_training says."""
     check_required(cfg)
     check_paths(cfg)
     load_rubric_file(cfg.judge)  # judge.rubric_file: its rubric replaces judge.rubric, recorded in the run's config
@@ -109,7 +114,8 @@ def resolve(
         saved_config=saved_config,
     )
     check_verifier(spec)
-    check_only_with(cfg, evaluating)  # once each setting is known to be valid on its own
+    read_by_caller = ("model.",) * evaluating + ("probe.",) * probing
+    check_only_with(cfg, read_by_caller)  # once each setting is known to be valid on its own
     if "judge" in spec.components:
         check_judge(cfg.judge, spec.processes)
     check_trainer(cfg.trainer, spec.processes, multiturn=spec.multiturn, policy_dtype=spec.policy_dtype)
