@@ -3,6 +3,7 @@ copy of the policy, and the copy's log-probabilities are the behaviour policy th
 TRL's GRPOTrainer really generates and computes its loss here (tiny model)."""
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -10,7 +11,8 @@ from transformers import AutoModelForCausalLM, GenerationConfig
 
 from grpo_exp.errors import UserError
 from grpo_exp.trainer.config import check_trainer
-from grpo_exp.trainer.sampling_copy import SamplingCopy, sampled_log_probs, through_first_eos
+from grpo_exp.sampled_log_probs import SampledLogProbs
+from grpo_exp.trainer.sampling_copy import SamplingCopy, through_first_eos
 from support.config import TINY_RUN, compose_config
 from tests.helpers.cli import logged_steps, run_cli
 from tests.helpers.tiny_trainer import G, generation_batch, make_trainer
@@ -40,14 +42,45 @@ def sampling_config(tokenizer, **truncation) -> GenerationConfig:
     )
 
 
+class ScriptedLogits(torch.nn.Module):
+    """A model whose forward returns the next of `steps` ([B, V] logits each) at the last position, as generate()'s
+    forwards do; the recorder sees it through its forward hook."""
+
+    def __init__(self, *steps: torch.Tensor):
+        super().__init__()
+        self.steps = list(steps)
+
+    def forward(self, input_ids):
+        return SimpleNamespace(logits=self.steps.pop(0)[:, None, :])
+
+
+def recorded(steps: tuple[torch.Tensor, ...], tokens: torch.Tensor, temperature: float) -> torch.Tensor:
+    """The recorder's log-probabilities of `tokens` ([B, T]) when step t's forward gave steps[t] and was fed the
+    token sampled at step t - 1 (the prompt's last token first)."""
+    model = ScriptedLogits(*steps)
+    with SampledLogProbs(model, temperature) as record:
+        model(input_ids=torch.zeros(tokens.shape[0], 3, dtype=torch.long))
+        for t in range(1, tokens.shape[1]):
+            model(input_ids=tokens[:, t - 1 : t])
+    return record.of(tokens)
+
+
 def test_sampled_log_probs_read_each_step_at_the_temperature_and_rows_end_at_their_first_eos():
     logits = (torch.tensor([[0.0, 0.0], [4.0, 0.0]]), torch.tensor([[0.0, float("-inf")], [2.0, 2.0]]))
     tokens = torch.tensor([[1, 0], [0, 1]])
     # temperature 2: log_softmax([0, 0]) = -0.6931; log_softmax([2, 0])[0] = -0.1269; [0, -inf] -> 0; [1, 1] -> -0.6931
     expected = torch.tensor([[-0.6931, 0.0], [-0.1269, -0.6931]])
-    torch.testing.assert_close(sampled_log_probs(logits, tokens, 2.0), expected, atol=1e-4, rtol=0)
+    torch.testing.assert_close(recorded(logits, tokens, 2.0), expected, atol=1e-4, rtol=0)
     rows = torch.tensor([[5, 2, 9, 2], [5, 5, 5, 5], [3, 5, 5, 7]])
     assert through_first_eos(rows, [2, 7]) == [2, 4, 4]
+
+
+def test_the_recorder_refuses_a_count_of_steps_that_is_not_the_count_of_tokens():
+    model = ScriptedLogits(torch.zeros(1, 2), torch.zeros(1, 2))
+    with SampledLogProbs(model, 1.0) as record:
+        model(input_ids=torch.zeros(1, 3, dtype=torch.long))
+    with pytest.raises(RuntimeError, match="recorded 1 sampling steps for 2 generated tokens"):
+        record.of(torch.zeros(1, 2, dtype=torch.long))
 
 
 def test_top_p_sampled_tokens_carry_the_whole_distributions_log_probability_as_trls_loss_computes_it():
@@ -59,7 +92,7 @@ def test_top_p_sampled_tokens_carry_the_whole_distributions_log_probability_as_t
     the sampler hands the whole distribution's: the ratio is 1 on-policy."""
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
     token = torch.tensor([[0]])
-    sampled = sampled_log_probs((logits,), token, 1.0)
+    sampled = recorded((logits,), token, 1.0)
     trl_new = torch.log_softmax(logits, dim=-1)[0, 0]  # TRL: selective_log_softmax(logits / temperature)
     torch.testing.assert_close(sampled[0, 0], trl_new)
     assert float(sampled[0, 0]) == pytest.approx(-0.4402, abs=1e-4)

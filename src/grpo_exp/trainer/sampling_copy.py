@@ -22,6 +22,7 @@ many AMD EPYCs, has neither): `prepack_unsupported` says so before anything is l
 Sampler (grpo_exp.trainer.sampling) falls back to an unpacked copy (auto fast_generation) or refuses (an explicit one).
 """
 
+import contextlib
 import copy
 import functools
 import os
@@ -29,6 +30,8 @@ import os
 import torch
 from torch.nn.utils.rnn import pad_sequence
 from transformers import DynamicCache
+
+from grpo_exp.sampled_log_probs import SampledLogProbs
 
 
 class PrepackedLinear(torch.nn.Module):
@@ -163,7 +166,8 @@ class SamplingCopy:
     ) -> tuple[list[list[int]], list[list[float]] | None]:
         """Each prompt's completion (through its first EOS, as TRL cuts it) and, `with_log_probs`, the sampler's
         log-probability of each of its tokens as TRL's loss computes the policy's: the copy's whole distribution at
-        the sampling temperature, not the one top-k / top-p truncated and renormalised (sampled_log_probs).
+        the sampling temperature, not the one top-k / top-p truncated and renormalised
+        (grpo_exp.sampled_log_probs).
         `generation_config` (TRL's) replaces the copy's own, so that none of the model's defaults slip in."""
         self.copy.generation_config = generation_config
         pad, eos = generation_config.pad_token_id, generation_config.eos_token_id
@@ -174,17 +178,13 @@ class SamplingCopy:
         cache = None
         if self.prepack and generation_config.cache_implementation is None:
             cache = shared_prefill(self.copy, input_ids, attention_mask)
-        output = self.copy.generate(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            past_key_values=cache,
-            output_logits=with_log_probs,
-            return_dict_in_generate=True,
-        )
-        completions = output.sequences[:, input_ids.shape[1] :].cpu()
-        lengths = through_first_eos(completions, eos if isinstance(eos, list) else [eos])
         temperature = generation_config.temperature if generation_config.do_sample else 1.0
-        log_probs = sampled_log_probs(output.logits, completions, temperature) if with_log_probs else None
+        record = SampledLogProbs(self.copy, temperature) if with_log_probs else None
+        with record or contextlib.nullcontext():
+            sequences = self.copy.generate(input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache)
+        completions = sequences[:, input_ids.shape[1] :].cpu()
+        lengths = through_first_eos(completions, eos if isinstance(eos, list) else [eos])
+        log_probs = None if record is None else record.of(completions)
         return (
             [row[:n].tolist() for row, n in zip(completions, lengths, strict=True)],
             None if log_probs is None else [row[:n].tolist() for row, n in zip(log_probs, lengths, strict=True)],
@@ -213,21 +213,6 @@ def shared_prefill(model, input_ids: torch.Tensor, attention_mask: torch.Tensor)
     )
     cache.batch_select_indices(row_of.to(input_ids.device))
     return cache
-
-
-def sampled_log_probs(logits: tuple[torch.Tensor, ...], tokens: torch.Tensor, temperature: float) -> torch.Tensor:
-    """[B, T] log-probability of each sampled token as TRL's loss computes the policy's: log_softmax(logits /
-    temperature) over the whole vocabulary, from generate()'s raw logits of each step ([B, V] each).
-
-    Not under the top-k / top-p truncated distribution it was drawn from: these are the old log-probabilities of
-    TRL's PPO ratio, whose new ones TRL takes over the whole vocabulary. Truncated ones would put every kept token's
-    ratio at the kept mass (< 1) before any update, so that with a mass under 1 - epsilon the clip would cut every
-    negative advantage's gradient (tests/test_bfloat16_generation.py, by hand)."""
-    columns = [
-        torch.log_softmax(step.float() / temperature, dim=-1).gather(1, tokens[:, t : t + 1].to(step.device)).cpu()
-        for t, step in enumerate(logits)
-    ]
-    return torch.cat(columns, dim=1)
 
 
 def through_first_eos(tokens: torch.Tensor, eos_token_ids: list[int]) -> list[int]:
