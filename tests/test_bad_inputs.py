@@ -54,6 +54,9 @@ IGNORED = [  # (overrides, the key typed, the key that turns it off)
     (["model.name_or_path=some/model"], "model.name_or_path", "model.source=tiny"),
     (["trainer.max_resample_batches=8"], "trainer.max_resample_batches", "trainer.zero_variance_groups=skip"),
     (["trainer.warmup_steps=5"], "trainer.warmup_steps", "trainer.lr_scheduler_type=constant"),
+    (["trainer.mismatch_clip_max=2.0"], "trainer.mismatch_clip_max", "mismatch_correction=null (the path's own)"),
+    (["trainer.mismatch_correction=none", "trainer.mismatch_clip_min=0.5"], "mismatch_clip_min", "correction=none"),
+    (["trainer.float64_reference_completions=8"], "float64_reference_completions", "float64_reference_every=0"),
     (["dataset.path=train.jsonl"], "dataset.path", "dataset.source=reasoning_gym"),
     (["dataset.hub_config=main"], "dataset.hub_config", "dataset.source=reasoning_gym"),
     (["dataset=gsm8k", "dataset.seed=3"], "dataset.seed", "dataset=gsm8k"),
@@ -79,6 +82,8 @@ ACTING = [
     ["model.lora.enabled=true", "model.lora.r=8"],
     ["trainer.zero_variance_groups=resample", "trainer.max_resample_batches=8"],
     ["trainer.lr_scheduler_type=linear", "trainer.warmup_steps=1"],
+    ["trainer.mismatch_correction=token_mask", "trainer.mismatch_clip_min=0.5", "trainer.mismatch_clip_max=2.0"],
+    ["trainer.float64_reference_every=10", "trainer.float64_reference_completions=8"],
     ["reward=math+selfverify", "trainer.prompts_per_step=3", "scorer=self", "scorer.yes_token=Yes"],
     ["reward=math+judge", "judge.mode=text", "judge.temperature=0.5", "judge.model=tiny"],
 ]

@@ -17,6 +17,12 @@ KNOBS = (
     "shared_prompt_forward",
     "bfloat16_generation",
     "fast_generation",
+    "mismatch_metrics",
+    "mismatch_correction",
+    "mismatch_clip_min",
+    "mismatch_clip_max",
+    "float64_reference_every",
+    "float64_reference_completions",
 )
 
 

@@ -45,3 +45,11 @@ class SampledLogProbs:
             return torch.zeros(generated.shape)
         last = self._pending.gather(1, generated[:, -1:].to(self._pending.device)).cpu()
         return torch.cat([*self._columns, last], dim=1)
+
+    def of_lists(self, completions: list[list[int]], pad: int = 0) -> list[list[float]]:
+        """Each completion's log-probabilities, for completions cut after their end (as TRL cuts them): the longest
+        ran every step, and a shorter one's tokens are the first of its row."""
+        steps = len(self._columns) + (self._pending is not None)
+        padded = torch.tensor([ids + [pad] * (steps - len(ids)) for ids in completions]).view(len(completions), -1)
+        log_probs = self.of(padded)
+        return [row[: len(ids)].tolist() for row, ids in zip(log_probs, completions, strict=True)]

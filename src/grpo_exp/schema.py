@@ -65,6 +65,22 @@ class ZeroVarianceGroups(Enum):
     resample = "resample"  # DAPO's dynamic sampling: generate more prompts' groups until the step has spread
 
 
+class MismatchCorrection(Enum):
+    none = "none"  # the trainer's own log-probabilities are PPO's old ones: the mismatch is not corrected
+    behaviour_ratio = "behaviour_ratio"  # the sampler's are: PPO's ratio (and its clip) is taken against the sampler
+    # TRL's importance weights (its vLLM correction), exp(log p_trainer - log p_sampler) per token or per sequence,
+    # clamped to [clip_min, clip_max] (truncate) or zero outside it (mask)
+    token_truncate = "token_truncate"
+    token_mask = "token_mask"
+    sequence_truncate = "sequence_truncate"
+    sequence_mask = "sequence_mask"
+
+    @property
+    def weighs(self) -> bool:
+        """An importance-weighting correction (TRL's modes)."""
+        return self.value.startswith(("token_", "sequence_"))
+
+
 class RolloutName(Enum):
     single = "single"  # one completion, TRL's own generation
     multiturn = "multiturn"  # several turns with tools between them (grpo_exp.rollout)
@@ -519,6 +535,23 @@ class TrainerSchema:
     # (generation=transformers_fast): on, refused where it cannot be (a GPU: use vLLM; vLLM; multi-turn rollouts;
     # DeepSpeed/FSDP). With bfloat16_generation the copy is bfloat16, corrected as above. false: TRL's generate().
     fast_generation: bool | None = None
+    # The sampler/trainer mismatch (grpo_exp.trainer.mismatch), measured every step on every generation path (TRL's
+    # generate(), the float32 or bfloat16 copy, the multi-turn rollout; vLLM through TRL's own): the sampler's
+    # log-probability of each sampled token against the trainer's forward, as TRL names it for vLLM
+    # (sampling/sampling_logp_difference/*, sampling/importance_sampling_ratio/*) and a KL estimate
+    # (sampling/mismatch_kl). Costs one forward without gradient per step where TRL makes none. null (auto): on
+    # wherever the sampler's log-probabilities can be read (not continuous batching).
+    mismatch_metrics: bool | None = None
+    # How the loss corrects for it: none | behaviour_ratio (PPO's ratio and clip against the sampler) | TRL's
+    # importance weights token_truncate | token_mask | sequence_truncate | sequence_mask, within mismatch_clip_min/max.
+    # null: the path's own (the bfloat16 copy: behaviour_ratio; vLLM: TRL's vllm_importance_sampling_*; else none).
+    mismatch_correction: MismatchCorrection | None = None
+    mismatch_clip_min: float | None = knob(None, gt=0.0)
+    mismatch_clip_max: float | None = knob(3.0, gt=0.0)  # TRL's default
+    # Every N steps (0: never), a sample of the step's completions is scored by a float64 copy of the policy too
+    # (sampling/float64/*): the sampler disagreeing with the trainer, or both rounding away from the exact model.
+    float64_reference_every: int = knob(0, ge=0)
+    float64_reference_completions: int = knob(4, ge=1)  # per process
     # Resumable checkpoints (weights, optimiser, RNG) every N steps under <run dir>/trainer (0: only when a run is
     # interrupted); deleted when the run finishes unless keep_checkpoints.
     save_steps: int = knob(10, ge=0, why="must be 0 (off) or a number of steps")

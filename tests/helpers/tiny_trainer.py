@@ -14,7 +14,12 @@ from support.models import write_tiny_model
 G = 4
 # grpo_exp's features are on by default (grpo_exp.schema.TrainerSchema); a test's trainer is TRL's as it is unless
 # the test turns one on.
-PLAIN_TRL = {"zero_variance_groups": "keep", "shared_prompt_forward": False, "fast_generation": False}
+PLAIN_TRL = {
+    "zero_variance_groups": "keep",
+    "shared_prompt_forward": False,
+    "fast_generation": False,
+    "mismatch_metrics": False,
+}
 # grpo_exp's own trainer knobs: GRPOExpConfig's fields beyond GRPOConfig's.
 KNOBS = set(GRPOExpConfig.__dataclass_fields__) - set(GRPOConfig.__dataclass_fields__)
 

@@ -12,6 +12,7 @@ Observation tokens are masked out of the loss (TRL's env_mask); with beta > 0 th
 reference model is taken on the same policy tokens.
 """
 
+import contextlib
 import functools
 from dataclasses import dataclass, field
 
@@ -24,6 +25,7 @@ from trl.trainer.utils import is_async_callable
 from grpo_exp.generation import left_padded_eval
 from grpo_exp.rollout.tools import Tool, build_tools, first_call, tools_message
 from grpo_exp.rollout.tools.python_sandbox import SandboxLimits
+from grpo_exp.sampled_log_probs import SampledLogProbs
 
 # Per-trajectory fields handed to TRL (and on to the reward functions and grpo_exp's statistics).
 TRAJECTORY_FIELDS = ("final_turn", "num_turns", "tool_calls", "tool_errors", "ended")
@@ -34,6 +36,8 @@ class Trajectory:
     prompt_ids: list[int]
     completion_ids: list[int] = field(default_factory=list)
     env_mask: list[int] = field(default_factory=list)  # 1: the policy's token, 0: a tool's observation
+    # the sampler's log-probability of each completion token (0.0 for observations), where asked for
+    logprobs: list[float] = field(default_factory=list)
     turns: list[str] = field(default_factory=list)  # the policy's text, turn by turn
     observations: list[str] = field(default_factory=list)  # what the tools answered, call by call
     tool_calls: int = 0
@@ -90,9 +94,17 @@ class MultiTurnRollout:
         return system + demo + list(prompt)
 
     def run(
-        self, model, tokenizer, prompts: list, generation: dict, batch_size: int, desc: str | None = None
+        self,
+        model,
+        tokenizer,
+        prompts: list,
+        generation: dict,
+        batch_size: int,
+        desc: str | None = None,
+        log_probs_at: float | None = None,
     ) -> list[Trajectory]:
-        """Play every prompt out, batching the trajectories still going at each turn."""
+        """Play every prompt out, batching the trajectories still going at each turn. `log_probs_at` (a
+        temperature): also record the sampler's log-probability of each policy token (grpo_exp.sampled_log_probs)."""
         trajectories = [
             Trajectory(
                 tokenizer.apply_chat_template(
@@ -110,21 +122,36 @@ class MultiTurnRollout:
                 for start in range(0, len(active), batch_size):
                     batch = active[start : start + batch_size]
                     contexts = [t.prompt_ids + t.completion_ids for t in batch]
-                    for trajectory, ids in zip(
-                        batch, self._generate(model, tokenizer, contexts, generation, eos), strict=True
-                    ):
-                        self._advance(trajectory, ids, tokenizer, last_turn=turn == self.cfg.max_turns - 1)
+                    turns, log_probs = self._generate(model, tokenizer, contexts, generation, eos, log_probs_at)
+                    for trajectory, ids, logps in zip(batch, turns, log_probs, strict=True):
+                        last_turn = turn == self.cfg.max_turns - 1
+                        self._advance(trajectory, ids, tokenizer, last_turn, logps)
         return trajectories
 
-    def _generate(self, model, tokenizer, contexts: list[list[int]], generation: dict, eos: set[int]):
+    def _generate(
+        self,
+        model,
+        tokenizer,
+        contexts: list[list[int]],
+        generation: dict,
+        eos: set[int],
+        log_probs_at: float | None,
+    ) -> tuple[list[list[int]], list[list[float]] | list[None]]:
+        """Each context's next turn, and (log_probs_at) the sampler's log-probability of each of its tokens."""
         batch = tokenizer.pad({"input_ids": contexts}, return_tensors="pt").to(model.device)
         length = batch["input_ids"].shape[1]
-        output = model.generate(
-            **batch,
-            **(generation | {"max_new_tokens": self.cfg.max_tokens_per_turn}),
-            stopping_criteria=StoppingCriteriaList([StopAtToolCall(tokenizer, self.tools, length)]),
-        )
-        return [self._turn_tokens(row[length:].tolist(), eos, tokenizer) for row in output]
+        record = None if log_probs_at is None else SampledLogProbs(model, log_probs_at)
+        with record or contextlib.nullcontext():
+            output = model.generate(
+                **batch,
+                **(generation | {"max_new_tokens": self.cfg.max_tokens_per_turn}),
+                stopping_criteria=StoppingCriteriaList([StopAtToolCall(tokenizer, self.tools, length)]),
+            )
+        turns = [self._turn_tokens(row[length:].tolist(), eos, tokenizer) for row in output]
+        if record is None:
+            return turns, [None] * len(turns)
+        log_probs = record.of(output[:, length:])
+        return turns, [row[: len(ids)].tolist() for row, ids in zip(log_probs, turns, strict=True)]
 
     def _turn_tokens(self, ids: list[int], eos: set[int], tokenizer) -> list[int]:
         """The tokens the policy generated in a turn, without the padding that follows its end.
@@ -145,10 +172,13 @@ class MultiTurnRollout:
             if first_call(tokenizer.decode(ids[:n], skip_special_tokens=True), self.tools)
         )
 
-    def _advance(self, trajectory: Trajectory, ids: list[int], tokenizer, last_turn: bool) -> None:
+    def _advance(
+        self, trajectory: Trajectory, ids: list[int], tokenizer, last_turn: bool, log_probs: list[float] | None = None
+    ) -> None:
         text = tokenizer.decode(ids, skip_special_tokens=True)
         trajectory.completion_ids += ids
         trajectory.env_mask += [1] * len(ids)
+        trajectory.logprobs += log_probs or []
         trajectory.turns.append(text)
         call = first_call(text, self.tools)
         if call is None:
@@ -165,16 +195,19 @@ class MultiTurnRollout:
         observation = tokenizer(trajectory.observations[-1], add_special_tokens=False)["input_ids"]
         trajectory.completion_ids += observation
         trajectory.env_mask += [0] * len(observation)
+        trajectory.logprobs += [0.0] * len(observation)  # not the policy's: masked out of the loss and the metrics
 
-    def trl_batch(self, model, tokenizer, prompts: list, generation_kwargs: dict) -> dict:
-        """What TRL's rollout_func returns (grpo_exp.trainer.seam.as_rollout_func): this process's prompts, one
-        per trajectory (groups already repeated)."""
-        trajectories = self.run(model, tokenizer, prompts, generation_kwargs, len(prompts))
+    def trl_batch(
+        self, model, tokenizer, prompts: list, generation_kwargs: dict, log_probs_at: float | None = None
+    ) -> dict:
+        """What TRL's rollout_func returns (grpo_exp.trainer.trl_batch.as_rollout_func): this process's prompts, one
+        per trajectory (groups already repeated); with the sampler's log-probabilities where `log_probs_at`."""
+        trajectories = self.run(model, tokenizer, prompts, generation_kwargs, len(prompts), log_probs_at=log_probs_at)
         fields = [t.fields() for t in trajectories]
         return {
             "prompt_ids": [t.prompt_ids for t in trajectories],
             "completion_ids": [t.completion_ids for t in trajectories],
-            "logprobs": None,  # TRL recomputes them
+            "logprobs": None if log_probs_at is None else [t.logprobs for t in trajectories],
             "env_mask": [t.env_mask for t in trajectories],
             **{key: [f[key] for f in fields] for key in TRAJECTORY_FIELDS},
         }

@@ -55,6 +55,11 @@ class OnlyWith:
     but: tuple[str, ...] = ()
 
 
+def _correction(cfg: DictConfig) -> str:
+    correction = cfg.trainer.mismatch_correction
+    return "null (the path's own)" if correction is None else correction.value
+
+
 def _mix(cfg: DictConfig) -> list[str]:
     return list(cfg.reward.components)
 
@@ -301,6 +306,20 @@ ONLY_WITH: tuple[OnlyWith, ...] = (
         "by a learning-rate schedule with a warm-up",
         lambda cfg: "trainer.lr_scheduler_type=constant has none",
         "set trainer.lr_scheduler_type=constant_with_warmup (or linear, cosine...)",
+    ),
+    OnlyWith(
+        ("trainer.mismatch_clip_min", "trainer.mismatch_clip_max"),
+        lambda cfg: cfg.trainer.mismatch_correction is not None and cfg.trainer.mismatch_correction.weighs,
+        "by an importance-weighting correction",
+        lambda cfg: f"trainer.mismatch_correction={_correction(cfg)} weighs nothing",
+        "set trainer.mismatch_correction=token_truncate, token_mask, sequence_truncate or sequence_mask",
+    ),
+    OnlyWith(
+        ("trainer.float64_reference_completions",),
+        lambda cfg: cfg.trainer.float64_reference_every > 0,
+        "by the float64 reference",
+        lambda cfg: "trainer.float64_reference_every=0 takes none",
+        "set trainer.float64_reference_every to a number of steps",
     ),
     # ---- the rollout
     OnlyWith(

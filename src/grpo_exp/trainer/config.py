@@ -16,9 +16,10 @@ from omegaconf import DictConfig, OmegaConf
 from trl import GRPOConfig
 
 from grpo_exp.errors import UserError
-from grpo_exp.schema import TrainerSchema, ZeroVarianceGroups
+from grpo_exp.schema import MismatchCorrection, TrainerSchema, ZeroVarianceGroups
 from grpo_exp.trainer.advantages import TRL_ADVANTAGES, algorithm_settings
 from grpo_exp.trainer.losses import check_loss, is_trls, trl_loss_type
+from grpo_exp.trainer.mismatch import check_mismatch, vllm_fields
 from grpo_exp.trainer.sampling import (
     check_fast_generation_device,
     check_generation_path,
@@ -36,6 +37,12 @@ OWN_KNOBS = (
     "shared_prompt_forward",
     "bfloat16_generation",
     "fast_generation",
+    "mismatch_metrics",
+    "mismatch_correction",
+    "mismatch_clip_min",
+    "mismatch_clip_max",
+    "float64_reference_every",
+    "float64_reference_completions",
 )
 
 
@@ -74,6 +81,8 @@ class GRPOExpConfig(GRPOConfig, OwnKnobs):
         super().__post_init__()
         # A str from the config or a saved JSON (to_dict writes the value), as TrainingArguments reads its own enums.
         self.zero_variance_groups = ZeroVarianceGroups(self.zero_variance_groups)
+        if self.mismatch_correction is not None:
+            self.mismatch_correction = MismatchCorrection(self.mismatch_correction)
         check_generation_path(
             self.bfloat16_generation, self.fast_generation, self.use_vllm, self.use_transformers_paged
         )
@@ -116,6 +125,13 @@ def check_trainer(trainer_cfg: DictConfig, processes: int, *, multiturn: bool, p
         device=training_device(bool(extra.get("use_cpu"))),
         sharded=runs_sharded(extra.get("deepspeed"), extra.get("fsdp")),
         policy_dtype=policy_dtype,
+    )
+    check_mismatch(
+        trainer_cfg,
+        use_vllm=bool(extra.get("use_vllm")),
+        use_transformers_paged=bool(extra.get("use_transformers_paged")),
+        sharded=runs_sharded(extra.get("deepspeed"), extra.get("fsdp")),
+        loss_type=str(trainer_cfg.loss_type),
     )
     if extra.get("use_vllm"):
         check_vllm()
@@ -224,6 +240,8 @@ def grpo_exp_config(
         "bf16": bf16,  # mixed precision only for a bfloat16 model (TRL's default assumes a GPU)
         "use_cpu": not torch.cuda.is_available(),  # on CPU, accelerate's multi-process mode needs it (gloo)
     }
+    if extra.get("use_vllm"):  # an explicit trainer.mismatch_correction is TRL's own with vLLM
+        ours |= vllm_fields(trainer_cfg)
     if algorithm is not None:
         ours |= {"advantage_estimator": algorithm.name, "advantage_settings": algorithm_settings(algorithm)}
     try:

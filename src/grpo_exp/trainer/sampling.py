@@ -151,19 +151,11 @@ class Sampler:
             self.copy = self._new_copy(policy, dtype, probe)
         return self.copy
 
-    def generate(self, policy, prompt_ids: list[list[int]], generation_config, step: int):
-        """The copy's completions (refreshed from the policy once per step). A bfloat16 copy of a float32 policy
-        returns its log-probabilities (where TRL's transformers path returns none); a copy in the policy's own
-        dtype samples the policy's distribution."""
+    def generate(self, policy, prompt_ids: list[list[int]], generation_config, step: int, with_log_probs: bool):
+        """The copy's completions (refreshed from the policy once per step) and, `with_log_probs`, its
+        log-probability of each token (grpo_exp.trainer.mismatch_watch compares them with the trainer's)."""
         self.copy.sync(policy, step)
-        with_log_probs = self.copy_dtype(policy) != policy.dtype
         return self.copy.generate(prompt_ids, generation_config, with_log_probs=with_log_probs)
-
-    def correct_for_copy(self, output: dict) -> None:
-        """Where the bfloat16 copy sampled, it is the behaviour policy that the loss's ratio (and PPO's clip) is taken
-        against, in place of TRL's float32 log-probabilities (keys of TRL's generation batch)."""
-        if self.bfloat16 and output.get("sampling_per_token_logps") is not None:
-            output["old_per_token_logps"] = output["sampling_per_token_logps"]
 
     def _new_copy(self, policy, dtype: torch.dtype, probe: list[int]) -> SamplingCopy | None:
         """The sampling copy; a prepacked one must reproduce the policy's logits on `probe` (a prompt). Where it does

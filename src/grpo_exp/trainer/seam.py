@@ -13,12 +13,16 @@ import torch
 from accelerate.utils import gather_object
 from trl import GRPOTrainer
 from trl.extras.profiling import profiling_context
+from trl.models.utils import disable_gradient_checkpointing
 
+from grpo_exp.sampled_log_probs import SampledLogProbs
 from grpo_exp.schema import ZeroVarianceGroups
 from grpo_exp.trainer.advantages import TRL_ADVANTAGES, estimate
 from grpo_exp.trainer.hooks import TrainingHooks
 from grpo_exp.trainer.imputation import impute_failures
 from grpo_exp.trainer.losses import policy_loss
+from grpo_exp.trainer.mismatch import weighted_advantages
+from grpo_exp.trainer.mismatch_watch import MismatchWatch
 from grpo_exp.trainer.sampling import Sampler, fast_generation_pays
 from grpo_exp.trainer.scored_batch import ROW_KEYS, ScoredBatch, aggregated_reward
 from grpo_exp.trainer.shared_prompt import shared_prompt_forward
@@ -39,6 +43,8 @@ class HookedGRPOTrainer(TrainingHooks, TRLSurface, GRPOTrainer):
             trl_samples_elsewhere=self.use_vllm or self.args.use_transformers_paged,
         )
         self.sampler = Sampler(self.args.bfloat16_generation, self.args.fast_generation, fast_pays)
+        trl_corrects = self.use_vllm and self.vllm_importance_sampling_correction
+        self.mismatch = MismatchWatch(self.args, use_vllm=self.use_vllm, trl_corrects=trl_corrects)
         self.leaves_out_no_spread = leaves_groups_out(
             self.args.zero_variance_groups,
             beta=self.beta,
@@ -85,13 +91,22 @@ class HookedGRPOTrainer(TrainingHooks, TRLSurface, GRPOTrainer):
         (grpo_exp.trainer.sampling)."""
         policy = self.accelerator.unwrap_model(self.model)
         text_only = images is None and not multimodal_fields
-        copy = self.sampler.copy_to_sample(policy, prompt_ids[0]) if self.model.training and text_only else None
-        if copy is None:
+        training = self.model.training and text_only
+        copy = self.sampler.copy_to_sample(policy, prompt_ids[0]) if training else None
+        with_log_probs = training and self.mismatch.wants_sampler_log_probs
+        if copy is not None:
+            with profiling_context(self, "transformers.generate"):
+                step = self.state.global_step
+                return self.sampler.generate(policy, prompt_ids, self.generation_config, step, with_log_probs)
+        if not with_log_probs or self.use_vllm or self.args.use_transformers_paged:  # these return their own
             return super()._generate_single_turn(
                 prompt_ids, images, multimodal_fields, num_generations, has_tool_images
             )
-        with profiling_context(self, "transformers.generate"):
-            return self.sampler.generate(policy, prompt_ids, self.generation_config, self.state.global_step)
+        with SampledLogProbs(policy, self.temperature) as record:
+            completion_ids, _ = super()._generate_single_turn(
+                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+            )
+        return completion_ids, record.of_lists(completion_ids)
 
     def _get_per_token_logps_and_entropies(
         self,
@@ -147,8 +162,35 @@ class HookedGRPOTrainer(TrainingHooks, TRLSurface, GRPOTrainer):
         if self.wants_scored_batch:
             self.after_scoring(batch)
         self._mask_loss_tokens(inputs, output)
-        self.sampler.correct_for_copy(output)
+        self._sampler_against_trainer(output)
         return output, None if batch is None else no_spread_groups(batch)
+
+    def _sampler_against_trainer(self, output: dict) -> None:
+        """The sampler's log-probabilities against the trainer's own (grpo_exp.trainer.mismatch_watch): measured, and
+        corrected for as trainer.mismatch_correction says."""
+        step = self.state.global_step
+        trainer_logps = None
+        if self.mismatch.wants_trainer_log_probs(output, step):
+            trainer_logps = output.get("old_per_token_logps")  # TRL's own forward, where it made one
+            if trainer_logps is None:
+                trainer_logps = self._trainer_log_probs(output)
+
+        def gather(sums: torch.Tensor) -> torch.Tensor:
+            return self.accelerator.gather(sums[None].to(self.accelerator.device)).cpu()
+
+        policy = self.accelerator.unwrap_model(self.model)
+        self._record(self.mismatch.apply(output, trainer_logps, step, gather, policy, self.temperature))
+
+    @torch.no_grad()
+    def _trainer_log_probs(self, output: dict) -> torch.Tensor:
+        """The completions' log-probabilities under the trainer's forward (the loss's), before any update."""
+        ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+        attention = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+        with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+            logps, _, _ = self._get_per_token_logps_and_entropies(
+                self.model, ids, attention, output["completion_ids"].size(1), self.args.per_device_train_batch_size
+            )
+        return logps
 
     def _replace_advantages(self, rows: int, output: dict) -> None:
         """The `algorithm` estimator's advantages (grpo_exp.trainer.advantages) in place of TRL's, from the reward
@@ -214,7 +256,11 @@ class HookedGRPOTrainer(TrainingHooks, TRLSurface, GRPOTrainer):
 
     def _compute_loss(self, model, inputs):
         """TRL's loss, or a per-token loss of ours in its place (trainer.loss_type=module:name: trainer.losses)."""
+        weights = inputs.get("importance_sampling_ratio")
         if self.args.policy_loss is None:
+            if weights is not None and not self.mismatch.stands_aside and self.loss_type != "vespo":
+                # TRL applies these weights on vLLM only: elsewhere, as the same loss, through the advantages
+                inputs = {**inputs, "advantages": weighted_advantages(inputs["advantages"], weights)}
             return super()._compute_loss(model, inputs)
         forward = functools.partial(self.per_token_logps, model, compute_entropy=True)
         reduce_sum = functools.partial(self.accelerator.reduce, reduction="sum")
