@@ -71,3 +71,19 @@ def test_a_run_made_to_collapse_and_truncate_sounds_both_and_stops_on_the_entrop
     console = result.stdout + result.stderr
     assert "Entropy alarm at step" in console and "Truncation warning at step 3" in console
     assert "policy health" in console  # the summary's table
+
+
+@pytest.mark.slow
+def test_held_out_answers_that_are_all_cut_before_training_are_refused(tmp_path):
+    """The embedded model (it does end its answers) given 3 tokens: every held-out answer runs to the limit, so
+    nothing can be judged and training would cut every completion. Refused before the first step, naming the key."""
+    result = run_cli(
+        "logger=none", "trainer.max_completion_length=3", "dataset.eval_size=4", "trainer.max_steps=1",
+        f"hydra.run.dir={tmp_path}",
+    )  # fmt: skip
+    assert result.returncode != 0
+    error = result.stdout + result.stderr
+    assert "every one of the 4 held-out answers of the initial model ran to the limit of 3 tokens" in error
+    assert "trainer.max_completion_length=3" in error and "health.truncation=off" in error
+    assert "Traceback" not in error
+    assert not (tmp_path / "metrics.jsonl").exists(), "no step was trained"

@@ -15,6 +15,7 @@ from pathlib import Path
 from datasets import Dataset
 from transformers import TrainerCallback
 
+from grpo_exp.errors import UserError
 from grpo_exp.run.build import RunParts
 from grpo_exp.run.distributed import is_main_process
 from grpo_exp.run.files import BENCHMARK_FILE, eval_file
@@ -31,6 +32,7 @@ from grpo_exp.run.heldout import (
 from grpo_exp.run.resolve import RunSpec
 from grpo_exp.run.resume import Attempt, write_record
 from grpo_exp.run.validation import untouched_rng
+from grpo_exp.schema import AlarmAction, ModelSource
 from grpo_exp.trainer.levels import TaskLevels, accuracy_by_level
 from grpo_exp.verification.benchmark import load_benchmark
 
@@ -75,7 +77,26 @@ class HeldoutEval:
             self.before = EvalResult(**recorded)
         elif self.spec.cfg.eval.before:
             self.before = self.measure(model, "before")
+            self._refuse_if_every_answer_is_cut(self.before.samples)
         self.seconds = time.perf_counter() - started
+
+    def _refuse_if_every_answer_is_cut(self, samples: list[dict]) -> None:
+        """Held-out answers of the initial model that all run to the token limit can be neither judged nor finished
+        in training: refused before training (health.truncation=off trains anyway). Counted by re-tokenising each
+        answer's text. A tiny model (random weights) is exempt: it never ends an answer; multi-turn answers are
+        bounded per turn."""
+        cfg = self.spec.cfg
+        if cfg.health.truncation is AlarmAction.off or cfg.model.source is ModelSource.tiny or self.spec.multiturn:
+            return
+        limit = self.spec.eval_max_new_tokens
+        tokens = [len(self.tokenizer(s["completion"], add_special_tokens=False)["input_ids"]) for s in samples]
+        if tokens and min(tokens) >= limit:
+            key = "eval.max_new_tokens" if cfg.eval.max_new_tokens else "trainer.max_completion_length"
+            raise UserError(
+                f"every one of the {len(tokens)} held-out answers of the initial model ran to the limit of {limit} "
+                f"tokens ({key}={limit}) without ending: none can be judged, and training would cut every "
+                f"completion. Raise {key}, or set health.truncation=off to train anyway"
+            )
 
     def problem_rows(self) -> list[int]:
         """What a validation answers: the first eval.every_problems held-out rows (at the current levels)."""
@@ -102,7 +123,9 @@ class HeldoutEval:
         """The initial model's validation: the answers of the evaluation before training to these problems, when
         it ran (greedy: the same answers, up to the padding of a last, partial batch), scored as validations are."""
         if self.before is None or self.spec.cfg.eval.every_samples:
-            return self.validate(model, 0)
+            metrics = self.validate(model, 0)
+            self._refuse_if_every_answer_is_cut(self.validated[1].samples)
+            return metrics
         return self._scored([self.before.samples[row] for row in self.problem_rows()], 0)
 
     def _scored(self, samples: list[dict], step: int) -> dict[str, float]:
