@@ -38,7 +38,11 @@ FEATURES = {
         "eval.verification_benchmark.problems=4",
     ],
     "selfverify verify_only": [*SELFVERIFY, "reward.components.selfverify.schedule=verify_only"],
-    "multi-turn rollout": ["rollout=multiturn"],
+    "multi-turn rollout, its mismatch weighted and checked in float64": [
+        "rollout=multiturn",
+        "trainer.mismatch_correction=token_truncate",
+        "trainer.float64_reference_every=1",
+    ],
 }
 
 
