@@ -155,9 +155,12 @@ def tool_name(path: str) -> str:
 
 def load_user_tool(path: str, key: str) -> UserTool:
     """The user's tool at `path` (config key `key`, e.g. rollout.tools[1]), checked; one UserError naming the key."""
-    where = f"{key}={path}"
     func = import_callable(path, key, "a tool: a function with type hints and a docstring")
-    name = tool_name(path)
+    return checked_user_tool(func, tool_name(path), path, f"{key}={path}")
+
+
+def checked_user_tool(func: Callable, name: str, path: str, where: str) -> UserTool:
+    """`func` as the tool `name` (`path`: where it comes from), checked; one UserError starting with `where`."""
     if name in RESERVED_NAMES:
         raise UserError(
             f"{where}: the name '{name}' is a built-in tool's (or its tag's): {', '.join(RESERVED_NAMES)} are "
