@@ -11,7 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from grpo_exp.errors import UserError
-from grpo_exp.rewards.judge import FailureBudget, build_judge, chat_prompt, make_judge_reward
+from grpo_exp.rewards.judge import build_judge, chat_prompt, judge_failure_budget, make_judge_reward
 from grpo_exp.rewards.rubric import parse_rubric_reply, rubric_messages
 from grpo_exp.run.resolve import resolve
 from grpo_exp.run.tracking import read_metrics
@@ -124,14 +124,14 @@ def test_a_dead_endpoint_stops_the_run_with_the_endpoint_named():
 
 def test_the_failure_budget_counts_the_last_steps_of_every_process_together():
     cfg = compose_config(["reward=judge", "judge.max_failure_rate=0.5", "judge.failure_window=2"]).judge
-    budget = FailureBudget(cfg)
+    budget = judge_failure_budget(cfg)
     budget.spend(0, 4)
     budget.spend(4, 4)  # 4 of 8: at the limit, not past it
     budget.spend(0, 4)  # the window: the last 2 steps
     budget.spend(0, 0)  # everything from the cache: nothing asked
     with pytest.raises(UserError, match="the local judge judge.model=smollm2_135m failed to score 4 of 4 answers"):
         budget.spend(4, 4)
-    never = FailureBudget(compose_config(["reward=judge", "judge.max_failure_rate=1.0"]).judge)
+    never = judge_failure_budget(compose_config(["reward=judge", "judge.max_failure_rate=1.0"]).judge)
     for _ in range(3):
         never.spend(8, 8)
 

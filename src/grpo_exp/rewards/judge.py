@@ -21,13 +21,13 @@ import asyncio
 import logging
 import math
 import os
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from omegaconf import DictConfig
 
-from grpo_exp.data_parallel import sum_over_processes
 from grpo_exp.errors import UserError
+from grpo_exp.failure_budget import FailureBudget
 from grpo_exp.generation import generate_completions
 from grpo_exp.models import check_frozen_copies, check_reachable, load_frozen, load_tokenizer, model_option_config
 from grpo_exp.rewards.rubric import (
@@ -269,42 +269,28 @@ def build_judge(cfg: DictConfig, cache_dir: str) -> RubricJudge:
     return RubricJudge(cfg, backend)
 
 
-class FailureBudget:
+def judge_failure_budget(cfg: DictConfig) -> FailureBudget:
     """judge.max_failure_rate: the share of pairs the judge failed to score over the last judge.failure_window
-    steps, every process's pairs together (so that every process stops at the same step)."""
+    steps, every process's pairs together."""
+    if cfg.backend is JudgeBackend.openai:
+        name = f"the judge at judge.base_url={cfg.base_url} (judge.model={cfg.model})"
+        hint = "is it up, and does it serve that model? (judge.timeout, judge.retries)"
+    else:
+        name = f"the local judge judge.model={cfg.model}"
+        hint = "in judge.mode=text its replies did not parse (judge.mode=scores always scores)"
 
-    def __init__(self, cfg: DictConfig):
-        self.cfg = cfg
-        self.steps: deque[tuple[float, float]] = deque(maxlen=cfg.failure_window)
+    def describe(failed: float, total: float, steps: int) -> str:
+        return (
+            f"{name} failed to score {failed:.0f} of {total:.0f} answers over the last {steps} step(s), more than "
+            f"judge.max_failure_rate={cfg.max_failure_rate}: {hint}; judge.max_failure_rate=1.0 never stops"
+        )
 
-    @property
-    def judge_name(self) -> str:
-        if self.cfg.backend is JudgeBackend.openai:
-            return f"the judge at judge.base_url={self.cfg.base_url} (judge.model={self.cfg.model})"
-        return f"the local judge judge.model={self.cfg.model}"
-
-    @property
-    def hint(self) -> str:
-        if self.cfg.backend is JudgeBackend.openai:
-            return "is it up, and does it serve that model? (judge.timeout, judge.retries)"
-        return "in judge.mode=text its replies did not parse (judge.mode=scores always scores)"
-
-    def spend(self, failures: float, asked: float) -> None:
-        """This step's failed pairs of those sent to the judge (all processes); raises past the budget."""
-        failures, asked = sum_over_processes([failures, asked])
-        self.steps.append((failures, asked))
-        failed, total = (sum(column) for column in zip(*self.steps, strict=True))
-        if total and failed / total > self.cfg.max_failure_rate:
-            raise UserError(
-                f"{self.judge_name} failed to score {failed:.0f} of {total:.0f} answers over the last "
-                f"{len(self.steps)} step(s), more than judge.max_failure_rate={self.cfg.max_failure_rate}: "
-                f"{self.hint}; judge.max_failure_rate=1.0 never stops"
-            )
+    return FailureBudget(cfg.max_failure_rate, cfg.failure_window, describe)
 
 
 def make_judge_reward(judge: RubricJudge):
     """The `judge` component: the run's judge (grpo_exp.run.build), with the judge config group's settings."""
-    budget = FailureBudget(judge.cfg)
+    budget = judge_failure_budget(judge.cfg)
 
     async def judge_reward(prompts, completions, log_metric=None, **kwargs) -> list[float | None]:
         pairs = [(prompt_text(p), completion_text(c)) for p, c in zip(prompts, completions, strict=True)]
