@@ -42,6 +42,7 @@ IGNORED = [  # (overrides, the key typed, the key that turns it off)
     (["eval.verification_benchmark.problems=50"], "eval.verification_benchmark.problems", "enabled=false"),
     (["rollout.max_turns=5"], "rollout.max_turns", "rollout=single"),
     (["rollout.tools=[calculator]"], "rollout.tools", "rollout=single"),
+    (["rollout=multiturn", "rollout.environment_timeout_s=3"], "rollout.environment_timeout_s", "environment=null"),
     (["rollout=multiturn", "rollout.tools=[calculator]", "rollout.python.memory_mb=64"], "rollout.python", "tools"),
     (["judge.base_url=http://judge:8000/v1"], "judge.base_url", "reward=math has no judge"),
     (["judge=openai"], "judge.backend", "reward=math has no judge"),

@@ -197,7 +197,7 @@ def test_a_scripted_turn_calling_the_users_tool_runs_it_through_the_rollout(roll
     """The rollout's own turn handling (what it does with each generated turn): the call is executed and its output
     appended as a masked observation; an error is an observation too; a turn without a call ends the trajectory."""
     rollout, tokenizer = rollout_and_tokenizer
-    trajectory = Trajectory(prompt_ids=[1, 2, 3])
+    trajectory = Trajectory(prompt_ids=[1, 2, 3], tools=rollout.tools)
     for text in ("I will look it up. <capital>France</capital>", "<capital>Atlantis</capital>", "\\boxed{Paris}"):
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         rollout._advance(trajectory, ids, tokenizer, last_turn=False)

@@ -31,6 +31,10 @@ log = logging.getLogger(__name__)
 FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
 
+# The column a row names its environment in (rollout.environment={name: module:Class}), carried when a source has it.
+ENVIRONMENT_COLUMN = "environment"
+
+
 def gsm8k_final_answer(solution: str) -> str:
     """GSM8K's reference answer: what follows the last '####', without thousands separators."""
     return solution.split("####")[-1].strip().replace(",", "")
@@ -178,11 +182,15 @@ def _table_rows(table: Dataset, data_cfg: DictConfig, limit: int | None) -> list
             raise UserError(f"dataset.{key}='{data_cfg[key]}' is not a column; columns: {table.column_names}")
     if limit is not None:
         table = table.select(range(min(limit, len(table))))
-    return _rows(
+    rows = _rows(
         [str(q) for q in table[data_cfg.question_field]],
         ["" if a is None else str(a) for a in table[data_cfg.answer_field]],  # null: no answer (refused if all are)
         data_cfg,
     )
+    if ENVIRONMENT_COLUMN in table.column_names:  # which environment each row plays (rollout.environment={...})
+        for row, name in zip(rows, table[ENVIRONMENT_COLUMN], strict=True):
+            row[ENVIRONMENT_COLUMN] = None if name is None else str(name)
+    return rows
 
 
 def _table_splits(data_cfg: DictConfig) -> tuple[list[dict], list[dict]]:
@@ -265,6 +273,7 @@ def _function_table(rows, data_cfg: DictConfig, where: str) -> Dataset:
     """The question and answer columns of what the function returned, or a UserError naming the key."""
     fields = list(dict.fromkeys([data_cfg.question_field, data_cfg.answer_field]))
     if isinstance(rows, Dataset):
+        fields += [ENVIRONMENT_COLUMN] if ENVIRONMENT_COLUMN in rows.column_names else []
         missing = [
             f"dataset.{key}='{data_cfg[key]}'"
             for key in ("question_field", "answer_field")
@@ -284,6 +293,7 @@ def _function_table(rows, data_cfg: DictConfig, where: str) -> Dataset:
             ]
             if missing:
                 raise UserError(f"{where}: row {index} has no {' and no '.join(missing)}; its keys: {list(row)}")
+        fields += [ENVIRONMENT_COLUMN] if rows and all(ENVIRONMENT_COLUMN in row for row in rows) else []
         table = Dataset.from_dict(
             {field: ["" if row[field] is None else str(row[field]) for row in rows] for field in fields}
         )

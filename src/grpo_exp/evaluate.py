@@ -200,6 +200,8 @@ def main(argv: list[str] | None = None) -> dict:
     out_dir = out_dir or Path(cfg.outputs_dir) / "eval" / time.strftime("%Y-%m-%d_%H-%M-%S")
     train, heldout = load_splits(cfg.dataset)
     parts = build_parts(spec, train["solution"])
+    if parts.rollout is not None:
+        parts.rollout.check_rows(heldout, "held-out")
     tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
     model = load_model(cfg.model, tokenizer, cfg.cache_dir, cfg.trainer.seed)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -356,6 +356,13 @@ class TaskScoreReward:
     weight: float = MISSING
 
 
+@dataclass
+class EnvironmentReward:
+    # Your environment's own score of each episode, its get_reward() once the trajectory has ended (needs
+    # rollout=environment); missing (imputed) for a failed episode.
+    weight: float = MISSING
+
+
 REWARD_COMPONENTS: dict[str, type] = {
     "math": MathReward,
     "correct": CorrectReward,
@@ -368,6 +375,7 @@ REWARD_COMPONENTS: dict[str, type] = {
     "confidence": ConfidenceReward,
     "selfverify": SelfVerifyReward,
     "task_score": TaskScoreReward,
+    "environment": EnvironmentReward,
 }
 
 
@@ -593,6 +601,15 @@ class RolloutSchema:
     demo: list[dict[str, str]] = field(default_factory=list)  # a demonstration shown before every prompt
     # The system message also describes your own tools (their docstrings, how they are called) after `system`
     describe_tools: bool = True
+    # Your environment class in TRL's convention (rollout=environment rollout.environment=module:Class; or {name:
+    # module:Class}, each row choosing by its `environment` column): one instance per trajectory, reset(**row) joins
+    # the prompt, its public methods are the tools, get_reward() is reward=environment (grpo_exp.rollout.environment)
+    environment: Any = None
+    environment_timeout_s: float = knob(10.0, gt=0.0)  # any call to it (made, reset, a method, get_reward)
+    # Past this share of failed episodes over the last environment_failure_window training steps (every process's
+    # together), the run stops naming the environment
+    environment_max_failure_rate: float = knob(0.5, ge=0.0, le=1.0)
+    environment_failure_window: int = knob(10, ge=1)
 
 
 # ---- evaluation, statistics, logging ---------------------------------------------------------------------------

@@ -105,15 +105,19 @@ def accelerate_launch(
     timeout: int = 900,
     env: dict | None = None,
     launch_args: tuple[str, ...] = (),
+    cwd: Path | None = None,
 ) -> subprocess.CompletedProcess:
     """`accelerate launch --config_file <accelerate_config> <launch_args> -m <module> <args>` from the repository's
-    root, as a user starts several processes (`launch_args`: accelerate's own, over the config file's; `env`: added
-    to this environment)."""
+    root (or `cwd`: a user's project, whose modules the run imports from there), as a user starts several processes
+    (`launch_args`: accelerate's own, over the config file's; `env`: added to this environment)."""
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(accelerate_config), *launch_args]
     # the launcher and its ranks start warm (tests/helpers/warm.py): accelerate and torchrun start each rank as
     # `python -m tests.helpers.warm_rank <module> ...`, which the warm server forks
     argv = [*launch, "-m", *warm.launch_module(module), *args]
-    return warm.run(argv, REPO_ROOT, {**os.environ, **(env or {})}, timeout)
+    environment = {**os.environ, **(env or {})}
+    if cwd is not None:  # the ranks' command (tests.helpers.warm_rank) is imported from the repository
+        environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), environment.get("PYTHONPATH")]))
+    return warm.run(argv, cwd or REPO_ROOT, environment, timeout)
 
 
 def logged_steps(run_dir: Path) -> list[dict]:

@@ -21,6 +21,7 @@ from grpo_exp.errors import UserError
 from grpo_exp.rewards.confidence import make_confidence_reward
 from grpo_exp.rewards.correct import make_correct_reward
 from grpo_exp.rewards.custom import build_custom, check_custom, is_custom
+from grpo_exp.rewards.environment import make_environment_reward
 from grpo_exp.rewards.format import make_format_reward
 from grpo_exp.rewards.judge import make_judge_reward
 from grpo_exp.rewards.length import make_length_reward
@@ -44,6 +45,7 @@ COMPONENTS: dict[str, Callable[..., Callable]] = {
     "confidence": make_confidence_reward,
     "selfverify": make_selfverify_reward,
     "task_score": make_task_score_reward,
+    "environment": make_environment_reward,
 }
 
 

@@ -14,6 +14,7 @@ reference model is taken on the same policy tokens.
 
 import contextlib
 import functools
+import logging
 from dataclasses import dataclass, field
 
 import torch
@@ -23,12 +24,30 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 from trl.trainer.utils import is_async_callable
 
 from grpo_exp.generation import left_padded_eval
+from grpo_exp.rollout.environment import (
+    Episode,
+    check_environment_column,
+    episode_budget,
+    load_environments,
+    new_episodes,
+)
 from grpo_exp.rollout.tools import Tool, build_tools, first_call, tools_message
 from grpo_exp.rollout.tools.python_sandbox import SandboxLimits
 from grpo_exp.sampled_log_probs import SampledLogProbs
 
+log = logging.getLogger(__name__)
+
 # Per-trajectory fields handed to TRL (and on to the reward functions and grpo_exp's statistics).
-TRAJECTORY_FIELDS = ("final_turn", "num_turns", "tool_calls", "tool_errors", "ended")
+TRAJECTORY_FIELDS = (
+    "final_turn",
+    "num_turns",
+    "tool_calls",
+    "tool_errors",
+    "ended",
+    "environment",  # rollout=environment: the episode's environment, its get_reward() and why it failed
+    "env_reward",
+    "env_failure",
+)
 
 
 @dataclass
@@ -44,6 +63,8 @@ class Trajectory:
     tool_errors: int = 0
     ended: bool = False  # by a turn without a tool call (not by max_turns)
     done: bool = False
+    tools: list[Tool] = field(default_factory=list)  # what this trajectory can call
+    episode: Episode | None = None  # rollout=environment: its environment's instance
 
     @property
     def final_turn(self) -> str:
@@ -57,18 +78,23 @@ class Trajectory:
             "tool_calls": self.tool_calls,
             "tool_errors": self.tool_errors,
             "ended": self.ended,
+            "environment": None if self.episode is None else self.episode.environment.name,
+            "env_reward": None if self.episode is None else self.episode.reward,
+            "env_failure": None if self.episode is None else self.episode.failure,
         }
 
 
 class StopAtToolCall(StoppingCriteria):
     """Ends a sequence's turn as soon as its new text holds a complete tool call."""
 
-    def __init__(self, tokenizer, tools: list[Tool], prompt_length: int):
+    def __init__(self, tokenizer, tools: list[list[Tool]], prompt_length: int):
+        """`tools`: each row's."""
         self.tokenizer, self.tools, self.prompt_length = tokenizer, tools, prompt_length
 
     def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
         texts = self.tokenizer.batch_decode(input_ids[:, self.prompt_length :], skip_special_tokens=True)
-        return torch.tensor([first_call(text, self.tools) is not None for text in texts], device=input_ids.device)
+        calls = [first_call(text, tools) is not None for text, tools in zip(texts, self.tools, strict=True)]
+        return torch.tensor(calls, device=input_ids.device)
 
 
 class MultiTurnRollout:
@@ -78,12 +104,26 @@ class MultiTurnRollout:
         self.cfg = rollout_cfg
         limits = SandboxLimits(**OmegaConf.to_container(rollout_cfg.python))
         self.tools = build_tools(list(rollout_cfg.tools), limits)
+        setting = rollout_cfg.get("environment")
+        self.environments = {} if setting is None else load_environments(setting, rollout_cfg.environment_timeout_s)
+        names = [env.name for env in self.environments.values()]
+        self.budget = episode_budget(rollout_cfg, names) if self.environments else None
 
-    def messages(self, prompt: list[dict]) -> list[dict]:
+    def check_rows(self, dataset, split: str) -> None:
+        """With several environments, every row of `dataset` names one (before any model loads)."""
+        if self.environments:
+            check_environment_column(dataset.to_list(), self.environments, split)
+
+    def messages(
+        self, prompt: list[dict], tools: list[Tool] | None = None, observation: str | None = None
+    ) -> list[dict]:
         """The task's chat prompt after the tools' system message and demonstration exchange. The system message
-        is rollout.system, then (rollout.describe_tools) what the user's own tools do and how they are called."""
+        is rollout.system, then (rollout.describe_tools) what the user's own tools (`tools`: the trajectory's; else
+        rollout.tools) do and how they are called. `observation`: the environment's reset text, after the last user
+        message's."""
         parts = [self.cfg.system] if self.cfg.system else []
-        described = tools_message(self.tools) if self.cfg.get("describe_tools", True) else None
+        tools = self.tools if tools is None else tools
+        described = tools_message(tools) if self.cfg.get("describe_tools", True) else None
         if described:
             parts.append(described)
         if prompt and prompt[0]["role"] == "system":  # the dataset's own system message joins ours
@@ -91,7 +131,10 @@ class MultiTurnRollout:
             prompt = prompt[1:]
         system = [{"role": "system", "content": "\n\n".join(parts)}] if parts else []
         demo = OmegaConf.to_container(self.cfg.demo) if self.cfg.demo else []
-        return system + demo + list(prompt)
+        prompt = list(prompt)
+        if observation:
+            prompt[-1] = {**prompt[-1], "content": f"{prompt[-1]['content']}\n\n{observation}"}
+        return system + demo + prompt
 
     def run(
         self,
@@ -102,16 +145,14 @@ class MultiTurnRollout:
         batch_size: int,
         desc: str | None = None,
         log_probs_at: float | None = None,
+        rows: list[dict] | None = None,
     ) -> list[Trajectory]:
         """Play every prompt out, batching the trajectories still going at each turn. `log_probs_at` (a
-        temperature): also record the sampler's log-probability of each policy token (grpo_exp.sampled_log_probs)."""
+        temperature): also record the sampler's log-probability of each policy token (grpo_exp.sampled_log_probs).
+        `rows`: each prompt's dataset row, which its environment's reset receives (rollout=environment)."""
         trajectories = [
-            Trajectory(
-                tokenizer.apply_chat_template(
-                    self.messages(p), add_generation_prompt=True, tokenize=True, return_dict=True
-                )["input_ids"]
-            )
-            for p in prompts
+            self._start(tokenizer, prompt, row)
+            for prompt, row in zip(prompts, rows or [{}] * len(prompts), strict=True)
         ]
         eos = _eos_ids(tokenizer)
         with left_padded_eval(model, tokenizer), torch.no_grad():
@@ -122,17 +163,34 @@ class MultiTurnRollout:
                 for start in range(0, len(active), batch_size):
                     batch = active[start : start + batch_size]
                     contexts = [t.prompt_ids + t.completion_ids for t in batch]
-                    turns, log_probs = self._generate(model, tokenizer, contexts, generation, eos, log_probs_at)
+                    tools = [t.tools for t in batch]
+                    turns, log_probs = self._generate(model, tokenizer, contexts, tools, generation, eos, log_probs_at)
                     for trajectory, ids, logps in zip(batch, turns, log_probs, strict=True):
                         last_turn = turn == self.cfg.max_turns - 1
                         self._advance(trajectory, ids, tokenizer, last_turn, logps)
+        for trajectory in trajectories:
+            if trajectory.episode is not None:
+                trajectory.episode.finish()
         return trajectories
+
+    def _start(self, tokenizer, prompt: list[dict], row: dict) -> Trajectory:
+        """A trajectory, with its environment's episode started (reset) where the run has environments."""
+        episode, observation = None, None
+        if self.environments:
+            (episode,) = new_episodes(self.environments, [row], self.cfg.environment_timeout_s)
+            observation = episode.start(row)
+        tools = self.tools + ([] if episode is None else episode.tools)
+        ids = tokenizer.apply_chat_template(
+            self.messages(prompt, tools, observation), add_generation_prompt=True, tokenize=True, return_dict=True
+        )["input_ids"]
+        return Trajectory(ids, tools=tools, episode=episode)
 
     def _generate(
         self,
         model,
         tokenizer,
         contexts: list[list[int]],
+        tools: list[list[Tool]],
         generation: dict,
         eos: set[int],
         log_probs_at: float | None,
@@ -145,15 +203,18 @@ class MultiTurnRollout:
             output = model.generate(
                 **batch,
                 **(generation | {"max_new_tokens": self.cfg.max_tokens_per_turn}),
-                stopping_criteria=StoppingCriteriaList([StopAtToolCall(tokenizer, self.tools, length)]),
+                stopping_criteria=StoppingCriteriaList([StopAtToolCall(tokenizer, tools, length)]),
             )
-        turns = [self._turn_tokens(row[length:].tolist(), eos, tokenizer) for row in output]
+        turns = [
+            self._turn_tokens(row[length:].tolist(), eos, tokenizer, own)
+            for row, own in zip(output, tools, strict=True)
+        ]
         if record is None:
             return turns, [None] * len(turns)
         log_probs = record.of(output[:, length:])
         return turns, [row[: len(ids)].tolist() for row, ids in zip(log_probs, turns, strict=True)]
 
-    def _turn_tokens(self, ids: list[int], eos: set[int], tokenizer) -> list[int]:
+    def _turn_tokens(self, ids: list[int], eos: set[int], tokenizer, tools: list[Tool]) -> list[int]:
         """The tokens the policy generated in a turn, without the padding that follows its end.
 
         A turn ends at its EOS or where its tool call completes. The padding after a stopped row is often the
@@ -164,12 +225,12 @@ class MultiTurnRollout:
         while end and ids[end - 1] == tokenizer.pad_token_id and ids[end - 1] not in eos:
             end -= 1
         ids = ids[:end]
-        if first_call(tokenizer.decode(ids, skip_special_tokens=True), self.tools) is None:
+        if first_call(tokenizer.decode(ids, skip_special_tokens=True), tools) is None:
             return ids
         return next(
             ids[:n]
             for n in range(1, len(ids) + 1)
-            if first_call(tokenizer.decode(ids[:n], skip_special_tokens=True), self.tools)
+            if first_call(tokenizer.decode(ids[:n], skip_special_tokens=True), tools)
         )
 
     def _advance(
@@ -180,14 +241,15 @@ class MultiTurnRollout:
         trajectory.env_mask += [1] * len(ids)
         trajectory.logprobs += log_probs or []
         trajectory.turns.append(text)
-        call = first_call(text, self.tools)
+        call = first_call(text, trajectory.tools)
         if call is None:
             trajectory.ended = trajectory.done = True
             return
         result = call.tool.run(call.argument)
         trajectory.tool_calls += 1
         trajectory.tool_errors += result.error
-        if last_turn:  # no turn left to read the observation
+        episode = trajectory.episode
+        if last_turn or (episode is not None and episode.failure is not None):  # no turn left to read it
             trajectory.done = True
             return
         output = result.output[: self.cfg.max_observation_chars]
@@ -198,11 +260,25 @@ class MultiTurnRollout:
         trajectory.logprobs += [0.0] * len(observation)  # not the policy's: masked out of the loss and the metrics
 
     def trl_batch(
-        self, model, tokenizer, prompts: list, generation_kwargs: dict, log_probs_at: float | None = None
+        self,
+        model,
+        tokenizer,
+        prompts: list,
+        generation_kwargs: dict,
+        log_probs_at: float | None = None,
+        rows: list[dict] | None = None,
     ) -> dict:
         """What TRL's rollout_func returns (grpo_exp.trainer.trl_batch.as_rollout_func): this process's prompts, one
-        per trajectory (groups already repeated); with the sampler's log-probabilities where `log_probs_at`."""
-        trajectories = self.run(model, tokenizer, prompts, generation_kwargs, len(prompts), log_probs_at=log_probs_at)
+        per trajectory (groups already repeated), and their dataset rows; with the sampler's log-probabilities where
+        `log_probs_at`. Failed episodes are spent from the failure budget (every process together)."""
+        trajectories = self.run(
+            model, tokenizer, prompts, generation_kwargs, len(prompts), log_probs_at=log_probs_at, rows=rows
+        )
+        if self.budget is not None:
+            failures = [t.episode.failure for t in trajectories if t.episode.failure is not None]
+            for failure in sorted(set(failures)):
+                log.warning("Episode failed: %s", failure)
+            self.budget.spend(len(failures), len(trajectories))
         fields = [t.fields() for t in trajectories]
         return {
             "prompt_ids": [t.prompt_ids for t in trajectories],

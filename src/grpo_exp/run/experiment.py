@@ -60,6 +60,9 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
     set_seed(cfg.trainer.seed)
     train_set, heldout = load_splits(cfg.dataset)
     parts = build_parts(spec, train_set["solution"])
+    if parts.rollout is not None:
+        parts.rollout.check_rows(train_set, "training")
+        parts.rollout.check_rows(heldout, "held-out")
     attempt = spec.attempt
     if is_main_process():
         start_run_dir(spec, run_dir)

@@ -21,6 +21,7 @@ from grpo_exp.data_parallel import from_main_process, map_over_processes
 from grpo_exp.generation import generate_completions
 from grpo_exp.rewards import GRADED_COMPONENTS
 from grpo_exp.rewards.judge import RubricJudge
+from grpo_exp.rollout.environment import environment_statistics
 from grpo_exp.rollout.flow import trajectory_statistics
 from grpo_exp.rollout.multiturn import MultiTurnRollout, greedy_generation
 from grpo_exp.run.build import RunParts
@@ -89,14 +90,17 @@ def answer(
     temperature: float = 0.0,
     rollout: MultiTurnRollout | None = None,
     prepacked: bool = False,
+    rows: list[dict] | None = None,
 ) -> tuple[list[str], list[dict]]:
     """The texts that hold each prompt's answer, and per-prompt details: one completion each, or with a
     multi-turn rollout each trajectory's final turn (details: the trajectory, its turns and tool calls).
     Under several processes, each answers its share of the prompts (grpo_exp.data_parallel). prepacked: greedy
-    answers from the policy's prepacked copy where it can serve (grpo_exp.run.prepacked_eval)."""
+    answers from the policy's prepacked copy where it can serve (grpo_exp.run.prepacked_eval). rows: the prompts'
+    dataset rows, which a rollout's environments are reset with."""
 
     def work(share: list, main: bool) -> list[tuple[str, dict]]:
         shown = desc if main else None
+        share, share_rows = [prompt for prompt, _ in share], [row for _, row in share]
         if rollout is None:
             texts = None
             if prepacked and temperature == 0:
@@ -107,13 +111,14 @@ def answer(
         generation = greedy_generation(tokenizer)
         if temperature > 0:
             generation |= {"do_sample": True, "temperature": temperature}
-        trajectories = rollout.run(model, tokenizer, share, generation, batch_size, shown)
+        trajectories = rollout.run(model, tokenizer, share, generation, batch_size, shown, rows=share_rows)
         return [
             (t.final_turn, {"trajectory": tokenizer.decode(t.completion_ids, skip_special_tokens=True), **t.fields()})
             for t in trajectories
         ]
 
-    answered = map_over_processes(list(prompts), batch_size, work)
+    paired = list(zip(prompts, rows or [{}] * len(prompts), strict=True))
+    answered = map_over_processes(paired, batch_size, work)
     return [text for text, _ in answered], [details for _, details in answered]
 
 
@@ -130,13 +135,15 @@ def heldout_accuracy(
 ) -> EvalResult:
     """Greedy accuracy; with a multi-turn rollout, of each trajectory's final answer (the tools in reach)."""
     prompts = dataset["prompt"]
+    rows = dataset.to_list() if rollout is not None else None
     completions, details = answer(
-        model, tokenizer, prompts, max_new_tokens, batch_size, desc, 0.0, rollout, prepacked=prepacked
+        model, tokenizer, prompts, max_new_tokens, batch_size, desc, 0.0, rollout, prepacked=prepacked, rows=rows
     )
     labels = verifier(completions, dataset["solution"], entries_of(dataset))
     stats = {}
     if rollout is not None:
         stats = trajectory_statistics(details, label_values(labels), verifier.answer)
+        stats |= environment_statistics(details)
     scored = [label for label in labels if label is not None]
     columns = [dataset[key] for key in ("question", "prompt", "solution")]
     tagged = {key: dataset[key] for key in TASK_COLUMNS if key in dataset.column_names}
@@ -188,9 +195,9 @@ def sampled_metrics(
     """pass@1..k (unbiased) and maj@k from k sampled completions per problem, and the completions."""
     prompts = [p for p in dataset["prompt"] for _ in range(samples)]
     solutions = [s for s in dataset["solution"] for _ in range(samples)]
-    texts, _ = answer(
-        model, tokenizer, prompts, max_new_tokens, batch_size, f"held-out samples (k={samples})", temperature, rollout
-    )
+    rows = [row for row in dataset.to_list() for _ in range(samples)] if rollout is not None else None
+    desc = f"held-out samples (k={samples})"
+    texts, _ = answer(model, tokenizer, prompts, max_new_tokens, batch_size, desc, temperature, rollout, rows=rows)
     labels = verifier(texts, solutions, entries_of(dataset, samples))
     correct = torch.tensor(label_values(labels)).view(-1, samples)
     answers = [final_answers(texts[i : i + samples], verifier.answer) for i in range(0, len(texts), samples)]

@@ -331,6 +331,17 @@ ONLY_WITH: tuple[OnlyWith, ...] = (
         but=("rollout.name",),
     ),
     OnlyWith(
+        (
+            "rollout.environment_timeout_s",
+            "rollout.environment_max_failure_rate",
+            "rollout.environment_failure_window",
+        ),
+        lambda cfg: cfg.rollout.environment is not None,
+        "by an environment (rollout=environment)",
+        lambda cfg: "rollout.environment=null has none",
+        "set rollout=environment rollout.environment=module:Class",
+    ),
+    OnlyWith(
         ("rollout.python",),
         lambda cfg: "python" in cfg.rollout.tools,
         "by the python tool's sandbox",

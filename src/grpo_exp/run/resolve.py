@@ -37,7 +37,9 @@ from grpo_exp.rewards.judge import check_judge
 from grpo_exp.rewards.overlong import cache_size
 from grpo_exp.rewards.registry import reward_weights, typed_components
 from grpo_exp.rewards.rubric import load_rubric_file
-from grpo_exp.rollout.tools import check_tool_names
+from grpo_exp.rollout.environment import load_environments
+from grpo_exp.rollout.tools import TOOL_NAMES, check_tool_names
+from grpo_exp.rollout.tools.user import tool_name
 from grpo_exp.run.distributed import world_size
 from grpo_exp.run.files import CONFIG_FILE
 from grpo_exp.run.inert import check_only_with
@@ -202,14 +204,50 @@ def check_verifier(spec: RunSpec) -> None:
 
 
 def check_rollout(spec: RunSpec) -> None:
-    """rollout=multiturn generates its turns itself, with the tools named (the sampling copy's rules: the trainer)."""
+    """rollout=multiturn generates its turns itself, with the tools named and the environment's methods (the sampling
+    copy's rules: the trainer)."""
+    rollout = spec.cfg.rollout
+    environment = rollout.environment if spec.multiturn else None
+    if "environment" in spec.components and environment is None:
+        raise UserError(
+            "reward=...environment scores episodes of your environment: set rollout=environment "
+            "rollout.environment=module:Class"
+        )
     if not spec.multiturn:
         return
     if spec.selfverify is not None:
         raise UserError("reward=...selfverify with rollout=multiturn is not supported: use rollout=single")
     if spec.cfg.trainer.extra.get("use_vllm"):
         raise UserError("rollout=multiturn generates with transformers; use generation=transformers")
-    check_tool_names(list(spec.cfg.rollout.tools))
+    if environment is None or list(rollout.tools):
+        check_tool_names(list(rollout.tools))
+    if environment is not None:
+        check_environments(load_environments(environment, rollout.environment_timeout_s), spec)
+
+
+def check_environments(environments: dict, spec: RunSpec) -> None:
+    """Their rewards used by the mix, and their tools' names free (rollout.tools)."""
+    scored = [env.name for env in environments.values() if env.has_reward]
+    if scored and "environment" not in spec.components:
+        mix = "+".join(spec.components)
+        raise UserError(
+            f"rollout.environment: {', '.join(scored)} score(s) episodes with get_reward(), but reward={mix} does not "
+            f"use it: add it to the mix (reward={mix}+environment, or reward=environment)"
+        )
+    unscored = [env.name for env in environments.values() if not env.has_reward]
+    if unscored and "environment" in spec.components:
+        raise UserError(
+            f"reward=...environment: {', '.join(unscored)} has no get_reward() to score its episodes with; give it "
+            "one, or leave environment out of the reward mix"
+        )
+    taken = {tool_name(entry) for entry in spec.cfg.rollout.tools} | set(TOOL_NAMES)
+    for env in environments.values():
+        clash = sorted(taken & set(env.tool_names))
+        if clash:
+            raise UserError(
+                f"rollout.environment: {env.name}'s method {clash[0]} has the name of a tool of rollout.tools: rename "
+                "one of them (a call is <name>...</name>)"
+            )
 
 
 # ---- paths: of the right kind before anything loads, saved absolute -----------------------------------------------

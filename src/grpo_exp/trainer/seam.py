@@ -53,6 +53,7 @@ class HookedGRPOTrainer(TrainingHooks, TRLSurface, GRPOTrainer):
             aux_loss=self.aux_loss_enabled,
         )
         self._imputed = None
+        self.rollout_rows: list[dict] | None = None  # the rows being generated for (a rollout_func reads them)
 
     # ---- TRL's methods, overridden -------------------------------------------------------------------------
 
@@ -153,6 +154,7 @@ class HookedGRPOTrainer(TrainingHooks, TRLSurface, GRPOTrainer):
     def _generate_scored(self, inputs: list[dict]) -> tuple[dict, torch.Tensor | None]:
         """TRL's generation and scoring of one batch; the after_scoring hook; the loss_token_mask hook; which
         groups have no spread (None where nothing asks)."""
+        self.rollout_rows = inputs
         output = super()._generate_and_score_completions(inputs)
         if self.args.advantage_estimator != TRL_ADVANTAGES:
             self._replace_advantages(len(inputs), output)

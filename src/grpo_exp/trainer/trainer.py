@@ -19,6 +19,7 @@ from accelerate.utils import gather_object
 
 from grpo_exp.generation import generate_completions
 from grpo_exp.rewards import GRADED_COMPONENTS
+from grpo_exp.rollout.environment import environment_statistics
 from grpo_exp.rollout.flow import broadcast_to_turns, trajectory_statistics
 from grpo_exp.stats import group_statistics, group_std, label_values, per_task_means, score_statistics
 from grpo_exp.text import completion_text
@@ -159,6 +160,7 @@ class GRPOExpTrainer(HookedGRPOTrainer):
         stats |= per_task_means(tasks, batch.total.tolist(), "tasks/reward", self.task_mix)
         if batch.trajectories is not None:
             stats |= trajectory_statistics(batch.rows, batch.total.tolist(), self.verifier.answer)
+            stats |= environment_statistics(batch.rows)
         for name in GRADED_COMPONENTS & set(batch.reward_names):  # is the graded score a signal of correctness?
             column = batch.reward_names.index(name)
             scored = batch.rewards[:, column].masked_fill(batch.imputed[:, column], math.nan)  # failures: missing

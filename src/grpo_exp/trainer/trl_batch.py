@@ -102,12 +102,16 @@ def _cat_padded(values: list[torch.Tensor], pad, left: bool) -> torch.Tensor:
 
 def as_rollout_func(rollout):
     """TRL's `rollout_func(prompts, trainer)` for a rollout object with `trl_batch(model, tokenizer, prompts,
-    generation_kwargs, log_probs_at) -> dict` (grpo_exp.rollout.multiturn.MultiTurnRollout); `log_probs_at`: the
-    temperature of the sampler's log-probabilities where the trainer's mismatch watch wants them, else None."""
+    generation_kwargs, log_probs_at, rows) -> dict` (grpo_exp.rollout.multiturn.MultiTurnRollout); `log_probs_at`:
+    the temperature of the sampler's log-probabilities where the trainer's mismatch watch wants them, else None;
+    `rows`: the prompts' dataset rows."""
 
     def rollout_func(prompts: list, trainer) -> dict:
         log_probs_at = trainer.temperature if trainer.mismatch.wants_sampler_log_probs else None
+        rows = trainer.rollout_rows  # the dataset rows of these prompts, in order (the seam keeps them)
         with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator) as model:
-            return rollout.trl_batch(model, trainer.processing_class, prompts, trainer.generation_kwargs, log_probs_at)
+            return rollout.trl_batch(
+                model, trainer.processing_class, prompts, trainer.generation_kwargs, log_probs_at, rows
+            )
 
     return rollout_func

@@ -1,0 +1,254 @@
+"""The user's environment class in TRL's own convention (GRPOTrainer's environment_factory), run through grpo_exp's
+multi-turn loop, so on any chat template (rollout=multiturn rollout.environment=module:Class):
+
+- one instance per trajectory, made by calling the class (or any factory) with no argument;
+- reset(**row) -> str | None: the row's question and solution (and a reasoning-gym row's task fields); its text
+  joins the prompt's last user message;
+- its public methods are the tools, called with grpo_exp's plain tags (`<guess>7</guess>`, several arguments as a
+  JSON object) and described in the system message from their docstrings and type hints (grpo_exp.rollout.tools.user);
+- get_reward() -> float, where it has one: the `environment` reward component (reward=environment, mixed and weighted
+  like any other), read once the trajectory has ended.
+
+Several environments share a run as TRL's dict form does: rollout.environment={name: module:Class}, each row choosing
+by its `environment` column.
+
+Faults cost an episode, never the run. A method that raises is an observation `error: ...` the policy reads, as any
+tool's error is. A call to the environment (making it, reset, a method, get_reward) that runs past
+rollout.environment_timeout_s, or that returns nonsense (reset: not text; get_reward: not a finite number), or a
+reset / get_reward that raises, fails the episode: it ends, its environment reward is missing (left out of its group's
+statistics and imputed like any failed reward), and it is counted (environment/failures). Past
+rollout.environment_max_failure_rate of the episodes of the last rollout.environment_failure_window steps, every
+process's together, the run stops naming the environment (grpo_exp.failure_budget).
+"""
+
+import dataclasses
+import inspect
+import math
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from grpo_exp.errors import UserError
+from grpo_exp.failure_budget import FailureBudget
+from grpo_exp.plugins import import_callable
+from grpo_exp.rollout.tools import Tool, user_tool
+from grpo_exp.rollout.tools.result import ToolResult
+from grpo_exp.rollout.tools.user import UserTool, checked_user_tool
+
+KEY = "rollout.environment"
+CONVENTION = (
+    "an environment is a class (or a factory) called with no argument, whose instance has reset(**row) -> str | None, "
+    "public methods with type hints and docstrings as its tools, and optionally get_reward() -> float (TRL's "
+    "environment_factory convention)"
+)
+NOT_TOOLS = ("reset", "get_reward")
+ROW_FIELDS = ("question", "solution", "task_name", "task_level", "task_entry")  # what reset(**row) receives
+
+
+class EnvironmentTimeout(Exception):
+    pass
+
+
+def within(seconds: float, call: Callable[[], Any]) -> Any:
+    """call() in a thread of its own, its result or its exception; EnvironmentTimeout past `seconds` (the thread is
+    left to finish on its own: Python cannot stop it, and the episode holding it is abandoned)."""
+    outcome: dict[str, Any] = {}
+
+    def target():
+        try:
+            outcome["value"] = call()
+        except BaseException as err:  # noqa: BLE001 - handed to the caller as it is
+            outcome["error"] = err
+
+    thread = threading.Thread(target=target, daemon=True, name="grpo_exp-environment")
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise EnvironmentTimeout(f"ran past rollout.environment_timeout_s={seconds:g}")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+@dataclass(frozen=True)
+class Environment:
+    """One environment of the run, checked: its name (the dict's key, else its class's name), how it is made, and
+    whether it scores its episodes."""
+
+    name: str
+    path: str
+    factory: Callable[[], Any]
+    has_reward: bool
+    tool_names: tuple[str, ...]
+
+
+def public_methods(instance) -> list[tuple[str, Callable]]:
+    """The instance's tools as TRL finds them: the functions of its class not starting with _, but reset and
+    get_reward, bound to it (listed on the class, so that no property is evaluated)."""
+    return [
+        (name, getattr(instance, name))
+        for name, _ in inspect.getmembers(type(instance), predicate=inspect.isfunction)
+        if name not in NOT_TOOLS and not name.startswith("_")
+    ]
+
+
+def method_tools(instance, path: str, where: str) -> list[UserTool]:
+    return [
+        checked_user_tool(method, name, f"{path}.{name}", f"{where}: its method {name}")
+        for name, method in public_methods(instance)
+    ]
+
+
+def load_environment(name: str | None, path: str, where: str, timeout: float) -> Environment:
+    """The environment at `path` (`where`: the config key), made once and checked: reset, its methods as tools."""
+    factory = import_callable(path, where.partition("=")[0], "an environment class")
+    try:
+        instance = within(timeout, factory)
+    except Exception as err:  # noqa: BLE001 - the user's constructor: its error, in one line
+        raise UserError(f"{where}: making an instance raised {type(err).__name__}: {err}") from None
+    if not callable(getattr(instance, "reset", None)):
+        raise UserError(f"{where}: its instance has no reset(); {CONVENTION}")
+    tools = method_tools(instance, path, where)
+    has_reward = callable(getattr(instance, "get_reward", None))
+    if inspect.iscoroutinefunction(getattr(instance, "get_reward", None)):
+        raise UserError(f"{where}: get_reward is async; grpo_exp's loop calls it directly: make it a plain method")
+    if not tools and not has_reward:
+        raise UserError(f"{where}: no public method (no tool) and no get_reward: nothing to act with or to score")
+    return Environment(name or type(instance).__name__, path, factory, has_reward, tuple(t.name for t in tools))
+
+
+def load_environments(setting, timeout: float) -> dict[str | None, Environment]:
+    """rollout.environment: one import path (every row; key None), or {name: import path} (by the rows'
+    `environment` column). Checked at resolve time, before any model loads."""
+    if isinstance(setting, str):
+        return {None: load_environment(None, setting, f"{KEY}={setting}", timeout)}
+    if not hasattr(setting, "items") or not setting:
+        raise UserError(f"{KEY}={setting!r}: an import path (module:Class) or a mapping {{name: module:Class}}")
+    environments = {}
+    for name, path in setting.items():
+        if not isinstance(path, str):
+            raise UserError(f"{KEY}.{name}={path!r}: an import path, module:Class")
+        environments[str(name)] = load_environment(str(name), path, f"{KEY}.{name}={path}", timeout)
+    return environments
+
+
+def check_environment_column(rows: list[dict], environments: dict[str | None, Environment], split: str) -> None:
+    """With several environments every row names one of them in its `environment` column (UserError otherwise,
+    before any model loads: every process sees the same rows)."""
+    if None in environments:
+        return
+    unknown = sorted({str(row.get("environment")) for row in rows if row.get("environment") not in environments})
+    if unknown:
+        raise UserError(
+            f"{KEY} has the environments {sorted(environments)}, but {split} rows name {unknown[:5]} in their "
+            "`environment` column (or have none): each row chooses one by name"
+        )
+
+
+@dataclass
+class Episode:
+    """One trajectory's instance of its environment, and what became of it."""
+
+    environment: Environment
+    timeout: float
+    instance: Any = None
+    tools: list[Tool] = field(default_factory=list)
+    failure: str | None = None  # why the episode failed; None while it has not
+    reward: float | None = None
+
+    def fail(self, why: str) -> None:
+        if self.failure is None:
+            self.failure = f"environment {self.environment.name}: {why}"
+
+    def start(self, row: dict) -> str | None:
+        """A new instance, reset with the row's fields: the text that joins the prompt (None: nothing)."""
+        try:
+            self.instance = within(self.timeout, self.environment.factory)
+            observation = within(self.timeout, lambda: self.instance.reset(**reset_kwargs(row)))
+        except Exception as err:  # noqa: BLE001 - the user's environment: the episode fails, the run goes on
+            self.fail(
+                f"reset raised {type(err).__name__}: {err}"
+                if not isinstance(err, EnvironmentTimeout)
+                else f"reset {err}"
+            )
+            return None
+        if observation is not None and not isinstance(observation, str):
+            self.fail(f"reset returned a {type(observation).__name__}, not text or None")
+            return None
+        self.tools = [self._timed(tool) for tool in method_tools(self.instance, self.environment.path, KEY)]
+        return observation
+
+    def _timed(self, tool: UserTool) -> Tool:
+        """The method as a tool whose call fails the episode when it runs past the time limit."""
+
+        def run(text: str) -> ToolResult:
+            try:
+                return within(self.timeout, lambda: tool.run(text))
+            except EnvironmentTimeout as err:
+                self.fail(f"{tool.name} {err}")
+                return ToolResult(f"error: {tool.name} timed out", True)
+
+        return dataclasses.replace(user_tool(tool), run=run)
+
+    def finish(self) -> None:
+        """get_reward(), where the environment has one and the episode has not failed."""
+        if self.failure is not None or not self.environment.has_reward:
+            return
+        try:
+            value = within(self.timeout, self.instance.get_reward)
+        except Exception as err:  # noqa: BLE001 - the user's environment: the episode fails, the run goes on
+            self.fail(
+                f"get_reward {err}"
+                if isinstance(err, EnvironmentTimeout)
+                else f"get_reward raised {type(err).__name__}: {err}"
+            )
+            return
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            self.fail(f"get_reward returned {value!r}, not a finite number")
+            return
+        self.reward = float(value)
+
+
+def reset_kwargs(row: dict) -> dict:
+    return {key: row[key] for key in ROW_FIELDS if row.get(key) is not None}
+
+
+def new_episodes(environments: dict[str | None, Environment], rows: list[dict], timeout: float) -> list[Episode]:
+    """One episode per row, of the environment its row names (or the only one)."""
+    single = environments.get(None)
+    return [Episode(single or environments[row.get("environment")], timeout) for row in rows]
+
+
+# ---- statistics (pure) -------------------------------------------------------------------------------------------
+
+
+def environment_statistics(records: list[dict], prefix: str = "environment") -> dict[str, float]:
+    """Per environment, over its episodes (records with `environment`, `env_reward`, `env_failure`): the mean
+    reward of those scored, the success rate (reward > 0) and the failed share; and the failed share over all."""
+    episodes = [r for r in records if r.get("environment") is not None]
+    if not episodes:
+        return {}
+    stats = {f"{prefix}/failures": sum(r["env_failure"] is not None for r in episodes) / len(episodes)}
+    for name in sorted({r["environment"] for r in episodes}):
+        own = [r for r in episodes if r["environment"] == name]
+        scored = [r["env_reward"] for r in own if r["env_reward"] is not None]
+        stats[f"{prefix}/{name}/failures"] = sum(r["env_failure"] is not None for r in own) / len(own)
+        if scored:
+            stats[f"{prefix}/{name}/reward_mean"] = sum(scored) / len(scored)
+            stats[f"{prefix}/{name}/success"] = sum(value > 0 for value in scored) / len(own)
+    return stats
+
+
+def episode_budget(rollout_cfg, names: list[str]) -> FailureBudget:
+    """rollout.environment_max_failure_rate over the last rollout.environment_failure_window steps."""
+    rate = rollout_cfg.environment_max_failure_rate
+
+    def describe(failed: float, total: float, steps: int) -> str:
+        return (
+            f"the environment(s) {', '.join(names)} ({KEY}) failed {failed:.0f} of {total:.0f} episodes over the "
+            f"last {steps} step(s), more than rollout.environment_max_failure_rate={rate} (environment/failures, "
+            "and the train log, say why); rollout.environment_max_failure_rate=1.0 never stops"
+        )
+
+    return FailureBudget(rate, rollout_cfg.environment_failure_window, describe)

@@ -1,0 +1,290 @@
+"""rollout=environment: the user's environment class in TRL's convention through grpo_exp's multi-turn loop. Its rules
+and faults by hand, the example project run from outside the repository, several environments in one run, and a
+failing environment costing episodes, not the run, under one process and two (GRPOTrainer really trains)."""
+
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from grpo_exp.errors import UserError
+from grpo_exp.paths import REPO_ROOT
+from grpo_exp.rollout.environment import (
+    EnvironmentTimeout,
+    Episode,
+    check_environment_column,
+    environment_statistics,
+    load_environments,
+    within,
+)
+from grpo_exp.run.resolve import resolve
+from grpo_exp.run.tracking import read_metrics
+from support.config import TINY_RUN, compose_config
+from tests.helpers.cli import DDP, accelerate_launch, run_command
+
+GRPO_EXP = Path(sys.executable).with_name("grpo-exp")
+EXAMPLE = REPO_ROOT / "examples" / "guess"
+
+ENVIRONMENTS = '''
+import time
+
+
+class Fine:
+    def reset(self, question, solution, **row):
+        self.secret = solution
+        return f"The secret has {len(solution)} digit(s)."
+
+    def peek(self, digit: int) -> str:
+        """Whether the secret holds a digit.
+
+        Args:
+            digit: the digit
+        """
+        return "yes" if str(digit) in self.secret else "no"
+
+    def explode(self) -> str:
+        """Raises."""
+        raise RuntimeError("boom")
+
+    def get_reward(self) -> float:
+        return 1.0
+
+
+class Raising(Fine):
+    def reset(self, question, solution, **row):
+        raise KeyError("no such level")
+
+
+class Hanging(Fine):
+    def reset(self, question, solution, **row):
+        time.sleep(30)
+
+
+class Nonsense(Fine):
+    def get_reward(self):
+        return "lots"
+
+
+class NoReset:
+    def act(self, x: int) -> str:
+        """Acts."""
+        return "ok"
+
+
+class Untyped:
+    def reset(self, **row):
+        return None
+
+    def act(self, x):
+        """Acts."""
+        return "ok"
+
+
+class AsyncReward(Fine):
+    async def get_reward(self):
+        return 1.0
+
+
+def rows(names: list, count: int = 24):
+    return [
+        {"question": f"Find the secret {i}.", "answer": str(10 + i), "environment": names[i % len(names)]}
+        for i in range(count)
+    ]
+'''
+
+
+@pytest.fixture
+def user_module(tmp_path, monkeypatch) -> Path:
+    (tmp_path / "envs.py").write_text(ENVIRONMENTS)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("envs", None)
+    return tmp_path
+
+
+# ---- by hand -----------------------------------------------------------------------------------------------------
+
+
+def test_within_returns_raises_or_times_out():
+    assert within(1.0, lambda: 3) == 3
+    with pytest.raises(KeyError):
+        within(1.0, lambda: {}["x"])
+    started = time.perf_counter()
+    with pytest.raises(EnvironmentTimeout, match="rollout.environment_timeout_s=0.2"):
+        within(0.2, lambda: time.sleep(5))
+    assert time.perf_counter() - started < 2
+
+
+def test_the_environment_statistics_by_hand():
+    records = [
+        {"environment": "a", "env_reward": 1.0, "env_failure": None},
+        {"environment": "a", "env_reward": 0.0, "env_failure": None},
+        {"environment": "a", "env_reward": None, "env_failure": "environment a: reset raised"},
+        {"environment": "b", "env_reward": -1.0, "env_failure": None},
+    ]
+    stats = environment_statistics(records)
+    assert stats == {
+        "environment/failures": 0.25,
+        "environment/a/failures": pytest.approx(1 / 3),
+        "environment/a/reward_mean": 0.5,
+        "environment/a/success": pytest.approx(1 / 3),  # a failed episode did not succeed
+        "environment/b/failures": 0.0,
+        "environment/b/reward_mean": -1.0,
+        "environment/b/success": 0.0,
+    }
+    assert environment_statistics([{"num_turns": 1}]) == {}
+
+
+def play(environment, timeout: float = 0.3) -> Episode:
+    episode = Episode(environment, timeout)
+    episode.start({"question": "q", "solution": "42", "prompt": [], "environment": "x"})
+    return episode
+
+
+def test_each_fault_costs_the_episode_and_says_why(user_module):
+    environments = load_environments(
+        {"fine": "envs:Fine", "raising": "envs:Raising", "hanging": "envs:Hanging", "nonsense": "envs:Nonsense"}, 0.3
+    )
+    fine = play(environments["fine"])
+    assert fine.failure is None and [t.name for t in fine.tools] == ["explode", "peek"]
+    by_name = {t.name: t for t in fine.tools}
+    assert by_name["peek"].run("4").output == "yes"
+    broken = by_name["explode"].run("")  # a method that raises: an observation, not a failure
+    assert broken.error and broken.output == "error: RuntimeError: boom" and fine.failure is None
+    fine.finish()
+    assert fine.reward == 1.0
+    raising = play(environments["raising"])
+    assert raising.failure == "environment raising: reset raised KeyError: 'no such level'"
+    started = time.perf_counter()
+    hanging = play(environments["hanging"])
+    assert hanging.failure == "environment hanging: reset ran past rollout.environment_timeout_s=0.3"
+    assert time.perf_counter() - started < 3
+    nonsense = play(environments["nonsense"])
+    nonsense.finish()
+    assert nonsense.failure == "environment nonsense: get_reward returned 'lots', not a finite number"
+    assert nonsense.reward is None
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ("envs:NoReset", "envs:NoReset: its instance has no reset()"),
+        ("envs:Untyped", "its method act: parameter 'x' has no type hint"),
+        ("envs:AsyncReward", "get_reward is async"),
+        ("envs:Missing", "rollout.environment"),
+    ],
+)
+def test_an_environment_that_breaks_the_convention_is_refused_naming_it(user_module, setting, message):
+    with pytest.raises(UserError, match=message):
+        load_environments(setting, 1.0)
+
+
+def test_with_several_environments_every_row_must_name_one(user_module):
+    environments = load_environments({"a": "envs:Fine", "b": "envs:Fine"}, 1.0)
+    check_environment_column([{"environment": "a"}, {"environment": "b"}], environments, "training")
+    with pytest.raises(UserError, match=r"training rows name \['None', 'c'\]"):
+        check_environment_column([{"environment": "c"}, {}], environments, "training")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["reward=math+environment"], "reward=...environment scores episodes of your environment"),
+        (["rollout=environment", "rollout.environment=envs:Fine"], "add it to the mix"),
+        (["rollout=environment", "rollout.environment=envs:NoReset", "reward=environment"], "no reset"),
+        (["rollout=environment", "rollout.environment=envs:Fine", "reward=environment", "rollout.tools=[envs:peek]"],
+         "rollout.tools"),
+    ],
+)  # fmt: skip
+def test_the_reward_and_the_tools_are_checked_with_the_run(user_module, overrides, message, no_model_loads):
+    (user_module / "envs.py").write_text(ENVIRONMENTS + "\n\ndef peek(digit: int) -> str:\n    '''Peeks.'''\n")
+    with pytest.raises(UserError, match=message):
+        resolve(compose_config([*TINY_RUN, "logger=none", *overrides]), processes=1)
+
+
+# ---- real runs ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.e2e
+def test_the_example_environment_trains_from_outside_the_repository(tmp_path):
+    """examples/guess copied outside the repository, run with the installed grpo-exp as a user would (tiny model)."""
+    project = Path(shutil.copytree(EXAMPLE, tmp_path / "guess"))
+    result = run_command(
+        [GRPO_EXP, "train", "--config-dir", "configs", "+experiment=guess", *TINY_RUN, "logger=none",
+         "trainer.max_steps=2", f"hydra.run.dir={tmp_path / 'run'}"],
+        cwd=project,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    steps = [m for m in read_metrics(tmp_path / "run" / "metrics.jsonl") if "reward" in m]
+    assert len(steps) == 2 and all("environment/GuessTheNumber/reward_mean" in m for m in steps)
+    assert all("rewards/environment/mean" in m for m in steps)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["reward"] == "1*environment"
+    assert "heldout_environment_GuessTheNumber_success_before" in summary
+
+
+def fault_run(names: list[str], *overrides: str) -> list[str]:
+    environments = ", ".join(f"{name}: envs:{name.capitalize()}" for name in names)
+    return [
+        *TINY_RUN,
+        "logger=none",
+        "dataset=function",
+        "dataset.function=envs:rows",
+        f"+dataset.function_args.names=[{','.join(names)}]",
+        "rollout=environment",
+        "reward=environment",
+        "rollout.max_turns=1",
+        f"rollout.environment={{{environments}}}",
+        "rollout.environment_timeout_s=0.5",
+        "trainer.prompts_per_step=4",
+        "trainer.max_steps=2",
+        "eval.before=false",
+        "eval.after=false",
+        *overrides,
+    ]
+
+
+@pytest.mark.e2e
+def test_failing_environments_cost_their_episodes_and_are_reported_per_environment(user_module):
+    """Four environments in one run, by the rows' `environment` column; three fail every episode (raises, hangs,
+    returns nonsense): each counted per environment, the run trains on."""
+    names = ["fine", "raising", "hanging", "nonsense"]
+    run = user_module / "run"
+    overrides = ["rollout.environment_max_failure_rate=1.0", "trainer.prompts_per_step=8", f"hydra.run.dir={run}"]
+    result = run_command([sys.executable, "-m", "grpo_exp.train", *fault_run(names, *overrides)], cwd=user_module)
+    assert result.returncode == 0, result.stderr[-3000:]
+    steps = [m for m in read_metrics(run / "metrics.jsonl") if "reward" in m]
+    assert len(steps) == 2
+    seen = set()
+    for step in steps:
+        present = {name for name in names if f"environment/{name}/failures" in step}
+        seen |= present
+        for name in present - {"fine"}:
+            assert step[f"environment/{name}/failures"] == 1.0
+        if "fine" in present:
+            assert step["environment/fine/failures"] == 0.0 and step["environment/fine/reward_mean"] == 1.0
+        assert 0.0 < step["environment/failures"] <= 1.0
+    assert seen == set(names), "the 16 episodes drew every environment"
+    log = (run / "train.log").read_text()
+    assert "Episode failed: environment hanging: reset ran past rollout.environment_timeout_s=0.5" in log
+    assert "Episode failed: environment nonsense: get_reward returned 'lots', not a finite number" in log
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("processes", [1, 2])
+def test_past_the_failure_budget_the_run_stops_naming_the_environments(user_module, processes):
+    names = ["raising", "hanging", "nonsense"]
+    overrides = fault_run(names, "rollout.environment_max_failure_rate=0.5", f"hydra.run.dir={user_module / 'run'}")
+    if processes == 1:
+        result = run_command([sys.executable, "-m", "grpo_exp.train", *overrides], cwd=user_module)
+    else:
+        result = accelerate_launch(*overrides, accelerate_config=DDP, cwd=user_module)
+    assert result.returncode != 0
+    error = result.stdout + result.stderr
+    # the first step's 4 prompts x G=2 episodes, on one process or two, all failed
+    assert "the environment(s) raising, hanging, nonsense (rollout.environment) failed 8 of 8 episodes" in error
+    assert "rollout.environment_max_failure_rate=0.5" in error
+    assert not (user_module / "run" / "checkpoint-final").exists()
