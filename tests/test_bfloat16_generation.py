@@ -10,8 +10,8 @@ import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 from grpo_exp.errors import UserError
-from grpo_exp.trainer.config import check_trainer
 from grpo_exp.sampled_log_probs import SampledLogProbs
+from grpo_exp.trainer.config import check_trainer
 from grpo_exp.trainer.sampling_copy import SamplingCopy, through_first_eos
 from support.config import TINY_RUN, compose_config
 from tests.helpers.cli import logged_steps, run_cli
