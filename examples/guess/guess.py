@@ -38,8 +38,8 @@ class GuessTheNumber:
         return max(0.0, 1.0 - 0.1 * (self.guesses - 1)) if self.found else 0.0
 
 
-def rows(count: int = 240, seed: int = 0) -> dict[str, list[dict]]:
-    """Games with seeded secrets: 200 to train on, 40 held out."""
+def rows(count: int = 300, seed: int = 0) -> dict[str, list[dict]]:
+    """Games with seeded secrets: 200 to train on, the rest (100) held out."""
     rng = random.Random(seed)
     games = [
         {"question": "I am thinking of a number from 1 to 20. Find it.", "answer": str(rng.randint(1, 20))}
