@@ -120,10 +120,10 @@ def test_within_returns_raises_or_times_out():
 
 def test_the_environment_statistics_by_hand():
     records = [
-        {"environment": "a", "env_reward": 1.0, "env_failure": None},
-        {"environment": "a", "env_reward": 0.0, "env_failure": None},
-        {"environment": "a", "env_reward": None, "env_failure": "environment a: reset raised"},
-        {"environment": "b", "env_reward": -1.0, "env_failure": None},
+        {"environment": "a", "env_reward": 1.0, "env_success": True, "env_failure": None},
+        {"environment": "a", "env_reward": 0.0, "env_success": False, "env_failure": None},
+        {"environment": "a", "env_reward": None, "env_success": False, "env_failure": "environment a: reset raised"},
+        {"environment": "b", "env_reward": -1.0, "env_success": False, "env_failure": None},
     ]
     stats = environment_statistics(records)
     assert stats == {
@@ -155,7 +155,7 @@ def test_each_fault_costs_the_episode_and_says_why(user_module):
     broken = by_name["explode"].run("")  # a method that raises: an observation, not a failure
     assert broken.error and broken.output == "error: RuntimeError: boom" and fine.failure is None
     fine.finish()
-    assert fine.reward == 1.0
+    assert fine.reward == 1.0 and fine.success  # at least rollout.environment_success_at (1.0)
     raising = play(environments["raising"])
     assert raising.failure == "environment raising: reset raised KeyError: 'no such level'"
     started = time.perf_counter()

@@ -4,7 +4,7 @@ grpo_exp's multi-turn loop on any chat template:
     grpo-exp train --config-dir configs +experiment=guess
 
 GuessTheNumber: a secret number from 1 to 20 (the row's answer), found by guessing; each guess is answered
-"higher", "lower" or "correct". get_reward() pays a found number, less for each extra guess. `rows` makes the
+"higher", "lower" or "correct". get_reward() pays 1 for a found number. `rows` makes the
 problems; the dataset's answer column holds each one's secret.
 """
 
@@ -34,8 +34,8 @@ class GuessTheNumber:
         return "higher" if number < self.secret else "lower"
 
     def get_reward(self) -> float:
-        """1 for finding the number in one guess, 0.1 less for each further guess; 0 if it was not found."""
-        return max(0.0, 1.0 - 0.1 * (self.guesses - 1)) if self.found else 0.0
+        """1 for finding the number, 0 if it was not found."""
+        return 1.0 if self.found else 0.0
 
 
 def rows(count: int = 300, seed: int = 0) -> dict[str, list[dict]]:

@@ -606,6 +606,8 @@ class RolloutSchema:
     # the prompt, its public methods are the tools, get_reward() is reward=environment (grpo_exp.rollout.environment)
     environment: Any = None
     environment_timeout_s: float = knob(10.0, gt=0.0)  # any call to it (made, reset, a method, get_reward)
+    # An episode succeeded when its get_reward() is at least this (environment/<name>/success)
+    environment_success_at: float = 1.0
     # Past this share of failed episodes over the last environment_failure_window training steps (every process's
     # together), the run stops naming the environment
     environment_max_failure_rate: float = knob(0.5, ge=0.0, le=1.0)

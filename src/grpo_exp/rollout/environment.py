@@ -37,6 +37,7 @@ from grpo_exp.rollout.tools.result import ToolResult
 from grpo_exp.rollout.tools.user import UserTool, checked_user_tool
 
 KEY = "rollout.environment"
+TEXTARENA = "textarena/"  # rollout.environment=textarena/<game id>: a TextArena game
 CONVENTION = (
     "an environment is a class (or a factory) called with no argument, whose instance has reset(**row) -> str | None, "
     "public methods with type hints and docstrings as its tools, and optionally get_reward() -> float (TRL's "
@@ -101,8 +102,15 @@ def method_tools(instance, path: str, where: str) -> list[UserTool]:
 
 
 def load_environment(name: str | None, path: str, where: str, timeout: float) -> Environment:
-    """The environment at `path` (`where`: the config key), made once and checked: reset, its methods as tools."""
-    factory = import_callable(path, where.partition("=")[0], "an environment class")
+    """The environment at `path` (`where`: the config key), made once and checked: reset, its methods as tools.
+    `textarena/<game id>`: a TextArena game (grpo_exp.environments.textarena)."""
+    if path.startswith(TEXTARENA):
+        from grpo_exp.environments.textarena import game
+
+        factory = game(path.removeprefix(TEXTARENA))
+        name = name or factory.__name__
+    else:
+        factory = import_callable(path, where.partition("=")[0], "an environment class")
     try:
         instance = within(timeout, factory)
     except Exception as err:  # noqa: BLE001 - the user's constructor: its error, in one line
@@ -152,10 +160,15 @@ class Episode:
 
     environment: Environment
     timeout: float
+    success_at: float = 1.0  # a reward at least this is a success (rollout.environment_success_at)
     instance: Any = None
     tools: list[Tool] = field(default_factory=list)
     failure: str | None = None  # why the episode failed; None while it has not
     reward: float | None = None
+
+    @property
+    def success(self) -> bool:
+        return self.reward is not None and self.reward >= self.success_at
 
     def fail(self, why: str) -> None:
         if self.failure is None:
@@ -214,18 +227,21 @@ def reset_kwargs(row: dict) -> dict:
     return {key: row[key] for key in ROW_FIELDS if row.get(key) is not None}
 
 
-def new_episodes(environments: dict[str | None, Environment], rows: list[dict], timeout: float) -> list[Episode]:
+def new_episodes(
+    environments: dict[str | None, Environment], rows: list[dict], timeout: float, success_at: float = 1.0
+) -> list[Episode]:
     """One episode per row, of the environment its row names (or the only one)."""
     single = environments.get(None)
-    return [Episode(single or environments[row.get("environment")], timeout) for row in rows]
+    return [Episode(single or environments[row.get("environment")], timeout, success_at) for row in rows]
 
 
 # ---- statistics (pure) -------------------------------------------------------------------------------------------
 
 
 def environment_statistics(records: list[dict], prefix: str = "environment") -> dict[str, float]:
-    """Per environment, over its episodes (records with `environment`, `env_reward`, `env_failure`): the mean
-    reward of those scored, the success rate (reward > 0) and the failed share; and the failed share over all."""
+    """Per environment, over its episodes (records with `environment`, `env_reward`, `env_success`, `env_failure`):
+    the mean reward of those scored, the success rate (a failed episode did not succeed) and the failed share; and
+    the failed share over all."""
     episodes = [r for r in records if r.get("environment") is not None]
     if not episodes:
         return {}
@@ -236,7 +252,7 @@ def environment_statistics(records: list[dict], prefix: str = "environment") -> 
         stats[f"{prefix}/{name}/failures"] = sum(r["env_failure"] is not None for r in own) / len(own)
         if scored:
             stats[f"{prefix}/{name}/reward_mean"] = sum(scored) / len(scored)
-            stats[f"{prefix}/{name}/success"] = sum(value > 0 for value in scored) / len(own)
+            stats[f"{prefix}/{name}/success"] = sum(bool(r["env_success"]) for r in own) / len(own)
     return stats
 
 

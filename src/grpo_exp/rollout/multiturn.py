@@ -46,6 +46,7 @@ TRAJECTORY_FIELDS = (
     "ended",
     "environment",  # rollout=environment: the episode's environment, its get_reward() and why it failed
     "env_reward",
+    "env_success",
     "env_failure",
 )
 
@@ -80,6 +81,7 @@ class Trajectory:
             "ended": self.ended,
             "environment": None if self.episode is None else self.episode.environment.name,
             "env_reward": None if self.episode is None else self.episode.reward,
+            "env_success": None if self.episode is None else self.episode.success,
             "env_failure": None if self.episode is None else self.episode.failure,
         }
 
@@ -177,7 +179,8 @@ class MultiTurnRollout:
         """A trajectory, with its environment's episode started (reset) where the run has environments."""
         episode, observation = None, None
         if self.environments:
-            (episode,) = new_episodes(self.environments, [row], self.cfg.environment_timeout_s)
+            cfg = self.cfg
+            (episode,) = new_episodes(self.environments, [row], cfg.environment_timeout_s, cfg.environment_success_at)
             observation = episode.start(row)
         tools = self.tools + ([] if episode is None else episode.tools)
         ids = tokenizer.apply_chat_template(

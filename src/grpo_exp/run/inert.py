@@ -333,6 +333,7 @@ ONLY_WITH: tuple[OnlyWith, ...] = (
     OnlyWith(
         (
             "rollout.environment_timeout_s",
+            "rollout.environment_success_at",
             "rollout.environment_max_failure_rate",
             "rollout.environment_failure_window",
         ),

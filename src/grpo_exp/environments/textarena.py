@@ -1,0 +1,110 @@
+"""TextArena's single-player games (the `textarena` package) as environments in TRL's convention, offline:
+
+    python -m grpo_exp.train +experiment=textarena_guess          # GuessTheNumber-v0 on the embedded model
+    python -m grpo_exp.train +experiment=textarena_guess rollout.environment=textarena/Mastermind-v0   # another
+
+Each episode is one game, made and reset with its row's seed (the row's answer: `episodes` makes seeded rows). The
+game's own instructions join the user message; the policy plays with the `move` tool, `<move>[10]</move>`, whose
+text is the game's action in the format the game asks for, and reads what the game answers. When the game ends,
+its reward (TextArena's: 1 for a win; some games give partial credit) is get_reward(); a game the policy did not
+finish within rollout.max_turns scores 0.
+
+Run offline here (textarena 0.7.4, Python 3.11; `tests/test_textarena.py` plays each): SINGLE_PLAYER_OFFLINE. Not
+offline: Hangman, Wordle, WordLadder, WordSearch, SpellingBee (nltk corpora, downloaded at first use);
+TwentyQuestions, GuessWho (an OpenRouter API key); Checkers, Chess, Klondike (their code needs Python 3.12).
+"""
+
+import functools
+
+from grpo_exp.errors import UserError
+
+PREFIX = "textarena/"
+SINGLE_PLAYER_OFFLINE = (
+    "2048-v0",
+    "Bandit-v0",
+    "Blackjack-v0",
+    "Countdown-v0",
+    "Crosswords-v0",
+    "Cryptarithm-v0",
+    "FifteenPuzzle-v0",
+    "FrozenLake-v0",
+    "GuessTheNumber-v0",
+    "LightsOut-v0",
+    "LogicPuzzle-v0",
+    "Mastermind-v0",
+    "Minesweeper-v0",
+    "PegJump-v0",
+    "RushHour-v0",
+    "Secretary-v0",
+    "Set-v0",
+    "Slitherlink-v0",
+    "Sokoban-v0",
+    "Sudoku-v0",
+    "ThreeCardMonte-v0",
+    "TowerOfHanoi-v0",
+)
+
+
+class TextArenaGame:
+    """One TextArena game per episode, played by the `move` tool."""
+
+    def __init__(self, game_id: str):
+        self.game_id, self.env, self.shown, self.reward = game_id, None, "", None
+
+    def reset(self, question: str = "", solution: str = "0", **row) -> str:
+        import textarena
+
+        self.env = textarena.make(self.game_id)
+        self.env.reset(num_players=1, seed=int(solution))
+        self.reward = None
+        _, observation = self.env.get_observation()
+        self.shown = observation
+        return observation.strip()
+
+    def move(self, action: str) -> str:
+        """Make your move in the game: the action, written as the game asks (e.g. [10]).
+
+        Args:
+            action: your move, in the game's format
+        """
+        if self.reward is not None:
+            return "The game is over."
+        done, _ = self.env.step(action)
+        if done:
+            rewards, info = self.env.close()
+            self.reward = float((rewards or {}).get(0, 0.0))
+            reason = (info or {}).get(0, {}).get("reason", "") if isinstance((info or {}).get(0), dict) else ""
+            return f"Game over. {reason}".strip()
+        _, observation = self.env.get_observation()
+        new = observation[len(self.shown) :] if observation.startswith(self.shown) else observation
+        self.shown = observation
+        # what the game answered, without its echo of the move ("[Player] [10]")
+        return "\n".join(line for line in new.strip().splitlines() if not line.startswith("[Player]"))
+
+    def get_reward(self) -> float:
+        return 0.0 if self.reward is None else self.reward
+
+
+def game(game_id: str) -> functools.partial:
+    """The factory of a game by its TextArena id (rollout.environment=textarena/<id>)."""
+    try:
+        import textarena  # noqa: F401
+    except ImportError as err:
+        raise UserError(f"rollout.environment={PREFIX}{game_id} needs the textarena package: {err}") from None
+    from textarena.envs.registration import ENV_REGISTRY
+
+    if game_id not in ENV_REGISTRY:
+        raise UserError(
+            f"rollout.environment={PREFIX}{game_id}: no such TextArena game; single-player games that run offline: "
+            f"{', '.join(SINGLE_PLAYER_OFFLINE)}"
+        )
+    factory = functools.partial(TextArenaGame, game_id)
+    factory.__name__ = game_id  # the environment's name in the metrics
+    return factory
+
+
+def episodes(count: int = 300, held_out: int = 100, seed: int = 0) -> dict[str, list[dict]]:
+    """Seeded games (dataset=function dataset.function=grpo_exp.environments.textarena:episodes): each row's answer
+    is the seed its game is reset with; the last `held_out` are held out."""
+    rows = [{"question": "Play the game.", "answer": str(seed * 1_000_003 + i)} for i in range(count)]
+    return {"train": rows[:-held_out], "test": rows[-held_out:]}
