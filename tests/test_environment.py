@@ -210,20 +210,29 @@ def test_the_reward_and_the_tools_are_checked_with_the_run(user_module, override
 
 @pytest.mark.e2e
 def test_the_example_environment_trains_from_outside_the_repository(tmp_path):
-    """examples/guess copied outside the repository, run with the installed grpo-exp as a user would (tiny model)."""
+    """examples/guess copied outside the repository, run with the installed grpo-exp as a user would (tiny model):
+    validated every step on its held-out games, the best kept by their success rate; then evaluated again."""
     project = Path(shutil.copytree(EXAMPLE, tmp_path / "guess"))
+    run = tmp_path / "run"
+    metric = "heldout/environment/GuessTheNumber/success"
     result = run_command(
         [GRPO_EXP, "train", "--config-dir", "configs", "+experiment=guess", *TINY_RUN, "logger=none",
-         "trainer.max_steps=2", f"hydra.run.dir={tmp_path / 'run'}"],
+         "trainer.max_steps=2", "eval.every=1", f"eval.best_metric={metric}", f"hydra.run.dir={run}"],
         cwd=project,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    steps = [m for m in read_metrics(tmp_path / "run" / "metrics.jsonl") if "reward" in m]
+    steps = [m for m in read_metrics(run / "metrics.jsonl") if "reward" in m]
     assert len(steps) == 2 and all("environment/GuessTheNumber/reward_mean" in m for m in steps)
     assert all("rewards/environment/mean" in m for m in steps)
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["reward"] == "1*environment"
+    assert all(metric in m for m in steps), "each validation reports the environment's success rate"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["reward"] == "1*environment" and summary["best_metric"] == metric
     assert "heldout_environment_GuessTheNumber_success_before" in summary
+    assert (run / "checkpoint-best").is_dir()
+    evaluated = run_command([GRPO_EXP, "evaluate", str(run), "eval.samples=0"], cwd=project)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    results = json.loads((run / "evaluation.json").read_text())
+    assert "environment/GuessTheNumber/success" in json.dumps(results), "the held-out games replayed"
 
 
 def fault_run(names: list[str], *overrides: str) -> list[str]:

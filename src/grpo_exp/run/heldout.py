@@ -224,6 +224,7 @@ def validation_metrics(samples: list[dict], parts: RunParts) -> dict[str, float]
     as heldout/<name>/mean and heldout/<name>/auroc."""
     scored = [s["correct"] for s in samples if s["correct"] is not None]
     stats = {"accuracy": sum(scored) / len(scored) if scored else math.nan} | task_accuracies(samples)
+    stats |= environment_statistics(samples)  # rollout=environment: each environment's success and mean reward
     confidence = next((f for f in parts.reward_funcs if f.__name__ == "confidence"), None)
     if confidence is not None:
         stats |= _confidence_statistics(confidence, parts.p_yes, samples)

@@ -122,7 +122,7 @@ def resolve(
         check_judge(cfg.judge, spec.processes)
     check_trainer(cfg.trainer, spec.processes, multiturn=spec.multiturn, policy_dtype=spec.policy_dtype)
     check_algorithm(cfg.algorithm, cfg.trainer)
-    check_rollout(spec)
+    environments = check_rollout(spec)
     probing = AlarmAction(spec.cfg.probe.before_training)
     if spec.multiturn and probing is not AlarmAction.off:
         raise UserError(
@@ -133,7 +133,8 @@ def resolve(
         cache_size(spec.components["overlong"].cache_tokens, cfg.trainer.max_completion_length)
     if spec.selfverify is not None:
         check_task(spec.selfverify, cfg.trainer, cfg.algorithm)
-    check_validation(cfg.eval, cfg.trainer, tuple(name for name in spec.components if name in GRADED_COMPONENTS))
+    learned = tuple(name for name in spec.components if name in GRADED_COMPONENTS)
+    check_validation(cfg.eval, cfg.trainer, learned, environments)
     check_curriculum(cfg.curriculum)
     if not evaluating:
         check_levels(cfg)
@@ -203,9 +204,9 @@ def check_verifier(spec: RunSpec) -> None:
         check_scorer_reachable(scorer, spec.cfg.model, spec.processes)
 
 
-def check_rollout(spec: RunSpec) -> None:
+def check_rollout(spec: RunSpec) -> tuple[str, ...]:
     """rollout=multiturn generates its turns itself, with the tools named and the environment's methods (the sampling
-    copy's rules: the trainer)."""
+    copy's rules: the trainer). Returns the names of the run's environments."""
     rollout = spec.cfg.rollout
     environment = rollout.environment if spec.multiturn else None
     if "environment" in spec.components and environment is None:
@@ -214,15 +215,18 @@ def check_rollout(spec: RunSpec) -> None:
             "rollout.environment=module:Class"
         )
     if not spec.multiturn:
-        return
+        return ()
     if spec.selfverify is not None:
         raise UserError("reward=...selfverify with rollout=multiturn is not supported: use rollout=single")
     if spec.cfg.trainer.extra.get("use_vllm"):
         raise UserError("rollout=multiturn generates with transformers; use generation=transformers")
     if environment is None or list(rollout.tools):
         check_tool_names(list(rollout.tools))
-    if environment is not None:
-        check_environments(load_environments(environment, rollout.environment_timeout_s), spec)
+    if environment is None:
+        return ()
+    environments = load_environments(environment, rollout.environment_timeout_s)
+    check_environments(environments, spec)
+    return tuple(env.name for env in environments.values())
 
 
 def check_environments(environments: dict, spec: RunSpec) -> None:

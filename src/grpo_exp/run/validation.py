@@ -28,12 +28,13 @@ from grpo_exp.stats import accuracy_standard_error, auroc_standard_error
 log = logging.getLogger(__name__)
 
 
-def validation_metric_names(samples: int, learned: tuple[str, ...]) -> list[str]:
+def validation_metric_names(samples: int, learned: tuple[str, ...], environments: tuple[str, ...] = ()) -> list[str]:
     """What a validation logs: held-out accuracy; pass@1..k and maj@k with eval.every_samples=k; each learned
-    component's held-out mean and AUROC. Pure."""
+    component's held-out mean and AUROC; each environment's success rate and mean reward. Pure."""
     names = [METRIC]
     if samples:
         names += [f"heldout/pass@{k}" for k in range(1, samples + 1)] + [f"heldout/maj@{samples}"]
+    names += [f"heldout/environment/{name}/{stat}" for name in environments for stat in ("success", "reward_mean")]
     return names + [f"heldout/{name}/{stat}" for name in learned for stat in ("mean", "auroc")]
 
 
@@ -224,9 +225,10 @@ class PeriodicValidation(TrainerCallback):
         }
 
 
-def check_validation(eval_cfg, trainer_cfg, learned: tuple[str, ...] = ()) -> None:
+def check_validation(eval_cfg, trainer_cfg, learned: tuple[str, ...] = (), environments: tuple[str, ...] = ()) -> None:
     """eval.every logs at a training step: one that TRL logs (trainer.logging_steps); what validations choose by
-    (eval.best_metric) must be something they measure (`learned`: the mix's learned components)."""
+    (eval.best_metric) must be something they measure (`learned`: the mix's learned components; `environments`: the
+    run's environments, by name)."""
     for key, role in (("patience", "stops on"), ("stop_at", "stops on"), ("every_samples", "samples at")):
         if eval_cfg[key] and not eval_cfg.every:
             raise UserError(f"eval.{key}={eval_cfg[key]} {role} validations: set eval.every too")
@@ -238,7 +240,7 @@ def check_validation(eval_cfg, trainer_cfg, learned: tuple[str, ...] = ()) -> No
             f"eval.every={eval_cfg.every} validates at steps that trainer.logging_steps={trainer_cfg.logging_steps} "
             "does not log: make eval.every a multiple of it"
         )
-    measured = validation_metric_names(eval_cfg.every_samples, learned)
+    measured = validation_metric_names(eval_cfg.every_samples, learned, environments)
     if eval_cfg.best_metric not in measured:
         raise UserError(
             f"eval.best_metric={eval_cfg.best_metric} is not measured by this run's validations; they measure "
