@@ -5,7 +5,6 @@ import math
 
 import pytest
 import torch
-from trl import GRPOTrainer
 
 from grpo_exp.errors import UserError
 from grpo_exp.schema import MismatchCorrection
@@ -131,9 +130,10 @@ def test_weighting_the_advantages_is_trls_own_weighted_loss(tmp_path, loss_type)
         loss.backward()
         return loss.detach(), torch.cat([p.grad.flatten() for p in trainer.model.parameters()])
 
-    ours = loss_and_gradient(trainer._compute_loss)
-    trainer.use_vllm = trainer.vllm_importance_sampling_correction = True  # TRL's own path applies them
-    trls = loss_and_gradient(lambda model, inputs: GRPOTrainer._compute_loss(trainer, model, inputs))
+    ours = loss_and_gradient(trainer.compute_loss)
+    # TRL's own code applies them (its vLLM path), the seam standing aside as it does there
+    trainer.use_vllm = trainer.vllm_importance_sampling_correction = trainer.mismatch.stands_aside = True
+    trls = loss_and_gradient(trainer.compute_loss)
     torch.testing.assert_close(ours[0], trls[0], atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(ours[1], trls[1], atol=1e-6, rtol=1e-4)
 
