@@ -8,22 +8,10 @@ import pytest
 
 from grpo_exp.errors import UserError
 from grpo_exp.schema import TrainerSchema, ZeroVarianceGroups
-from grpo_exp.trainer.config import GRPOExpConfig, grpo_exp_config
+from grpo_exp.trainer.config import OWN_KNOBS, GRPOExpConfig, grpo_exp_config
 from grpo_exp.trainer.sampling import check_fast_generation_device, runs_sharded
 
-KNOBS = (
-    "zero_variance_groups",
-    "max_resample_batches",
-    "shared_prompt_forward",
-    "bfloat16_generation",
-    "fast_generation",
-    "mismatch_metrics",
-    "mismatch_correction",
-    "mismatch_clip_min",
-    "mismatch_clip_max",
-    "float64_reference_every",
-    "float64_reference_completions",
-)
+KNOBS = OWN_KNOBS  # each of grpo_exp's own knobs, every one of them
 
 
 def test_its_defaults_are_the_schemas_and_the_config_sets_them(cfg_train):
