@@ -33,7 +33,7 @@ def test_two_processes_train_data_parallel_and_only_the_main_one_writes(tiny_ddp
     logged = [m for m in read_metrics(run_dir / "metrics.jsonl") if "reward" in m]
     assert [m["step"] for m in logged] == [1, 2, 3], "metrics written once per step (by the main process)"
     assert (run_dir / "checkpoint-final" / "model.safetensors").is_file()
-    # the sampler/trainer mismatch of both processes' completions, on the default path
+    # the sampler/trainer mismatch of both processes' completions (trainer.mismatch_metrics=true), default path
     assert all(0.0 <= m["sampling/sampling_logp_difference/mean"] < 1e-4 for m in logged)
 
 

@@ -171,10 +171,15 @@ def test_the_behaviour_ratio_makes_the_samplers_log_probabilities_ppos_old_ones(
 # ---- every path, in a real run ---------------------------------------------------------------------------------
 
 PATHS = {
-    "generate": ["trainer.fast_generation=false", "trainer.float64_reference_every=1"],
-    "float32_copy": ["trainer.fast_generation=true"],
-    "bfloat16_copy": ["generation=transformers_bf16", "trainer.mismatch_correction=token_truncate"],
-    "multiturn": ["rollout=multiturn", "rollout.tools=[calculator]", "trainer.mismatch_correction=sequence_mask"],
+    "generate": ["trainer.fast_generation=false", "trainer.mismatch_metrics=true", "trainer.float64_reference_every=1"],
+    "float32_copy": ["trainer.fast_generation=true", "trainer.mismatch_metrics=true"],
+    "bfloat16_copy": ["generation=transformers_bf16", "trainer.mismatch_correction=token_truncate"],  # auto: on
+    "multiturn": [
+        "rollout=multiturn",
+        "rollout.tools=[calculator]",
+        "trainer.mismatch_metrics=true",
+        "trainer.mismatch_correction=sequence_mask",
+    ],
 }
 
 
@@ -231,7 +236,6 @@ def check(cfg, **path):
             {"use_transformers_paged": True},
             "mismatch_correction=token_mask",
         ),
-        (["trainer.float64_reference_every=5", "trainer.mismatch_metrics=false"], {}, "mismatch_metrics=false reads"),
         (["trainer.float64_reference_every=5"], {"sharded": True}, "not under DeepSpeed or FSDP"),
         (["trainer.mismatch_clip_min=2.0", "trainer.mismatch_clip_max=1.0"], {}, "mismatch_clip_min=2.0 is above"),
         (["trainer.mismatch_correction=behaviour_ratio"], {"use_vllm": True}, "TRL's own correction serves"),

@@ -547,8 +547,9 @@ class TrainerSchema:
     # generate(), the float32 or bfloat16 copy, the multi-turn rollout; vLLM through TRL's own): the sampler's
     # log-probability of each sampled token against the trainer's forward, as TRL names it for vLLM
     # (sampling/sampling_logp_difference/*, sampling/importance_sampling_ratio/*) and a KL estimate
-    # (sampling/mismatch_kl). Costs one forward without gradient per step where TRL makes none. null (auto): on
-    # wherever the sampler's log-probabilities can be read (not continuous batching).
+    # (sampling/mismatch_kl). Costs one forward without gradient per step where TRL makes none (+15% of a default
+    # step on CPU). null (auto): on for the bfloat16 copy, whose samples come from other weights; the float32 paths
+    # sample the policy's own distribution (1e-5 apart, experiments/README.md). Not with continuous batching.
     mismatch_metrics: bool | None = None
     # How the loss corrects for it: none | behaviour_ratio (PPO's ratio and clip against the sampler) | TRL's
     # importance weights token_truncate | token_mask | sequence_truncate | sequence_mask, within mismatch_clip_min/max.

@@ -31,7 +31,14 @@ SPREAD = ["reward=math+format+length", "trainer.zero_variance_groups=keep", "tra
 EVAL_SHARES = ["dataset.eval_size=5", "eval.batch_size=2"]  # uneven shares: one process repeats a batch
 # The 2-process DDP run that tests/conftest.py's `tiny_ddp_run` trains once (TINY_RUN under tests.helpers.recorded_run):
 # SPREAD and EVAL_SHARES, W&B (the main process only), the checkpoint of every step kept (to resume from).
-TINY_DDP_RUN = [*SPREAD, *EVAL_SHARES, "logger=wandb", "trainer.save_steps=1", "trainer.keep_checkpoints=true"]
+TINY_DDP_RUN = [
+    *SPREAD,
+    *EVAL_SHARES,
+    "logger=wandb",
+    "trainer.save_steps=1",
+    "trainer.keep_checkpoints=true",
+    "trainer.mismatch_metrics=true",
+]
 # The 2-process run that leaves groups without spread out, the prompt read once per group: `skip_ddp_run`.
 SKIP_SHARED_PROMPT = ["trainer.zero_variance_groups=skip", "trainer.shared_prompt_forward=true"]
 

@@ -180,12 +180,6 @@ def check_mismatch(trainer_cfg, *, use_vllm: bool, use_transformers_paged: bool,
                 f"{asked[0]} needs the sampler's log-probability of each token, which continuous batching "
                 "(trainer.extra.use_transformers_paged=true) does not give: use generation=transformers"
             )
-    if trainer_cfg.float64_reference_every and trainer_cfg.mismatch_metrics is False:
-        raise UserError(
-            f"trainer.float64_reference_every={trainer_cfg.float64_reference_every} compares the sampler and the "
-            "trainer with the float64 model, but trainer.mismatch_metrics=false reads neither: set "
-            "trainer.mismatch_metrics=true (or null), or trainer.float64_reference_every=0"
-        )
     if trainer_cfg.float64_reference_every and sharded:
         raise UserError(
             "trainer.float64_reference_every copies the policy whole in float64: not under DeepSpeed or FSDP (each "

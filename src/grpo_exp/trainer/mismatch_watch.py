@@ -32,10 +32,13 @@ class MismatchWatch:
         """`args`: the GRPOExpConfig; `trl_corrects`: TRL measures and corrects itself (vLLM)."""
         self.stands_aside = trl_corrects
         paged = bool(args.use_transformers_paged)
-        self.measure = args.mismatch_metrics is not False and not paged and not trl_corrects
+        # auto: measured where the sampler is not the policy in its own dtype (the bfloat16 copy); the float32 paths
+        # sample the policy's own distribution, 1e-5 apart (experiments/README.md), for one more forward per step
+        asked = args.mismatch_metrics if args.mismatch_metrics is not None else args.bfloat16_generation
+        self.measure = bool(asked) and not paged and not trl_corrects
         # vLLM: an explicit correction became TRL's own vllm_importance_sampling_* (grpo_exp.trainer.config)
-        asked = None if use_vllm else args.mismatch_correction
-        self.correction = resolved_correction(asked, args.bfloat16_generation and not use_vllm)
+        correction = None if use_vllm else args.mismatch_correction
+        self.correction = resolved_correction(correction, args.bfloat16_generation and not use_vllm)
         self.clip = (args.mismatch_clip_min, args.mismatch_clip_max)
         self.every, self.completions = args.float64_reference_every, args.float64_reference_completions
         self.exact: SamplingCopy | None = None  # the float64 copy, made at its first use
@@ -44,7 +47,8 @@ class MismatchWatch:
     def wants_sampler_log_probs(self) -> bool:
         """Whether the sampler must return its log-probabilities (TRL's generate() and the float32 copy return none
         unless asked)."""
-        return not self.stands_aside and (self.measure or self.correction is not MismatchCorrection.none)
+        corrects = not self.stands_aside and self.correction is not MismatchCorrection.none
+        return self.measure or corrects or bool(self.every)
 
     def wants_trainer_log_probs(self, output: dict, step: int) -> bool:
         """Whether this batch needs the trainer's own log-probabilities (one forward without gradient, where TRL
