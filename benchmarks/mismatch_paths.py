@@ -1,9 +1,9 @@
 """The sampler/trainer mismatch on the default run, path by path, with and without a correction (issue: trust the
 learning signal).
 
-Each arm is `python -m grpo_exp.train logger=none` with its overrides and the float64 reference every 10 steps, a
-fresh process, one after the other. Reported per run: the held-out accuracy before and after (100 problems, greedy),
-the mean over steps of the mismatch metrics, and the seconds per training step.
+Each arm is `python -m grpo_exp.train logger=none` with its overrides, the mismatch measured and the float64
+reference every 10 steps, a fresh process, one after the other. Reported per run: the held-out accuracy before and
+after (100 problems, greedy), the mean over steps of the mismatch metrics, and the seconds per training step.
 
     python -m benchmarks.mismatch_paths --seeds 42 --results outputs/mismatch_paths.json
 """
@@ -41,6 +41,7 @@ def run_arm(arm: str, seed: int, out: Path) -> dict:
         "grpo_exp.train",
         "logger=none",
         f"trainer.seed={seed}",
+        "trainer.mismatch_metrics=true",  # measured on every arm (auto measures the bfloat16 copy only)
         "trainer.float64_reference_every=10",
         *ARMS[arm],
         f"hydra.run.dir={run_dir}",
