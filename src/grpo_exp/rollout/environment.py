@@ -15,8 +15,9 @@ by its `environment` column.
 Faults cost an episode, never the run. A method that raises is an observation `error: ...` the policy reads, as any
 tool's error is. A call to the environment (making it, reset, a method, get_reward) that runs past
 rollout.environment_timeout_s, or that returns nonsense (reset: not text; get_reward: not a finite number), or a
-reset / get_reward that raises, fails the episode: it ends, its environment reward is missing (left out of its group's
-statistics and imputed like any failed reward), and it is counted (environment/failures). Past
+reset / get_reward that raises, fails the episode (each call runs in a thread of its own, so that a hung one can be
+abandoned): it ends, its environment reward is missing (left out of its group's statistics and imputed like any
+failed reward), and it is counted (environment/failures). Past
 rollout.environment_max_failure_rate of the episodes of the last rollout.environment_failure_window steps, every
 process's together, the run stops naming the environment (grpo_exp.failure_budget).
 """
