@@ -27,7 +27,7 @@ def test_help_lists_groups_and_options():
     assert result.returncode == 0
     for line in [
         "model: pretrained, smollm2_135m, tiny",
-        "reward: confidence, correct, format, judge, length, length_by_correctness, math, overlong, repetition,",
+        "reward: confidence, correct, environment, format, judge, length, length_by_correctness, math, overlong,",
         "'+'-joined mix",
     ]:
         assert line in result.stdout
@@ -36,7 +36,7 @@ def test_help_lists_groups_and_options():
 USER_ERRORS = [
     (["model=nope"], "Could not find 'model/nope'"),
     (["trainer.beta=abc"], "full_key: trainer.beta"),
-    (["reward=math+nope"], "known components: confidence, correct, format, judge, length, length_by_correctness, math"),
+    (["reward=math+nope"], "known components: confidence, correct, environment, format, judge, length"),
     (["reward=math+judge", "judge=openai"], "judge.model is required with judge=openai"),
     (["reward=math+judge", "judge.model=nobody/no-such-judge"], "model.name_or_path='nobody/no-such-judge'"),
     (["trainer.num_generations=1"], "trainer.num_generations=1: GRPO needs a group of at least 2"),
