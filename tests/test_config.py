@@ -60,7 +60,7 @@ def test_mix_of_all_components_and_weight_override():
 def test_bad_mix_names_the_known_components(mix, message):
     with pytest.raises(ConfigCompositionException) as err:
         compose_config([f"reward={mix}"])
-    assert message in str(err.value) and "known components: confidence, correct, format" in str(err.value)
+    assert message in str(err.value) and "known components: confidence, correct, environment, format" in str(err.value)
 
 
 def test_unknown_option_lists_the_available_ones():

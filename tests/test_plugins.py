@@ -136,7 +136,7 @@ def test_the_users_experiment_preset_is_found(project):
 def test_an_unknown_part_lists_the_known_ones_with_the_users(project):
     result = grpo_exp(project, "train", "--config-dir", "configs", "reward=math+nope")
     assert result.returncode != 0
-    known = "known components: confidence, correct, environment, flat, format, judge, length, length_by_correctness, math"
+    known = "known components: confidence, correct, environment, flat, format, judge, length, length_by_correctness"
     assert known in result.stderr
     assert "Traceback" not in result.stderr
 

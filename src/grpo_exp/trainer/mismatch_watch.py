@@ -31,17 +31,30 @@ class MismatchWatch:
     def __init__(self, args, *, use_vllm: bool, trl_corrects: bool):
         """`args`: the GRPOExpConfig; `trl_corrects`: TRL measures and corrects itself (vLLM)."""
         self.stands_aside = trl_corrects
-        paged = bool(args.use_transformers_paged)
-        # auto: measured where the sampler is not the policy in its own dtype (the bfloat16 copy); the float32 paths
-        # sample the policy's own distribution, 1e-5 apart (experiments/README.md), for one more forward per step
-        asked = args.mismatch_metrics if args.mismatch_metrics is not None else args.bfloat16_generation
-        self.measure = bool(asked) and not paged and not trl_corrects
+        self.paged = bool(args.use_transformers_paged)
+        self.metrics_asked = args.mismatch_metrics
         # vLLM: an explicit correction became TRL's own vllm_importance_sampling_* (grpo_exp.trainer.config)
-        correction = None if use_vllm else args.mismatch_correction
-        self.correction = resolved_correction(correction, args.bfloat16_generation and not use_vllm)
+        self.correction_asked = None if use_vllm else args.mismatch_correction
+        self.bfloat16_generation = args.bfloat16_generation and not use_vllm
+        self.bfloat16_copy = self.bfloat16_generation  # until the policy's dtype is seen (see_policy)
         self.clip = (args.mismatch_clip_min, args.mismatch_clip_max)
         self.every, self.completions = args.float64_reference_every, args.float64_reference_completions
         self.exact: SamplingCopy | None = None  # the float64 copy, made at its first use
+
+    def see_policy(self, dtype: torch.dtype) -> None:
+        """The policy's dtype: a bfloat16 policy samples itself, with no copy to correct for."""
+        self.bfloat16_copy = self.bfloat16_generation and dtype != torch.bfloat16
+
+    @property
+    def measure(self) -> bool:
+        """auto: measured where a bfloat16 copy samples a policy of another dtype; the float32 paths sample the
+        policy's own distribution, 1e-5 apart (experiments/README.md), for one more forward per step."""
+        asked = self.metrics_asked if self.metrics_asked is not None else self.bfloat16_copy
+        return bool(asked) and not self.paged and not self.stands_aside
+
+    @property
+    def correction(self) -> MismatchCorrection:
+        return resolved_correction(self.correction_asked, self.bfloat16_copy)
 
     @property
     def wants_sampler_log_probs(self) -> bool:

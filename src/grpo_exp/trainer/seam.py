@@ -91,6 +91,7 @@ class HookedGRPOTrainer(TrainingHooks, TRLSurface, GRPOTrainer):
         """TRL's single-turn generation; training text batches from the sampling copy where there is one
         (grpo_exp.trainer.sampling)."""
         policy = self.accelerator.unwrap_model(self.model)
+        self.mismatch.see_policy(policy.dtype)
         text_only = images is None and not multimodal_fields
         training = self.model.training and text_only
         copy = self.sampler.copy_to_sample(policy, prompt_ids[0]) if training else None
