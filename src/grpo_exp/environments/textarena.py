@@ -73,7 +73,8 @@ class TextArenaGame:
         if done:
             rewards, info = self.env.close()
             self.reward = float((rewards or {}).get(0, 0.0))
-            reason = (info or {}).get(0, {}).get("reason", "") if isinstance((info or {}).get(0), dict) else ""
+            player = (info or {}).get(0)
+            reason = player.get("reason", "") if isinstance(player, dict) else ""
             return f"Game over. {reason}".strip()
         _, observation = self.env.get_observation()
         new = observation[len(self.shown) :] if observation.startswith(self.shown) else observation

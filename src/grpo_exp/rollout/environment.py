@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from grpo_exp.environments.textarena import PREFIX as TEXTARENA  # rollout.environment=textarena/<game id>
 from grpo_exp.errors import UserError
 from grpo_exp.failure_budget import FailureBudget
 from grpo_exp.plugins import import_callable
@@ -38,7 +39,6 @@ from grpo_exp.rollout.tools.result import ToolResult
 from grpo_exp.rollout.tools.user import UserTool, checked_user_tool
 
 KEY = "rollout.environment"
-TEXTARENA = "textarena/"  # rollout.environment=textarena/<game id>: a TextArena game
 CONVENTION = (
     "an environment is a class (or a factory) called with no argument, whose instance has reset(**row) -> str | None, "
     "public methods with type hints and docstrings as its tools, and optionally get_reward() -> float (TRL's "
@@ -82,7 +82,11 @@ class Environment:
     path: str
     factory: Callable[[], Any]
     has_reward: bool
-    tool_names: tuple[str, ...]
+    tools: tuple[UserTool, ...]  # its methods, checked once on the first instance; each episode binds its own
+
+    @property
+    def tool_names(self) -> tuple[str, ...]:
+        return tuple(tool.name for tool in self.tools)
 
 
 def public_methods(instance) -> list[tuple[str, Callable]]:
@@ -124,7 +128,7 @@ def load_environment(name: str | None, path: str, where: str, timeout: float) ->
         raise UserError(f"{where}: get_reward is async; grpo_exp's loop calls it directly: make it a plain method")
     if not tools and not has_reward:
         raise UserError(f"{where}: no public method (no tool) and no get_reward: nothing to act with or to score")
-    return Environment(name or type(instance).__name__, path, factory, has_reward, tuple(t.name for t in tools))
+    return Environment(name or type(instance).__name__, path, factory, has_reward, tuple(tools))
 
 
 def load_environments(setting, timeout: float) -> dict[str | None, Environment]:
@@ -190,7 +194,10 @@ class Episode:
         if observation is not None and not isinstance(observation, str):
             self.fail(f"reset returned a {type(observation).__name__}, not text or None")
             return None
-        self.tools = [self._timed(tool) for tool in method_tools(self.instance, self.environment.path, KEY)]
+        # the checked methods, bound to this instance (checking them again for every episode would parse each
+        # docstring and type hint once per trajectory)
+        bound = [dataclasses.replace(tool, func=getattr(self.instance, tool.name)) for tool in self.environment.tools]
+        self.tools = [self._timed(tool) for tool in bound]
         return observation
 
     def _timed(self, tool: UserTool) -> Tool:
