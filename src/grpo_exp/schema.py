@@ -65,6 +65,13 @@ class ZeroVarianceGroups(Enum):
     resample = "resample"  # DAPO's dynamic sampling: generate more prompts' groups until the step has spread
 
 
+class TurnCredit(Enum):
+    outcome = "outcome"  # Flow-GRPO: the trajectory's reward, normalised in its group, credited to every turn
+    # each turn credited with its discounted return (rollout.discount) from the environment's step rewards on
+    # (grpo_exp.rollout.flow.discounted_returns, turn_advantages)
+    discounted_return = "discounted_return"
+
+
 class MismatchCorrection(Enum):
     none = "none"  # the trainer's own log-probabilities are PPO's old ones: the mismatch is not corrected
     behaviour_ratio = "behaviour_ratio"  # the sampler's are: PPO's ratio (and its clip) is taken against the sampler
@@ -613,6 +620,10 @@ class RolloutSchema:
     # together), the run stops naming the environment
     environment_max_failure_rate: float = knob(0.5, ge=0.0, le=1.0)
     environment_failure_window: int = knob(10, ge=1)
+    # How a trajectory's turns are credited: outcome (Flow-GRPO's, every turn the same advantage) or
+    # discounted_return (each turn its return from the environment's step_rewards on, discounted by `discount`)
+    turn_credit: TurnCredit = TurnCredit.outcome
+    discount: float = knob(1.0, ge=0.0, le=1.0)
 
 
 # ---- evaluation, statistics, logging ---------------------------------------------------------------------------

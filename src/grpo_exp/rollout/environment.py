@@ -7,7 +7,11 @@ multi-turn loop, so on any chat template (rollout=multiturn rollout.environment=
 - its public methods are the tools, called with grpo_exp's plain tags (`<guess>7</guess>`, several arguments as a
   JSON object) and described in the system message from their docstrings and type hints (grpo_exp.rollout.tools.user);
 - get_reward() -> float, where it has one: the `environment` reward component (reward=environment, mixed and weighted
-  like any other), read once the trajectory has ended.
+  like any other), read once the trajectory has ended: the episode's whole return;
+- step_rewards, where it keeps one: a list to which its methods append what each step earned, the parts of
+  get_reward()'s return step by step (an attribute, so that it is no tool on TRL's path either). The trajectory's
+  turns carry them (`turn_rewards`), and rollout.turn_credit=discounted_return credits each turn with its
+  discounted return (grpo_exp.rollout.flow); the default credits the whole outcome to every turn (Flow-GRPO).
 
 Several environments share a run as TRL's dict form does: rollout.environment={name: module:Class}, each row choosing
 by its `environment` column.
@@ -45,6 +49,7 @@ CONVENTION = (
     "environment_factory convention)"
 )
 NOT_TOOLS = ("reset", "get_reward")
+STEP_REWARDS = "step_rewards"  # the attribute an environment keeps its per-step rewards in
 ROW_FIELDS = ("question", "solution", "task_name", "task_level", "task_entry")  # what reset(**row) receives
 
 
@@ -170,6 +175,7 @@ class Episode:
     tools: list[Tool] = field(default_factory=list)
     failure: str | None = None  # why the episode failed; None while it has not
     reward: float | None = None
+    step_rewards_taken: int = 0  # how many of the instance's step_rewards the trajectory's turns have taken
 
     @property
     def success(self) -> bool:
@@ -198,7 +204,28 @@ class Episode:
         # docstring and type hint once per trajectory)
         bound = [dataclasses.replace(tool, func=getattr(self.instance, tool.name)) for tool in self.environment.tools]
         self.tools = [self._timed(tool) for tool in bound]
+        self.step_rewards_taken = len(self._step_rewards())
         return observation
+
+    def _step_rewards(self) -> list:
+        kept = getattr(self.instance, STEP_REWARDS, None)
+        return [] if kept is None else kept
+
+    def take_step_reward(self) -> float:
+        """What the steps since the last call earned (the sum of the step_rewards appended since): 0.0 where the
+        environment keeps none; a failed episode's are 0.0. A step_rewards that is not a list of finite numbers,
+        or one kept by an environment without get_reward() (whose return they would be parts of), fails it."""
+        kept = self._step_rewards()
+        if self.failure is not None or not kept:
+            return 0.0
+        if not self.environment.has_reward:
+            self.fail(f"keeps {STEP_REWARDS} but has no get_reward(): get_reward() is the return they are parts of")
+            return 0.0
+        if not isinstance(kept, list) or not all(is_number(value) for value in kept):
+            self.fail(f"{STEP_REWARDS} is {kept!r:.80}, not a list of finite numbers")
+            return 0.0
+        new, self.step_rewards_taken = kept[self.step_rewards_taken :], len(kept)
+        return float(sum(new))
 
     def _timed(self, tool: UserTool) -> Tool:
         """The method as a tool whose call fails the episode when it runs past the time limit."""
@@ -225,10 +252,14 @@ class Episode:
                 else f"get_reward raised {type(err).__name__}: {err}"
             )
             return
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        if not is_number(value):
             self.fail(f"get_reward returned {value!r}, not a finite number")
             return
         self.reward = float(value)
+
+
+def is_number(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
 
 
 def reset_kwargs(row: dict) -> dict:

@@ -75,3 +75,61 @@ def trajectory_statistics(
     }
     stats |= {f"{prefix}/reward_by_turns/{count}": value for count, value in reward_by_turns(rewards, turns).items()}
     return stats
+
+
+# ---- per-turn credit (rollout.turn_credit=discounted_return) -----------------------------------------------------
+
+
+def discounted_returns(step_rewards: list[float], total: float, discount: float) -> list[float]:
+    """Each turn's discounted return G_k = sum_{j>=k} discount^(j-k) r_j, where r_j is turn j's step reward and the
+    last turn's reward also holds what the trajectory's total reward has beyond its steps' (total - sum of the step
+    rewards: the other reward components, and the outcome the environment did not give step by step). With
+    discount 1, the first turn's return is the total; with no step rewards every turn's is total * discount^(K-1-k)."""
+    rewards = list(step_rewards)
+    rewards[-1] += total - sum(step_rewards)
+    returns, running = [], 0.0
+    for reward in reversed(rewards):
+        running = reward + discount * running
+        returns.append(running)
+    return returns[::-1]
+
+
+def turn_advantages(returns: list[list[float]], group_size: int, scale: str) -> list[list[float]]:
+    """Per trajectory (in groups of `group_size` consecutive ones), each turn's advantage: its return minus the
+    group's mean first-turn return, divided (scale: TRL's trainer.scale_rewards) by the group's ("group") or the
+    batch's ("batch") std of the first-turn returns + 1e-4, or not at all ("none"); where that std is 0 (every
+    first turn equal) the difference is left unscaled, so that a spread in the later turns alone is not blown up by
+    1/1e-4. A constant per group, the baseline leaves the gradient of every turn unbiased. A trajectory with no
+    score (NaN) gets 0 on every turn and leaves the statistics. With discount 1 and no step rewards this is exactly
+    Flow-GRPO's (group_advantages) on every turn."""
+    first = torch.tensor([r[0] for r in returns], dtype=torch.float64).view(-1, group_size)
+    mean = torch.nanmean(first, dim=1, keepdim=True)
+    if scale == "batch":
+        valid = first[~torch.isnan(first)]
+        std = (valid.std() if valid.numel() > 1 else torch.tensor(0.0, dtype=torch.float64)).expand_as(mean)
+    else:
+        count = (~torch.isnan(first)).sum(dim=1, keepdim=True)
+        std = (torch.nansum((first - mean) ** 2, dim=1, keepdim=True) / (count - 1).clamp(min=1)).sqrt()
+    divisor = torch.where((std > 0) & torch.tensor(scale != "none"), std + EPSILON, torch.ones_like(std))
+    advantages = []
+    for index, turns in enumerate(returns):
+        group = index // group_size
+        if math.isnan(turns[0]):
+            advantages.append([0.0] * len(turns))
+            continue
+        advantages.append([float((g - mean[group, 0]) / divisor[group, 0]) for g in turns])
+    return advantages
+
+
+def token_advantages(advantages: list[float], turn_tokens: list[int], policy_mask: list[int]) -> list[float]:
+    """One advantage per completion position: the policy's tokens (mask 1), in order, belong to the turns by their
+    token counts (`turn_tokens`) and take their turn's advantage; observations (mask 0) and tokens past the turns
+    (none, or padding) take 0. A completion cut short by the length limit keeps the turns it holds."""
+    per_token = [0.0] * len(policy_mask)
+    owners = [turn for turn, count in enumerate(turn_tokens) for _ in range(count)]
+    seen = 0
+    for position, flag in enumerate(policy_mask):
+        if flag and seen < len(owners):
+            per_token[position] = advantages[owners[seen]]
+            seen += 1
+    return per_token

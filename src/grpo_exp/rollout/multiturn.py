@@ -48,6 +48,8 @@ TRAJECTORY_FIELDS = (
     "env_reward",
     "env_success",
     "env_failure",
+    "turn_rewards",  # each turn's step reward (the environment's step_rewards; 0.0 elsewhere)
+    "turn_tokens",  # each turn's number of policy tokens (which completion tokens belong to which turn)
 )
 
 
@@ -59,6 +61,8 @@ class Trajectory:
     # the sampler's log-probability of each completion token (0.0 for observations), where asked for
     logprobs: list[float] = field(default_factory=list)
     turns: list[str] = field(default_factory=list)  # the policy's text, turn by turn
+    turn_rewards: list[float] = field(default_factory=list)  # what each turn's step earned (step_rewards)
+    turn_tokens: list[int] = field(default_factory=list)  # each turn's number of policy tokens
     observations: list[str] = field(default_factory=list)  # what the tools answered, call by call
     tool_calls: int = 0
     tool_errors: int = 0
@@ -83,6 +87,8 @@ class Trajectory:
             "env_reward": None if self.episode is None else self.episode.reward,
             "env_success": None if self.episode is None else self.episode.success,
             "env_failure": None if self.episode is None else self.episode.failure,
+            "turn_rewards": list(self.turn_rewards),
+            "turn_tokens": list(self.turn_tokens),
         }
 
 
@@ -244,6 +250,8 @@ class MultiTurnRollout:
         trajectory.env_mask += [1] * len(ids)
         trajectory.logprobs += log_probs or []
         trajectory.turns.append(text)
+        trajectory.turn_tokens.append(len(ids))
+        trajectory.turn_rewards.append(0.0)
         call = first_call(text, trajectory.tools)
         if call is None:
             trajectory.ended = trajectory.done = True
@@ -252,6 +260,8 @@ class MultiTurnRollout:
         trajectory.tool_calls += 1
         trajectory.tool_errors += result.error
         episode = trajectory.episode
+        if episode is not None:
+            trajectory.turn_rewards[-1] = episode.take_step_reward()
         if last_turn or (episode is not None and episode.failure is not None):  # no turn left to read it
             trajectory.done = True
             return

@@ -35,6 +35,7 @@ from grpo_exp.schema import (
     SelfVerifyBalance,
     SelfVerifyObjective,
     SelfVerifySchedule,
+    TurnCredit,
     ZeroVarianceGroups,
 )
 
@@ -341,6 +342,13 @@ ONLY_WITH: tuple[OnlyWith, ...] = (
         "by an environment (rollout=environment)",
         lambda cfg: "rollout.environment=null has none",
         "set rollout=environment rollout.environment=module:Class",
+    ),
+    OnlyWith(
+        ("rollout.discount",),
+        lambda cfg: cfg.rollout.turn_credit is TurnCredit.discounted_return,
+        "by the per-turn credit (rollout.turn_credit=discounted_return)",
+        lambda cfg: "rollout.turn_credit=outcome credits the whole outcome to every turn",
+        "set rollout.turn_credit=discounted_return",
     ),
     OnlyWith(
         ("rollout.python",),

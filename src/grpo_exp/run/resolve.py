@@ -46,9 +46,10 @@ from grpo_exp.run.inert import check_only_with
 from grpo_exp.run.resume import Attempt, resolve_attempt
 from grpo_exp.run.tracking import redact, report_to
 from grpo_exp.run.validation import check_validation
-from grpo_exp.schema import AlarmAction, DataSource, RolloutName, ScorerName, check_values
-from grpo_exp.trainer.advantages import check_algorithm
+from grpo_exp.schema import AlarmAction, DataSource, RolloutName, ScorerName, TurnCredit, check_values
+from grpo_exp.trainer.advantages import TRL_ADVANTAGES, check_algorithm
 from grpo_exp.trainer.config import GRPOExpConfig, check_trainer, grpo_exp_config
+from grpo_exp.trainer.losses import is_trls
 from grpo_exp.verification.labels import check_labels
 from grpo_exp.verification.p_yes import check_scorer_reachable
 from grpo_exp.verification.task import check_task
@@ -145,7 +146,14 @@ def resolve(
     if trainer_dir is not None:
         bf16 = torch_dtype(cfg.model.dtype) == torch.bfloat16  # bfloat16 compute: autocast (mixed precision)
         args = grpo_exp_config(
-            cfg.trainer, trainer_dir, report_to(cfg.logger), spec.reward_weights, bf16, spec.processes, cfg.algorithm
+            cfg.trainer,
+            trainer_dir,
+            report_to(cfg.logger),
+            spec.reward_weights,
+            bf16,
+            spec.processes,
+            cfg.algorithm,
+            cfg.rollout if spec.multiturn else None,
         )
     OmegaConf.set_readonly(cfg, True)  # what was checked is what runs
     return replace(spec, attempt=attempt, args=args)
@@ -222,11 +230,35 @@ def check_rollout(spec: RunSpec) -> tuple[str, ...]:
         raise UserError("rollout=multiturn generates with transformers; use generation=transformers")
     if environment is None or list(rollout.tools):
         check_tool_names(list(rollout.tools))
+    if rollout.turn_credit is TurnCredit.discounted_return:
+        check_turn_credit(spec.cfg)
     if environment is None:
         return ()
     environments = load_environments(environment, rollout.environment_timeout_s)
     check_environments(environments, spec)
     return tuple(env.name for env in environments.values())
+
+
+def check_turn_credit(cfg: DictConfig) -> None:
+    """rollout.turn_credit=discounted_return gives each turn its own advantage from the summed reward, in place of
+    TRL's one per completion: it needs TRL's own estimator, aggregation and loss, which take per-token advantages."""
+    credit = "rollout.turn_credit=discounted_return gives each turn of a trajectory its own advantage"
+    if cfg.algorithm.name != TRL_ADVANTAGES:
+        raise UserError(
+            f"{credit}, from TRL's group statistics: algorithm={cfg.algorithm.name} computes its own; use "
+            "algorithm=grpo, or rollout.turn_credit=outcome"
+        )
+    aggregation = cfg.trainer.extra.get("multi_objective_aggregation", "sum_then_normalize")
+    if aggregation != "sum_then_normalize":
+        raise UserError(
+            f"{credit}, from the summed reward: trainer.extra.multi_objective_aggregation={aggregation} "
+            "normalises each component first; leave it at sum_then_normalize, or rollout.turn_credit=outcome"
+        )
+    if not is_trls(str(cfg.trainer.loss_type)):
+        raise UserError(
+            f"{credit}, and trainer.loss_type={cfg.trainer.loss_type} takes one per completion: use one "
+            "of TRL's loss types, or rollout.turn_credit=outcome"
+        )
 
 
 def check_environments(environments: dict, spec: RunSpec) -> None:

@@ -76,6 +76,12 @@ class GRPOExpConfig(GRPOConfig, OwnKnobs):
         default=None,
         metadata={"help": "A per-token policy loss of grpo_exp's or the user's (module:name) in place of TRL's."},
     )
+    # rollout.turn_credit / rollout.discount of a multi-turn run (grpo_exp.rollout.flow): how its turns are credited.
+    turn_credit: str = field(
+        default="outcome",
+        metadata={"help": "outcome (every turn the trajectory's advantage) or discounted_return (each turn its own)."},
+    )
+    turn_discount: float = field(default=1.0, metadata={"help": "The discount of rollout.turn_credit's returns."})
 
     def __post_init__(self):
         super().__post_init__()
@@ -216,9 +222,10 @@ def grpo_exp_config(
     bf16: bool,
     processes: int = 1,
     algorithm: DictConfig | None = None,
+    rollout: DictConfig | None = None,
 ) -> GRPOExpConfig:
-    """GRPOExpConfig: every trainer.* knob under its own name, batch sizes derived, our logging conventions; and the
-    advantage estimator, `algorithm` (None: grpo, TRL's own)."""
+    """GRPOExpConfig: every trainer.* knob under its own name, batch sizes derived, our logging conventions; the
+    advantage estimator, `algorithm` (None: grpo, TRL's own); and a multi-turn `rollout`'s credit of its turns."""
     knobs = OmegaConf.to_container(trainer_cfg, enum_to_str=True)
     extra = knobs.pop("extra")
     for key in RUN_KEYS:
@@ -244,6 +251,11 @@ def grpo_exp_config(
         ours |= vllm_fields(trainer_cfg)
     if algorithm is not None:
         ours |= {"advantage_estimator": algorithm.name, "advantage_settings": algorithm_settings(algorithm)}
+    if rollout is not None:
+        ours |= {
+            "turn_credit": getattr(rollout.turn_credit, "value", rollout.turn_credit),
+            "turn_discount": rollout.discount,
+        }
     try:
         return GRPOExpConfig(**(ours | knobs | extra))
     except (TypeError, ValueError) as err:  # GRPOConfig's own checks (a pass-through value of the wrong kind)

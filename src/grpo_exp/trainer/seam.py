@@ -27,6 +27,13 @@ from grpo_exp.trainer.sampling import Sampler, fast_generation_pays
 from grpo_exp.trainer.scored_batch import ROW_KEYS, ScoredBatch, aggregated_reward
 from grpo_exp.trainer.shared_prompt import shared_prompt_forward
 from grpo_exp.trainer.trl_surface import TRLSurface
+from grpo_exp.trainer.turn_credit import (
+    ENVIRONMENT,
+    credited_turns,
+    groups_with_turn_signal,
+    per_token,
+    turn_advantage_means,
+)
 from grpo_exp.trainer.zero_variance import fresh_inputs, informative_loss, leaves_groups_out, no_spread_groups, settle
 
 
@@ -159,6 +166,7 @@ class HookedGRPOTrainer(TrainingHooks, TRLSurface, GRPOTrainer):
         output = super()._generate_and_score_completions(inputs)
         if self.args.advantage_estimator != TRL_ADVANTAGES:
             self._replace_advantages(len(inputs), output)
+        turn_signal = self._credit_turns(inputs, output) if self.args.turn_credit == "discounted_return" else None
         batch = None
         if self.wants_scored_batch or self.args.zero_variance_groups is not ZeroVarianceGroups.keep:
             batch = self._scored_batch(inputs, output)  # before the loss mask: lengths count every generated token
@@ -166,7 +174,33 @@ class HookedGRPOTrainer(TrainingHooks, TRLSurface, GRPOTrainer):
             self.after_scoring(batch)
         self._mask_loss_tokens(inputs, output)
         self._sampler_against_trainer(output)
-        return output, None if batch is None else no_spread_groups(batch)
+        if batch is None:
+            return output, None
+        no_spread = no_spread_groups(batch)
+        return output, no_spread if turn_signal is None else no_spread & ~turn_signal
+
+    def _credit_turns(self, inputs: list[dict], output: dict) -> torch.Tensor:
+        """rollout.turn_credit=discounted_return (grpo_exp.trainer.turn_credit): this process's rows' advantages per
+        token in place of TRL's per completion, from every process's turns (gathered: each process computes the
+        same). Returns which groups have a turn advantage that is not zero."""
+        turns = gather_object([(row["turn_rewards"], row["turn_tokens"]) for row in inputs])
+        names = list(self.reward_func_names)
+        weight = float(self.reward_weights[names.index(ENVIRONMENT)]) if ENVIRONMENT in names else 1.0
+        advantages = credited_turns(
+            [rewards for rewards, _ in turns],
+            self._total_reward(self._logged_rewards()),
+            step_weight=weight,
+            group_size=self.num_generations,
+            scale=self.scale_rewards,
+            discount=self.args.turn_discount,
+        )
+        first, rows = self.accelerator.process_index * len(inputs), len(inputs)
+        own_tokens = [tokens for _, tokens in turns[first : first + rows]]
+        policy_mask = output["completion_mask"] * output.get("tool_mask", 1)
+        own = per_token(advantages[first : first + rows], own_tokens, policy_mask.cpu())
+        output["advantages"] = own.to(output["advantages"].device)
+        self._record(turn_advantage_means(advantages))
+        return groups_with_turn_signal(advantages, self.num_generations)
 
     def _sampler_against_trainer(self, output: dict) -> None:
         """The sampler's log-probabilities against the trainer's own (grpo_exp.trainer.mismatch_watch): measured, and

@@ -53,6 +53,8 @@ def select_rows(batch: dict, rows: torch.Tensor) -> dict:
     for key in COMPLETION_PADDING:  # a [B, 1] sequence-level ratio stays as it is (width >= 1)
         if kept.get(key) is not None:
             kept[key] = kept[key][:, : max(width, 1)]
+    if kept["advantages"].dim() == 2:  # per token (rollout.turn_credit=discounted_return)
+        kept["advantages"] = kept["advantages"][:, : max(width, 1)]
     return kept
 
 
@@ -81,6 +83,8 @@ def concatenate(batches: list[dict], pad_token_id: int) -> dict:
             merged[key] = _cat_padded(values, _pad(PROMPT_PADDING[key], pad_token_id), left=True)
         elif key in COMPLETION_PADDING:  # a [B, 1] sequence-level ratio has width 1 everywhere: nothing padded
             merged[key] = _cat_padded(values, _pad(COMPLETION_PADDING[key], pad_token_id), left=False)
+        elif key == "advantages" and values[0].dim() == 2:  # per token (rollout.turn_credit=discounted_return)
+            merged[key] = _cat_padded(values, 0.0, left=False)
         else:
             merged[key] = torch.cat(values)
     merged["num_items_in_batch"] = loss_mask(merged).sum()

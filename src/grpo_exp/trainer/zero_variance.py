@@ -129,8 +129,10 @@ def informative_loss(
         if parameters is not None:
             return sum(p.view(-1)[0] * 0.0 for p in parameters if p.requires_grad)
         return trl_loss(select_rows(inputs, torch.tensor([0])), None) * 0.0
-    informative = inputs[INFORMATIVE]
-    zeroed = {**inputs, "advantages": inputs["advantages"].masked_fill(~informative, 0.0)}
+    informative, advantages = inputs[INFORMATIVE], inputs["advantages"]
+    if advantages.dim() == 2:  # per token (rollout.turn_credit=discounted_return)
+        informative = informative.unsqueeze(1)
+    zeroed = {**inputs, "advantages": advantages.masked_fill(~informative, 0.0)}
     kept = select_rows(zeroed, keep.nonzero().squeeze(1))
     return trl_loss(kept) * loss_scale(loss_type, inputs, keep)
 

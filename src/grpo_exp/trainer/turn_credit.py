@@ -1,0 +1,58 @@
+"""rollout.turn_credit=discounted_return on TRL's generation batch: each turn of a multi-turn trajectory credited with
+its own discounted return (grpo_exp.rollout.flow has the statistics as pure functions), its advantage given to the
+turn's tokens. TRL's loss takes the advantages per token ([B, T]) as it takes them per completion ([B])."""
+
+import math
+
+import torch
+
+from grpo_exp.rollout.flow import discounted_returns, token_advantages, turn_advantages
+
+ENVIRONMENT = "environment"  # the reward component the environment's step rewards are parts of
+
+
+def credited_turns(
+    turn_rewards: list[list[float]],
+    totals: torch.Tensor,
+    *,
+    step_weight: float,
+    group_size: int,
+    scale: str,
+    discount: float,
+) -> list[list[float]]:
+    """Every trajectory's turn advantages (the whole batch, every process's rows in order): its step rewards weighted
+    as their reward component is in the mix, the trajectory's total reward (NaN: unscored) completing the last turn's."""
+    returns = []
+    for rewards, total in zip(turn_rewards, totals.tolist(), strict=True):
+        if not rewards or math.isnan(total):
+            returns.append([math.nan] * max(len(rewards), 1))
+        else:
+            returns.append(discounted_returns([step_weight * r for r in rewards], total, discount))
+    return turn_advantages(returns, group_size, scale)
+
+
+def per_token(advantages: list[list[float]], turn_tokens: list[list[int]], policy_mask: torch.Tensor) -> torch.Tensor:
+    """[B, T]: each row's turn advantages spread over its policy tokens (`policy_mask` [B, T]: 1 for the policy's own
+    tokens, 0 for observations and padding)."""
+    rows = [
+        token_advantages(own, tokens, mask)
+        for own, tokens, mask in zip(advantages, turn_tokens, policy_mask.tolist(), strict=True)
+    ]
+    return torch.tensor(rows, dtype=torch.float32)
+
+
+def groups_with_turn_signal(advantages: list[list[float]], group_size: int, noise: float = 1e-6) -> torch.Tensor:
+    """[prompts] bool: groups in which some turn's advantage is not zero (they train even when their totals have no
+    spread, which turns' own step rewards can give them)."""
+    signal = [any(abs(a) > noise for a in turns) for turns in advantages]
+    return torch.tensor(signal).view(-1, group_size).any(dim=1)
+
+
+def turn_advantage_means(advantages: list[list[float]], prefix: str = "rollout/turn_advantage") -> dict[str, float]:
+    """The mean advantage of each turn (1-based), over the trajectories that have it: where the credit went."""
+    longest = max((len(turns) for turns in advantages), default=0)
+    means = {}
+    for turn in range(longest):
+        values = [turns[turn] for turns in advantages if len(turns) > turn]
+        means[f"{prefix}/{turn + 1}"] = sum(values) / len(values)
+    return means
