@@ -21,7 +21,7 @@ def credited_turns(
     discount: float,
 ) -> list[list[float]]:
     """Every trajectory's turn advantages (the whole batch, every process's rows in order): its step rewards weighted
-    as their reward component is in the mix, the trajectory's total reward (NaN: unscored) completing the last turn's."""
+    as their reward component is in the mix, the total reward (NaN: unscored) completing the last turn's."""
     returns = []
     for rewards, total in zip(turn_rewards, totals.tolist(), strict=True):
         if not rewards or math.isnan(total):
