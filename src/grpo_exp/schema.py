@@ -65,6 +65,12 @@ class ZeroVarianceGroups(Enum):
     resample = "resample"  # DAPO's dynamic sampling: generate more prompts' groups until the step has spread
 
 
+class ToolCalling(Enum):
+    tags = "tags"  # grpo_exp's multi-turn loop: plain tags (<name>argument</name>), on any chat template
+    native = "native"  # TRL's tool-calling loop (environment_factory): the chat template's own tool calls
+    auto = "auto"  # native where the model's chat template supports tool calling, else tags
+
+
 class TurnCredit(Enum):
     outcome = "outcome"  # Flow-GRPO: the trajectory's reward, normalised in its group, credited to every turn
     # each turn credited with its discounted return (rollout.discount) from the environment's step rewards on
@@ -620,6 +626,9 @@ class RolloutSchema:
     # together), the run stops naming the environment
     environment_max_failure_rate: float = knob(0.5, ge=0.0, le=1.0)
     environment_failure_window: int = knob(10, ge=1)
+    # How the policy calls the environment's methods: tags (grpo_exp's loop, any template), native (TRL's
+    # environment_factory, the template's own tool calls: rollout.max_turns tool rounds) or auto
+    tool_calling: ToolCalling = ToolCalling.tags
     # How a trajectory's turns are credited: outcome (Flow-GRPO's, every turn the same advantage) or
     # discounted_return (each turn its return from the environment's step_rewards on, discounted by `discount`)
     turn_credit: TurnCredit = TurnCredit.outcome

@@ -181,6 +181,15 @@ class Episode:
     def success(self) -> bool:
         return self.reward is not None and self.reward >= self.success_at
 
+    def fields(self) -> dict:
+        """What the trajectory reports of its episode (grpo_exp.rollout.multiturn.TRAJECTORY_FIELDS)."""
+        return {
+            "environment": self.environment.name,
+            "env_reward": self.reward,
+            "env_success": self.success,
+            "env_failure": self.failure,
+        }
+
     def fail(self, why: str) -> None:
         if self.failure is None:
             self.failure = f"environment {self.environment.name}: {why}"
@@ -206,6 +215,18 @@ class Episode:
         self.tools = [self._timed(tool) for tool in bound]
         self.step_rewards_taken = len(self._step_rewards())
         return observation
+
+    def call(self, name: str, arguments: dict) -> Any:
+        """The method `name` with TRL's parsed arguments (rollout.tool_calling=native), within the time limit: its
+        exception goes on to TRL, which shows it to the policy as an error; past the time limit the episode fails.
+        A failed episode's instance is not called again."""
+        if self.failure is not None:
+            return f"error: the episode failed ({self.failure})"
+        try:
+            return within(self.timeout, lambda: getattr(self.instance, name)(**arguments))
+        except EnvironmentTimeout as err:
+            self.fail(f"{name} {err}")
+            return f"error: {name} timed out"
 
     def _step_rewards(self) -> list:
         kept = getattr(self.instance, STEP_REWARDS, None)

@@ -53,6 +53,9 @@ TRAJECTORY_FIELDS = (
 )
 
 
+NO_EPISODE = {"environment": None, "env_reward": None, "env_success": None, "env_failure": None}
+
+
 @dataclass
 class Trajectory:
     prompt_ids: list[int]
@@ -83,10 +86,7 @@ class Trajectory:
             "tool_calls": self.tool_calls,
             "tool_errors": self.tool_errors,
             "ended": self.ended,
-            "environment": None if self.episode is None else self.episode.environment.name,
-            "env_reward": None if self.episode is None else self.episode.reward,
-            "env_success": None if self.episode is None else self.episode.success,
-            "env_failure": None if self.episode is None else self.episode.failure,
+            **(NO_EPISODE if self.episode is None else self.episode.fields()),
             "turn_rewards": list(self.turn_rewards),
             "turn_tokens": list(self.turn_tokens),
         }

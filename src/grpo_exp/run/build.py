@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 from grpo_exp.rewards.judge import RubricJudge, build_judge
 from grpo_exp.rewards.registry import build_rewards
 from grpo_exp.rollout.multiturn import MultiTurnRollout, scored_on_final_turn
+from grpo_exp.rollout.native import environment_factories
 from grpo_exp.run.resolve import RunSpec
 from grpo_exp.schema import ScorerName, ScorerSchema
 from grpo_exp.verification.labels import Labels, build_labels
@@ -27,6 +28,8 @@ class RunParts:
     judge: RubricJudge | None  # the one LLM judge (judge reward and held-out judge statistics)
     selfverify: SelfVerificationTask | None
     rollout: MultiTurnRollout | None  # None for rollout=single
+    # rollout.tool_calling=native: TRL's environment_factory (grpo_exp.rollout.native), in place of the rollout's loop
+    environment_factory: object = None
 
     def bind_policy(self, model, tokenizer) -> None:
         """Point a P(Yes) scorer that follows the policy (scorer=self) at the live, trained weights."""
@@ -42,14 +45,21 @@ def build_parts(spec: RunSpec, references: list) -> RunParts:
     judge = build_judge(cfg.judge, cfg.cache_dir) if "judge" in spec.components else None
     limit = cfg.trainer.max_completion_length
     shared = {"p_yes": p_yes, "judge": judge, "verifier": verifier, "max_completion_length": limit}
-    reward_funcs = build_rewards(spec.components, shared)
     rollout = build_rollout(spec)
-    if rollout is not None:
+    factory = None
+    if spec.native_tool_calling:  # TRL's loop: the environment reward finishes the episodes and spends the budget
+        rollout_cfg = cfg.rollout
+        factory = environment_factories(
+            rollout.environments, rollout_cfg.environment_timeout_s, rollout_cfg.environment_success_at
+        )
+        shared["budget"] = rollout.budget
+    reward_funcs = build_rewards(spec.components, shared)
+    if rollout is not None and not spec.native_tool_calling:
         reward_funcs = [scored_on_final_turn(func) for func in reward_funcs]
     selfverify = None
     if spec.selfverify is not None:
         selfverify = SelfVerificationTask(spec.selfverify, verifier, p_yes, cfg.trainer.seed)
-    return RunParts(reward_funcs, spec.reward_weights, verifier, p_yes, judge, selfverify, rollout)
+    return RunParts(reward_funcs, spec.reward_weights, verifier, p_yes, judge, selfverify, rollout, factory)
 
 
 def p_yes_scorer(spec: RunSpec) -> PYesScorer | None:

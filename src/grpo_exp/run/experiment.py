@@ -18,6 +18,7 @@ from transformers import PrinterCallback, ProgressCallback, set_seed
 from grpo_exp.data import load_splits
 from grpo_exp.models import describe, load_model, load_tokenizer, lora_config
 from grpo_exp.rewards import GRADED_COMPONENTS
+from grpo_exp.rollout.native import with_system
 from grpo_exp.run.build import RunParts, build_parts
 from grpo_exp.run.console import ConsoleView
 from grpo_exp.run.distributed import is_main_process, shared_run_dir, world_size
@@ -165,10 +166,10 @@ def make_trainer(
         model=model,
         reward_funcs=parts.reward_funcs,
         args=spec.args,
-        train_dataset=train_set,
+        train_dataset=with_system(train_set, cfg.rollout.system) if spec.native_tool_calling else train_set,
         processing_class=tokenizer,
         peft_config=lora_config(cfg.model),
-        rollout_func=None if parts.rollout is None else as_rollout_func(parts.rollout),
+        **rollout_arguments(parts),
     )
     tracker.attach(trainer)  # TRL's report_to callback logs into this job's tracker run
     for dict_dump in (ProgressCallback, PrinterCallback):  # they print all 50+ metrics; ConsoleView shows a few
@@ -179,6 +180,14 @@ def make_trainer(
     if levels is not None:
         trainer.add_callback(SaveState(levels, LEVELS_FILE))
     return trainer
+
+
+def rollout_arguments(parts: RunParts) -> dict:
+    """How the trainer generates: a multi-turn run through grpo_exp's loop (TRL's rollout_func) or through TRL's
+    tool-calling loop (environment_factory); else TRL's own single-turn generation."""
+    if parts.environment_factory is not None:
+        return {"environment_factory": parts.environment_factory}
+    return {"rollout_func": None if parts.rollout is None else as_rollout_func(parts.rollout)}
 
 
 def task_levels(spec: RunSpec, train_set, heldout) -> TaskLevels | None:

@@ -18,6 +18,7 @@ tokenizer or model (a chat template, single-token verdicts or scores, a prepacke
 that object is loaded.
 """
 
+import logging
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -30,7 +31,7 @@ from grpo_exp.answers import check_answer
 from grpo_exp.data import check_data_files
 from grpo_exp.deprecated import renamed_config
 from grpo_exp.errors import UserError
-from grpo_exp.models import check_reachable, torch_dtype, trained_dtype
+from grpo_exp.models import check_reachable, load_tokenizer, torch_dtype, trained_dtype
 from grpo_exp.paths import CONF_DIR
 from grpo_exp.rewards import GRADED_COMPONENTS
 from grpo_exp.rewards.judge import check_judge
@@ -38,6 +39,7 @@ from grpo_exp.rewards.overlong import cache_size
 from grpo_exp.rewards.registry import reward_weights, typed_components
 from grpo_exp.rewards.rubric import load_rubric_file
 from grpo_exp.rollout.environment import load_environments
+from grpo_exp.rollout.native import WHY_NOT_NATIVE, why_not_native
 from grpo_exp.rollout.tools import TOOL_NAMES, check_tool_names
 from grpo_exp.rollout.tools.user import tool_name
 from grpo_exp.run.distributed import world_size
@@ -46,13 +48,15 @@ from grpo_exp.run.inert import check_only_with
 from grpo_exp.run.resume import Attempt, resolve_attempt
 from grpo_exp.run.tracking import redact, report_to
 from grpo_exp.run.validation import check_validation
-from grpo_exp.schema import AlarmAction, DataSource, RolloutName, ScorerName, TurnCredit, check_values
+from grpo_exp.schema import AlarmAction, DataSource, RolloutName, ScorerName, ToolCalling, TurnCredit, check_values
 from grpo_exp.trainer.advantages import TRL_ADVANTAGES, check_algorithm
 from grpo_exp.trainer.config import GRPOExpConfig, check_trainer, grpo_exp_config
 from grpo_exp.trainer.losses import is_trls
 from grpo_exp.verification.labels import check_labels
 from grpo_exp.verification.p_yes import check_scorer_reachable
 from grpo_exp.verification.task import check_task
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,8 @@ class RunSpec:
     saved_config: dict  # the config with interpolations resolved and secrets redacted: config.yaml, trackers
     attempt: Attempt | None = None  # trainer.resume: the earlier attempt this run continues
     args: GRPOExpConfig | None = None  # TRL's config of the trainer (training only)
+    # rollout.tool_calling resolved: the environments run through TRL's tool-calling loop (grpo_exp.rollout.native)
+    native_tool_calling: bool = False
 
     @property
     def reward_weights(self) -> list[float]:
@@ -123,7 +129,8 @@ def resolve(
         check_judge(cfg.judge, spec.processes)
     check_trainer(cfg.trainer, spec.processes, multiturn=spec.multiturn, policy_dtype=spec.policy_dtype)
     check_algorithm(cfg.algorithm, cfg.trainer)
-    environments = check_rollout(spec)
+    environments, native = check_rollout(spec)
+    spec = replace(spec, native_tool_calling=native)
     probing = AlarmAction(spec.cfg.probe.before_training)
     if spec.multiturn and probing is not AlarmAction.off:
         raise UserError(
@@ -154,6 +161,7 @@ def resolve(
             spec.processes,
             cfg.algorithm,
             cfg.rollout if spec.multiturn else None,
+            native_tool_calling=spec.native_tool_calling,
         )
     OmegaConf.set_readonly(cfg, True)  # what was checked is what runs
     return replace(spec, attempt=attempt, args=args)
@@ -212,9 +220,10 @@ def check_verifier(spec: RunSpec) -> None:
         check_scorer_reachable(scorer, spec.cfg.model, spec.processes)
 
 
-def check_rollout(spec: RunSpec) -> tuple[str, ...]:
+def check_rollout(spec: RunSpec) -> tuple[tuple[str, ...], bool]:
     """rollout=multiturn generates its turns itself, with the tools named and the environment's methods (the sampling
-    copy's rules: the trainer). Returns the names of the run's environments."""
+    copy's rules: the trainer). Returns the names of the run's environments, and whether they run through TRL's
+    tool-calling loop (rollout.tool_calling)."""
     rollout = spec.cfg.rollout
     environment = rollout.environment if spec.multiturn else None
     if "environment" in spec.components and environment is None:
@@ -223,7 +232,7 @@ def check_rollout(spec: RunSpec) -> tuple[str, ...]:
             "rollout.environment=module:Class"
         )
     if not spec.multiturn:
-        return ()
+        return (), False
     if spec.selfverify is not None:
         raise UserError("reward=...selfverify with rollout=multiturn is not supported: use rollout=single")
     if spec.cfg.trainer.extra.get("use_vllm"):
@@ -233,10 +242,61 @@ def check_rollout(spec: RunSpec) -> tuple[str, ...]:
     if rollout.turn_credit is TurnCredit.discounted_return:
         check_turn_credit(spec.cfg)
     if environment is None:
-        return ()
+        return (), False
     environments = load_environments(environment, rollout.environment_timeout_s)
     check_environments(environments, spec)
-    return tuple(env.name for env in environments.values())
+    native = rollout.tool_calling is not ToolCalling.tags and check_native(spec.cfg)
+    return tuple(env.name for env in environments.values()), native
+
+
+def check_native(cfg: DictConfig) -> bool:
+    """rollout.tool_calling=native | auto: whether TRL's tool-calling loop serves this model's chat template (auto:
+    it is taken where it can; native: refused, saying why, where it cannot), and the settings only grpo_exp's loop
+    reads refused with it. Loads the tokenizer (no model)."""
+    asked = cfg.rollout.tool_calling
+    check_reachable(cfg.model)
+    why = why_not_native(load_tokenizer(cfg.model, cfg.cache_dir))
+    if why is not None:
+        if asked is ToolCalling.native:
+            raise UserError("rollout.tool_calling=native: " + WHY_NOT_NATIVE.format(model=cfg.model.name, why=why))
+        log.info("rollout.tool_calling=auto: %s; grpo_exp's loop (tags) runs the environments", why)
+        return False
+    rollout, native = (
+        cfg.rollout,
+        f"rollout.tool_calling={asked.value} runs the environments through TRL's tool-calling loop",
+    )
+    only_tags = {
+        "rollout.tools": (
+            list(rollout.tools),
+            "grpo_exp's tools are called with tags: make them methods of the environment",
+        ),
+        "rollout.demo": (list(rollout.demo), "a demonstration is written in grpo_exp's tags"),
+    }
+    for key, (value, why) in only_tags.items():
+        if value:
+            raise UserError(
+                f"{key} is read by grpo_exp's loop only, and {native}: {why}, or set rollout.tool_calling=tags"
+            )
+    if rollout.turn_credit is TurnCredit.discounted_return:
+        raise UserError(
+            f"rollout.turn_credit=discounted_return needs grpo_exp's loop's turns, and {native}: use "
+            "rollout.tool_calling=tags, or rollout.turn_credit=outcome"
+        )
+    if rollout.max_tokens_per_turn < cfg.trainer.max_completion_length:
+        raise UserError(
+            f"rollout.max_tokens_per_turn={rollout.max_tokens_per_turn}: {native}, which limits the whole "
+            "conversation by trainer.max_completion_length, not each turn: leave it at "
+            "${trainer.max_completion_length}, or set rollout.tool_calling=tags"
+        )
+    evaluated = [key for key in ("before", "after") if cfg.eval[key]] + (["every"] if cfg.eval.every else [])
+    if evaluated:
+        keys = " ".join(f"eval.{key}={'0' if key == 'every' else 'false'}" for key in evaluated)
+        raise UserError(
+            f"eval.{evaluated[0]}: grpo_exp's held-out evaluation plays episodes with its own loop, and "
+            f"{native}: set {keys} (its held-out episodes are not evaluated on TRL's loop yet), or "
+            "rollout.tool_calling=tags"
+        )
+    return True
 
 
 def check_turn_credit(cfg: DictConfig) -> None:

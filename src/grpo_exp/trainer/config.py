@@ -223,9 +223,11 @@ def grpo_exp_config(
     processes: int = 1,
     algorithm: DictConfig | None = None,
     rollout: DictConfig | None = None,
+    native_tool_calling: bool = False,
 ) -> GRPOExpConfig:
     """GRPOExpConfig: every trainer.* knob under its own name, batch sizes derived, our logging conventions; the
-    advantage estimator, `algorithm` (None: grpo, TRL's own); and a multi-turn `rollout`'s credit of its turns."""
+    advantage estimator, `algorithm` (None: grpo, TRL's own); a multi-turn `rollout`'s credit of its turns, and its
+    turns as TRL's tool rounds where TRL's tool-calling loop runs its environments (`native_tool_calling`)."""
     knobs = OmegaConf.to_container(trainer_cfg, enum_to_str=True)
     extra = knobs.pop("extra")
     for key in RUN_KEYS:

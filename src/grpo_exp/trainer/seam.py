@@ -15,6 +15,7 @@ from trl import GRPOTrainer
 from trl.extras.profiling import profiling_context
 from trl.models.utils import disable_gradient_checkpointing
 
+from grpo_exp.rollout.native import episode_fields
 from grpo_exp.sampled_log_probs import SampledLogProbs
 from grpo_exp.schema import ZeroVarianceGroups
 from grpo_exp.trainer.advantages import TRL_ADVANTAGES, estimate
@@ -164,6 +165,9 @@ class HookedGRPOTrainer(TrainingHooks, TRLSurface, GRPOTrainer):
         groups have no spread (None where nothing asks)."""
         self.rollout_rows = inputs
         output = super()._generate_and_score_completions(inputs)
+        fields = episode_fields(self.environments)  # TRL's tool-calling loop ran the episodes (tool_calling=native)
+        for row, own in zip(inputs, fields or [], strict=False):
+            row.update(own)
         if self.args.advantage_estimator != TRL_ADVANTAGES:
             self._replace_advantages(len(inputs), output)
         turn_signal = self._credit_turns(inputs, output) if self.args.turn_credit == "discounted_return" else None

@@ -160,7 +160,7 @@ class GRPOExpTrainer(HookedGRPOTrainer):
         stats |= per_task_means(tasks, batch.total.tolist(), "tasks/reward", self.task_mix)
         if batch.trajectories is not None:
             stats |= trajectory_statistics(batch.rows, batch.total.tolist(), self.verifier.answer)
-            stats |= environment_statistics(batch.rows)
+        stats |= environment_statistics(batch.rows)  # on either tool-calling loop
         for name in GRADED_COMPONENTS & set(batch.reward_names):  # is the graded score a signal of correctness?
             column = batch.reward_names.index(name)
             scored = batch.rewards[:, column].masked_fill(batch.imputed[:, column], math.nan)  # failures: missing

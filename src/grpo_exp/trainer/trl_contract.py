@@ -26,6 +26,6 @@ TRL_ATTRIBUTES = tuple(
     args.use_transformers_paged loss_type multi_objective_aggregation reward_func_names reward_weights
     num_generations generation_config generation_kwargs max_completion_length temperature epsilon_low
     epsilon_high args.ds3_gather_for_generation model_wrapped is_deepspeed_enabled is_fsdp_enabled
-    callback_handler.callbacks
+    callback_handler.callbacks environments scale_rewards
     """.split()
 )
