@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from grpo_exp.environments.openenv import PREFIX as OPENENV  # rollout.environment=openenv/<server url>
 from grpo_exp.environments.textarena import PREFIX as TEXTARENA  # rollout.environment=textarena/<game id>
 from grpo_exp.errors import UserError
 from grpo_exp.failure_budget import FailureBudget
@@ -113,11 +114,17 @@ def method_tools(instance, path: str, where: str) -> list[UserTool]:
 
 def load_environment(name: str | None, path: str, where: str, timeout: float) -> Environment:
     """The environment at `path` (`where`: the config key), made once and checked: reset, its methods as tools.
-    `textarena/<game id>`: a TextArena game (grpo_exp.environments.textarena)."""
+    `textarena/<game id>`: a TextArena game (grpo_exp.environments.textarena); `openenv/<url>`: an OpenEnv server
+    (grpo_exp.environments.openenv)."""
     if path.startswith(TEXTARENA):
         from grpo_exp.environments.textarena import game
 
         factory = game(path.removeprefix(TEXTARENA))
+        name = name or factory.__name__
+    elif path.startswith(OPENENV):
+        from grpo_exp.environments.openenv import server
+
+        factory = server(path.removeprefix(OPENENV))
         name = name or factory.__name__
     else:
         factory = import_callable(path, where.partition("=")[0], "an environment class")
