@@ -128,6 +128,7 @@ def test_the_environment_statistics_by_hand():
     stats = environment_statistics(records)
     assert stats == {
         "environment/failures": 0.25,
+        "environment/success": 0.25,
         "environment/a/failures": pytest.approx(1 / 3),
         "environment/a/reward_mean": 0.5,
         "environment/a/success": pytest.approx(1 / 3),  # a failed episode did not succeed

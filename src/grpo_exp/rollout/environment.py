@@ -308,11 +308,14 @@ def new_episodes(
 def environment_statistics(records: list[dict], prefix: str = "environment") -> dict[str, float]:
     """Per environment, over its episodes (records with `environment`, `env_reward`, `env_success`, `env_failure`):
     the mean reward of those scored, the success rate (a failed episode did not succeed) and the failed share; and
-    the failed share over all."""
+    the failed share and the success rate over all."""
     episodes = [r for r in records if r.get("environment") is not None]
     if not episodes:
         return {}
-    stats = {f"{prefix}/failures": sum(r["env_failure"] is not None for r in episodes) / len(episodes)}
+    stats = {
+        f"{prefix}/failures": sum(r["env_failure"] is not None for r in episodes) / len(episodes),
+        f"{prefix}/success": sum(bool(r["env_success"]) for r in episodes) / len(episodes),  # every environment's
+    }
     for name in sorted({r["environment"] for r in episodes}):
         own = [r for r in episodes if r["environment"] == name]
         scored = [r["env_reward"] for r in own if r["env_reward"] is not None]

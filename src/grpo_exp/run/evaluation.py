@@ -37,6 +37,7 @@ from grpo_exp.trainer.levels import TaskLevels, accuracy_by_level
 from grpo_exp.verification.benchmark import load_benchmark
 
 log = logging.getLogger("grpo_exp.train")
+EPISODE_SUCCESS = "environment/success"  # grpo_exp.rollout.environment.environment_statistics: every environment's
 
 
 class HeldoutEval:
@@ -153,6 +154,11 @@ class HeldoutEval:
         log.info("Held-out accuracy %s training: %.3f (%d/%d)", when, result.accuracy, result.correct, result.scored)
         if result.rollout:
             log.info("Held-out trajectories %s training: %s", when, _rounded(result.rollout))
+        if EPISODE_SUCCESS in result.rollout:  # a run of environments: their episodes' success is what it learns
+            won, played = round(result.rollout[EPISODE_SUCCESS] * len(result.samples)), len(result.samples)
+            log.info(
+                "Held-out episodes won %s training: %.3f (%d/%d)", when, result.rollout[EPISODE_SUCCESS], won, played
+            )
         if parts.selfverify is not None:
             result.verification = parts.selfverify.heldout_metrics(
                 model, self.tokenizer, self.heldout, spec.eval_max_new_tokens, spec.cfg.eval.batch_size
@@ -206,6 +212,9 @@ class HeldoutEval:
         )
 
     def accuracy_before(self) -> float | None:
+        """The console's held-out measure before training: the accuracy, or a run of environments' episodes won."""
+        if self.before is not None and EPISODE_SUCCESS in self.before.rollout:
+            return self.before.rollout[EPISODE_SUCCESS]
         return _accuracy(self.before)
 
     def summary(self) -> dict:
