@@ -130,6 +130,15 @@ def test_what_trls_loop_cannot_serve_is_refused_saying_why(user_module, override
         resolve(compose_config(native_run("rollout.tool_calling=native", *overrides)))
 
 
+def test_tool_calling_without_an_environment_is_refused(no_model_loads):
+    with pytest.raises(UserError, match="rollout.tool_calling=native is read only by an environment"):
+        resolve(
+            compose_config(
+                [*TINY_RUN, "rollout=multiturn", "rollout.tools=[calculator]", "rollout.tool_calling=native"]
+            )
+        )
+
+
 def test_auto_takes_trls_loop_where_the_template_can_and_grpo_exps_elsewhere(user_module, no_model_loads):
     assert not resolve(compose_config(native_run("rollout.tool_calling=auto"))).native_tool_calling
     qwen3 = f"model.chat_template={QWEN3_TEMPLATE}"

@@ -197,6 +197,11 @@ def main(argv: list[str] | None = None) -> dict:
     overrides, out_dir = source.overrides, source.out_dir
     cfg = composed(source)
     spec = resolve(cfg, processes=1, evaluating=True)
+    if spec.native_tool_calling:
+        raise UserError(
+            "rollout.tool_calling: this run's environments ran through TRL's tool-calling loop, and grpo-exp evaluate "
+            "plays held-out episodes with grpo_exp's loop (tags): add rollout.tool_calling=tags to evaluate them there"
+        )
     out_dir = out_dir or Path(cfg.outputs_dir) / "eval" / time.strftime("%Y-%m-%d_%H-%M-%S")
     train, heldout = load_splits(cfg.dataset)
     parts = build_parts(spec, train["solution"])

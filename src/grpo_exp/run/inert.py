@@ -337,6 +337,7 @@ ONLY_WITH: tuple[OnlyWith, ...] = (
             "rollout.environment_success_at",
             "rollout.environment_max_failure_rate",
             "rollout.environment_failure_window",
+            "rollout.tool_calling",
         ),
         lambda cfg: cfg.rollout.environment is not None,
         "by an environment (rollout=environment)",

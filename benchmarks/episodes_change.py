@@ -1,0 +1,51 @@
+"""What a run of environments changed on its held-out episodes, paired: `python -m benchmarks.episodes_change DIR`.
+
+Reads the run's eval_before.jsonl and eval_after.jsonl (each held-out episode, played greedily before and after
+training, the same seeds) and prints, per environment and over all: the episodes won before and after, each with its
+95% Wilson interval, and the change with its paired 95% interval (Student t over the per-episode differences: the
+same games, so their difficulty cancels). Used for experiments/README.md's environment results.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+from scipy.stats import binomtest
+
+from grpo_exp.stats import mean_interval
+
+
+def won(path: Path) -> dict[str, list[bool]]:
+    """Per environment, whether each episode (in file order) succeeded."""
+    by_environment: dict[str, list[bool]] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        sample = json.loads(line)
+        by_environment.setdefault(sample["environment"], []).append(bool(sample["env_success"]))
+    return by_environment
+
+
+def wilson(wins: int, played: int) -> tuple[float, float]:
+    interval = binomtest(wins, played).proportion_ci(0.95, method="wilson")
+    return interval.low, interval.high
+
+
+def report(name: str, before: list[bool], after: list[bool]) -> str:
+    change, low, high = mean_interval([float(a) - float(b) for b, a in zip(before, after, strict=True)])
+    (bl, bh), (al, ah) = wilson(sum(before), len(before)), wilson(sum(after), len(after))
+    return (
+        f"{name}: before {sum(before)}/{len(before)} [{bl:.3f}, {bh:.3f}], after {sum(after)}/{len(after)} "
+        f"[{al:.3f}, {ah:.3f}], change {change:+.3f} (paired 95% [{low:+.3f}, {high:+.3f}])"
+    )
+
+
+def main(run_dir: str) -> None:
+    before, after = won(Path(run_dir) / "eval_before.jsonl"), won(Path(run_dir) / "eval_after.jsonl")
+    for name in sorted(before):
+        print(report(name, before[name], after[name]))
+    if len(before) > 1:
+        every = sorted(before)
+        print(report("all", [w for n in every for w in before[n]], [w for n in every for w in after[n]]))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
