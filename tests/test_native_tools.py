@@ -11,9 +11,10 @@ import pytest
 from transformers.utils import get_json_schema
 
 from grpo_exp.errors import UserError
+from grpo_exp.failure_budget import FailureBudget
 from grpo_exp.models import load_tokenizer
 from grpo_exp.rollout.environment import load_environments
-from grpo_exp.rollout.native import guarded_class, why_not_native, with_system
+from grpo_exp.rollout.native import Guards, guarded_class, settled_episodes, why_not_native, with_system
 from grpo_exp.run.resolve import resolve
 from grpo_exp.run.tracking import read_metrics
 from support.config import TINY_RUN, compose_config
@@ -65,7 +66,7 @@ def rows(count: int = 10):
 '''
 
 
-RESET_TEXT = "A secret digit from 0 to 9."  # Stepped.reset's, which TRL appends to the last user message as it is
+RESET_TEXT = "A secret digit from 0 to 9."  # Stepped.reset's, joined to the last user message after a blank line
 
 
 @pytest.fixture
@@ -75,6 +76,10 @@ def user_module(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     sys.modules.pop("native_envs", None)
     return tmp_path
+
+
+def guards(timeout: float = 1.0, max_chars: int = 200) -> Guards:
+    return Guards(timeout, 1.0, max_chars, FailureBudget(1.0, 10, lambda *counts: "spent"))
 
 
 def environment(name: str = "Stepped", timeout: float = 1.0):
@@ -119,6 +124,7 @@ def native_run(*overrides: str) -> list[str]:
         ([f"model.chat_template={QWEN3_TEMPLATE}", "eval.before=true"], "eval.before: grpo_exp's held-out evaluation"),
         ([f"model.chat_template={QWEN3_TEMPLATE}", "rollout.demo=[{role: user, content: hi}]"], "rollout.demo is read"),
         ([f"model.chat_template={QWEN3_TEMPLATE}", "rollout.max_tokens_per_turn=8"], "not each turn"),
+        ([f"model.chat_template={QWEN3_TEMPLATE}", "rollout.describe_tools=false"], "the chat template describes"),
         (
             [f"model.chat_template={QWEN3_TEMPLATE}", "rollout.turn_credit=discounted_return"],
             "needs grpo_exp's loop's turns",
@@ -144,6 +150,10 @@ def test_auto_takes_trls_loop_where_the_template_can_and_grpo_exps_elsewhere(use
     qwen3 = f"model.chat_template={QWEN3_TEMPLATE}"
     assert resolve(compose_config(native_run("rollout.tool_calling=auto", qwen3))).native_tool_calling
     assert not resolve(compose_config(native_run(qwen3))).native_tool_calling  # tags by default
+    # what only grpo_exp's loop does (here: the held-out evaluation) makes auto take it
+    assert not resolve(
+        compose_config(native_run("rollout.tool_calling=auto", qwen3, "eval.before=true"))
+    ).native_tool_calling
 
 
 # ---- the class TRL is given --------------------------------------------------------------------------------------
@@ -152,14 +162,15 @@ def test_auto_takes_trls_loop_where_the_template_can_and_grpo_exps_elsewhere(use
 def test_trl_describes_the_guarded_method_as_the_users_own(user_module):
     import native_envs
 
-    guarded = guarded_class(environment(), 1.0, 1.0)()
+    guarded = guarded_class(environment(), guards())()
     assert get_json_schema(guarded.probe) == get_json_schema(native_envs.Stepped().probe)
     assert not hasattr(guarded, "get_reward")  # the `environment` reward component scores it, not TRL
 
 
 def test_each_reset_is_a_new_episode_of_the_users_instance_and_calls_reach_it(user_module):
-    guarded = guarded_class(environment(), 1.0, 1.0)()
-    assert guarded.reset(question="q", solution="3", prompt=[], environment=None) == "A secret digit from 0 to 9."
+    guarded = guarded_class(environment(), guards())()
+    # its text after a blank line, as grpo_exp's loop joins it (TRL appends it as it is)
+    assert guarded.reset(question="q", solution="3", prompt=[], environment=None) == "\n\nA secret digit from 0 to 9."
     first = guarded.episode
     assert guarded.probe(digit=1) == "wrong" and guarded.probe(digit=3) == "right"
     first.finish()
@@ -169,18 +180,26 @@ def test_each_reset_is_a_new_episode_of_the_users_instance_and_calls_reach_it(us
 
 
 def test_a_method_past_its_time_limit_or_a_raising_reset_costs_the_episode(user_module):
-    slow = guarded_class(environment("Slow", timeout=0.2), 0.2, 1.0)()
+    slow = guarded_class(environment("Slow", timeout=0.2), guards(0.2))()
     slow.reset(question="q", solution="3")
     started = time.monotonic()
     assert slow.probe(digit=3) == "error: probe timed out"
     assert time.monotonic() - started < 2
     assert "probe ran past rollout.environment_timeout_s=0.2" in slow.episode.failure
     assert slow.probe(digit=3).startswith("error: the episode failed")  # not called again
-    broken = guarded_class(environment("Broken"), 1.0, 1.0)()
+    broken = guarded_class(environment("Broken"), guards())()
     assert broken.reset(question="q", solution="3") is None
     assert "reset raised KeyError" in broken.episode.failure
     broken.episode.finish()
     assert broken.episode.reward is None  # missing: imputed, counted
+    episodes = settled_episodes([slow, broken])
+    assert [episode.failure is not None for episode in episodes] == [True, True]
+
+
+def test_a_methods_result_is_cut_to_the_observation_limit(user_module):
+    guarded = guarded_class(environment(), guards(max_chars=3))()
+    guarded.reset(question="q", solution="3")
+    assert guarded.probe(digit=1) == "wro"
 
 
 def test_the_system_message_joins_the_datasets_prompts():
@@ -213,10 +232,10 @@ def test_the_same_class_trains_through_trls_tool_calling_loop(user_module):
     train, _ = load_splits(cfg.dataset)
     system = cfg.rollout.system
     prompts = [
-        [{"role": "system", "content": system}, {**p[-1], "content": p[-1]["content"] + RESET_TEXT}]
+        [{"role": "system", "content": system}, {**p[-1], "content": p[-1]["content"] + "\n\n" + RESET_TEXT}]
         for p in train["prompt"]
     ]
-    guarded = guarded_class(environment(), 1.0, 1.0)()
+    guarded = guarded_class(environment(), guards())()
     call = '<tool_call>\n{"name": "probe", "arguments": {"digit": 7}}\n</tool_call>'
     model = taught_tool_caller(user_module / "caller", prompts, [guarded.probe], call)
     run = user_module / "run"

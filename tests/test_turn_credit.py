@@ -131,6 +131,9 @@ def test_first_turns_without_spread_leave_the_later_turns_unscaled():
     )
     assert advantages == [[0.0, 0.5], [0.0, 0.5]]
     assert groups_with_turn_signal(advantages, 2).tolist() == [True]
+    # first returns equal but for float rounding: no spread either
+    noisy = turn_advantages([[0.3, 1.0], [0.1 + 0.2, 1.0]], group_size=2, scale="group")
+    assert noisy == [pytest.approx([0.0, 0.7]), pytest.approx([0.0, 0.7])]
     assert groups_with_turn_signal([[0.0], [0.0]], 2).tolist() == [False]
 
 

@@ -17,13 +17,15 @@ The server must accept as many sessions at once as the batch has trajectories (i
 import functools
 import inspect
 import json
+import threading
 
 from grpo_exp.errors import UserError
 
 PREFIX = "openenv/"
 TOOL = "step"
 JSON_TYPES = {"string": str, "integer": int, "number": float, "boolean": bool}
-NOT_ACTION_FIELDS = ("metadata",)  # OpenEnv's Action base class carries it; not the policy's to write
+NOT_ACTION_FIELDS = ("metadata",)
+CLOSE_WAIT_S = 5.0  # OpenEnv's Action base class carries it; not the policy's to write
 
 
 class OpenEnvEpisode:
@@ -55,9 +57,12 @@ class OpenEnvEpisode:
         return float(sum(self.step_rewards))
 
     def _close(self) -> None:
+        """Ends the session, waiting CLOSE_WAIT_S at most (a stalled server must not stall training)."""
         if self.client is not None:
             client, self.client = self.client, None
-            client.close()
+            closing = threading.Thread(target=client.close, daemon=True, name="grpo_exp-openenv-close")
+            closing.start()
+            closing.join(CLOSE_WAIT_S)
 
     def __del__(self):  # an episode abandoned before get_reward (failed) still ends its session
         try:
@@ -120,7 +125,9 @@ def server(url: str) -> functools.partial:
         metadata = requests.get(f"{url.rstrip('/')}/metadata", timeout=10).json()
     except (requests.RequestException, ValueError) as err:
         raise UserError(f"{where}: no OpenEnv server answers there ({type(err).__name__}: {err})") from None
-    episode_class = type("OpenEnv", (OpenEnvEpisode,), {TOOL: action_tool(schema.get("action", {}), where)})
+    if not isinstance(schema, dict) or not isinstance(schema.get("action"), dict) or not isinstance(metadata, dict):
+        raise UserError(f"{where}: the server's /schema and /metadata are not OpenEnv's (no action schema)")
+    episode_class = type("OpenEnv", (OpenEnvEpisode,), {TOOL: action_tool(schema["action"], where)})
     factory = functools.partial(episode_class, url.rstrip("/"))
     factory.__name__ = str(metadata.get("name") or url)  # the environment's name in the metrics
     return factory

@@ -5,15 +5,11 @@ failed.
 
 On grpo_exp's loop the rollout hands the scores over (`env_reward`); on TRL's tool-calling loop
 (rollout.tool_calling=native) TRL hands over the episodes' instances (`environments`, grpo_exp.rollout.native), each
-finished here: failed episodes are logged and spent from the failure budget (`budget`, every process together).
+finished here (the seam then logs the failed ones and spends them from the failure budget).
 """
 
-import logging
 
-log = logging.getLogger(__name__)
-
-
-def make_environment_reward(budget=None):
+def make_environment_reward():
     def environment(completions, env_reward=None, environments=None, **kwargs) -> list[float | None]:
         """Each episode's get_reward()."""
         if env_reward is not None:
@@ -23,11 +19,6 @@ def make_environment_reward(budget=None):
         episodes = [instance.episode for instance in environments]
         for episode in episodes:
             episode.finish()
-        failures = sorted({episode.failure for episode in episodes if episode.failure is not None})
-        for failure in failures:
-            log.warning("Episode failed: %s", failure)
-        if budget is not None:
-            budget.spend(sum(episode.failure is not None for episode in episodes), len(episodes))
         return [episode.reward for episode in episodes]
 
     return environment

@@ -183,6 +183,7 @@ class Episode:
     failure: str | None = None  # why the episode failed; None while it has not
     reward: float | None = None
     step_rewards_taken: int = 0  # how many of the instance's step_rewards the trajectory's turns have taken
+    finished: bool = False  # get_reward() read (or not to be read)
 
     @property
     def success(self) -> bool:
@@ -220,7 +221,8 @@ class Episode:
         # docstring and type hint once per trajectory)
         bound = [dataclasses.replace(tool, func=getattr(self.instance, tool.name)) for tool in self.environment.tools]
         self.tools = [self._timed(tool) for tool in bound]
-        self.step_rewards_taken = len(self._step_rewards())
+        kept = self._step_rewards()
+        self.step_rewards_taken = len(kept) if isinstance(kept, list) else 0
         return observation
 
     def call(self, name: str, arguments: dict) -> Any:
@@ -244,7 +246,7 @@ class Episode:
         environment keeps none; a failed episode's are 0.0. A step_rewards that is not a list of finite numbers,
         or one kept by an environment without get_reward() (whose return they would be parts of), fails it."""
         kept = self._step_rewards()
-        if self.failure is not None or not kept:
+        if self.failure is not None or (isinstance(kept, list) and not kept):
             return 0.0
         if not self.environment.has_reward:
             self.fail(f"keeps {STEP_REWARDS} but has no get_reward(): get_reward() is the return they are parts of")
@@ -268,7 +270,10 @@ class Episode:
         return dataclasses.replace(user_tool(tool), run=run)
 
     def finish(self) -> None:
-        """get_reward(), where the environment has one and the episode has not failed."""
+        """get_reward(), where the environment has one and the episode has not failed (once: later calls keep it)."""
+        if self.finished:
+            return
+        self.finished = True
         if self.failure is not None or not self.environment.has_reward:
             return
         try:

@@ -14,6 +14,7 @@ import torch
 from grpo_exp.answers import AnswerExtractor
 
 EPSILON = 1e-4  # TRL's guard against a zero group std
+RETURN_NOISE = 1e-6  # first-turn returns spread less than this have none (per-turn credit)
 
 
 def group_advantages(rewards: torch.Tensor, scale: bool = True) -> torch.Tensor:
@@ -97,11 +98,11 @@ def discounted_returns(step_rewards: list[float], total: float, discount: float)
 def turn_advantages(returns: list[list[float]], group_size: int, scale: str) -> list[list[float]]:
     """Per trajectory (in groups of `group_size` consecutive ones), each turn's advantage: its return minus the
     group's mean first-turn return, divided (scale: TRL's trainer.scale_rewards) by the group's ("group") or the
-    batch's ("batch") std of the first-turn returns + 1e-4, or not at all ("none"); where that std is 0 (every
-    first turn equal) the difference is left unscaled, so that a spread in the later turns alone is not blown up by
-    1/1e-4. A constant per group, the baseline leaves the gradient of every turn unbiased. A trajectory with no
-    score (NaN) gets 0 on every turn and leaves the statistics. With discount 1 and no step rewards this is exactly
-    Flow-GRPO's (group_advantages) on every turn."""
+    batch's ("batch") std of the first-turn returns + 1e-4, or not at all ("none"). Where that std is 0 (every
+    first turn equal, up to 1e-6 of float rounding) the difference is left unscaled, so that a spread in the later
+    turns alone is not blown up by 1/1e-4. A constant per group, the baseline leaves the gradient of every turn
+    unbiased. A trajectory with no score (NaN) gets 0 on every turn and leaves the statistics. With discount 1 and
+    no step rewards this is exactly Flow-GRPO's (group_advantages) on every turn."""
     first = torch.tensor([r[0] for r in returns], dtype=torch.float64).view(-1, group_size)
     mean = torch.nanmean(first, dim=1, keepdim=True)
     if scale == "batch":
@@ -110,7 +111,8 @@ def turn_advantages(returns: list[list[float]], group_size: int, scale: str) -> 
     else:
         count = (~torch.isnan(first)).sum(dim=1, keepdim=True)
         std = (torch.nansum((first - mean) ** 2, dim=1, keepdim=True) / (count - 1).clamp(min=1)).sqrt()
-    divisor = torch.where((std > 0) & torch.tensor(scale != "none"), std + EPSILON, torch.ones_like(std))
+    spread = std > RETURN_NOISE  # float noise (first returns equal but for rounding) is no spread
+    divisor = torch.where(spread & torch.tensor(scale != "none"), std + EPSILON, torch.ones_like(std))
     advantages = []
     for index, turns in enumerate(returns):
         group = index // group_size

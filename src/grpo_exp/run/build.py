@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 from grpo_exp.rewards.judge import RubricJudge, build_judge
 from grpo_exp.rewards.registry import build_rewards
 from grpo_exp.rollout.multiturn import MultiTurnRollout, scored_on_final_turn
-from grpo_exp.rollout.native import environment_factories
+from grpo_exp.rollout.native import Guards, environment_factories
 from grpo_exp.run.resolve import RunSpec
 from grpo_exp.schema import ScorerName, ScorerSchema
 from grpo_exp.verification.labels import Labels, build_labels
@@ -47,12 +47,15 @@ def build_parts(spec: RunSpec, references: list) -> RunParts:
     shared = {"p_yes": p_yes, "judge": judge, "verifier": verifier, "max_completion_length": limit}
     rollout = build_rollout(spec)
     factory = None
-    if spec.native_tool_calling:  # TRL's loop: the environment reward finishes the episodes and spends the budget
+    if spec.native_tool_calling:  # TRL's loop runs the environments, each method guarded (grpo_exp.rollout.native)
         rollout_cfg = cfg.rollout
-        factory = environment_factories(
-            rollout.environments, rollout_cfg.environment_timeout_s, rollout_cfg.environment_success_at
+        guards = Guards(
+            rollout_cfg.environment_timeout_s,
+            rollout_cfg.environment_success_at,
+            rollout_cfg.max_observation_chars,
+            rollout.budget,
         )
-        shared["budget"] = rollout.budget
+        factory = environment_factories(rollout.environments, guards)
     reward_funcs = build_rewards(spec.components, shared)
     if rollout is not None and not spec.native_tool_calling:
         reward_funcs = [scored_on_final_turn(func) for func in reward_funcs]

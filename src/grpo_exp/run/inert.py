@@ -360,9 +360,9 @@ ONLY_WITH: tuple[OnlyWith, ...] = (
     ),
     OnlyWith(
         ("rollout.describe_tools",),
-        lambda cfg: any(is_import_path(tool) for tool in cfg.rollout.tools),
-        "to describe your own tools (import paths in rollout.tools)",
-        lambda cfg: f"rollout.tools={list(cfg.rollout.tools)} has none of yours",
+        lambda cfg: cfg.rollout.environment is not None or any(is_import_path(tool) for tool in cfg.rollout.tools),
+        "to describe your own tools (import paths in rollout.tools) or your environment's methods",
+        lambda cfg: f"rollout.tools={list(cfg.rollout.tools)} has none of yours and there is no rollout.environment",
         "add your tool to rollout.tools",
     ),
     # ---- evaluation, statistics, logging

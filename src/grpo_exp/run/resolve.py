@@ -250,40 +250,47 @@ def check_rollout(spec: RunSpec) -> tuple[tuple[str, ...], bool]:
 
 
 def check_native(cfg: DictConfig) -> bool:
-    """rollout.tool_calling=native | auto: whether TRL's tool-calling loop serves this model's chat template (auto:
-    it is taken where it can; native: refused, saying why, where it cannot), and the settings only grpo_exp's loop
-    reads refused with it. Loads the tokenizer (no model)."""
+    """rollout.tool_calling=native | auto: whether TRL's tool-calling loop runs the environments. It must serve the
+    model's chat template, and the run must ask nothing of it that only grpo_exp's loop does: native is refused
+    saying why where either fails; auto then takes grpo_exp's loop (tags), saying why in the log. Loads the
+    tokenizer (no model)."""
     asked = cfg.rollout.tool_calling
     check_reachable(cfg.model)
     why = why_not_native(load_tokenizer(cfg.model, cfg.cache_dir))
     if why is not None:
-        if asked is ToolCalling.native:
-            raise UserError("rollout.tool_calling=native: " + WHY_NOT_NATIVE.format(model=cfg.model.name, why=why))
-        log.info("rollout.tool_calling=auto: %s; grpo_exp's loop (tags) runs the environments", why)
-        return False
-    rollout, native = (
-        cfg.rollout,
-        f"rollout.tool_calling={asked.value} runs the environments through TRL's tool-calling loop",
-    )
+        reason = "rollout.tool_calling=native: " + WHY_NOT_NATIVE.format(model=cfg.model.name, why=why)
+    else:
+        reason = only_on_grpo_exps_loop(cfg)
+    if reason is None:
+        return True
+    if asked is ToolCalling.native:
+        raise UserError(reason)
+    log.info("rollout.tool_calling=auto takes grpo_exp's loop (tags): %s", reason)
+    return False
+
+
+def only_on_grpo_exps_loop(cfg: DictConfig) -> str | None:
+    """What of this run only grpo_exp's loop does, said as the refusal of TRL's loop (None: nothing)."""
+    rollout = cfg.rollout
+    native = f"rollout.tool_calling={rollout.tool_calling.value} runs the environments through TRL's tool-calling loop"
     only_tags = {
         "rollout.tools": (
             list(rollout.tools),
             "grpo_exp's tools are called with tags: make them methods of the environment",
         ),
         "rollout.demo": (list(rollout.demo), "a demonstration is written in grpo_exp's tags"),
+        "rollout.describe_tools": (not rollout.describe_tools, "the chat template describes the tools on TRL's loop"),
     }
-    for key, (value, why) in only_tags.items():
-        if value:
-            raise UserError(
-                f"{key} is read by grpo_exp's loop only, and {native}: {why}, or set rollout.tool_calling=tags"
-            )
+    for key, (given, why) in only_tags.items():
+        if given:
+            return f"{key} is read by grpo_exp's loop only, and {native}: {why}, or set rollout.tool_calling=tags"
     if rollout.turn_credit is TurnCredit.discounted_return:
-        raise UserError(
+        return (
             f"rollout.turn_credit=discounted_return needs grpo_exp's loop's turns, and {native}: use "
             "rollout.tool_calling=tags, or rollout.turn_credit=outcome"
         )
     if rollout.max_tokens_per_turn < cfg.trainer.max_completion_length:
-        raise UserError(
+        return (
             f"rollout.max_tokens_per_turn={rollout.max_tokens_per_turn}: {native}, which limits the whole "
             "conversation by trainer.max_completion_length, not each turn: leave it at "
             "${trainer.max_completion_length}, or set rollout.tool_calling=tags"
@@ -291,12 +298,11 @@ def check_native(cfg: DictConfig) -> bool:
     evaluated = [key for key in ("before", "after") if cfg.eval[key]] + (["every"] if cfg.eval.every else [])
     if evaluated:
         keys = " ".join(f"eval.{key}={'0' if key == 'every' else 'false'}" for key in evaluated)
-        raise UserError(
-            f"eval.{evaluated[0]}: grpo_exp's held-out evaluation plays episodes with its own loop, and "
-            f"{native}: set {keys} (its held-out episodes are not evaluated on TRL's loop yet), or "
-            "rollout.tool_calling=tags"
+        return (
+            f"eval.{evaluated[0]}: grpo_exp's held-out evaluation plays episodes with its own loop, and {native}: "
+            f"set {keys} (its held-out episodes are not evaluated on TRL's loop yet), or rollout.tool_calling=tags"
         )
-    return True
+    return None
 
 
 def check_turn_credit(cfg: DictConfig) -> None:

@@ -258,6 +258,8 @@ def grpo_exp_config(
             "turn_credit": getattr(rollout.turn_credit, "value", rollout.turn_credit),
             "turn_discount": rollout.discount,
         }
+    if native_tool_calling:  # TRL's tool rounds: each turn's call runs and the policy reads its result
+        ours["max_tool_calling_iterations"] = rollout.max_turns
     try:
         return GRPOExpConfig(**(ours | knobs | extra))
     except (TypeError, ValueError) as err:  # GRPOConfig's own checks (a pass-through value of the wrong kind)

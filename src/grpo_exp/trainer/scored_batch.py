@@ -25,6 +25,7 @@ ROW_KEYS = (
     *TASK_COLUMNS,
     "task_entry",
     *TRAJECTORY_FIELDS,
+    "turn_advantages",  # rollout.turn_credit=discounted_return: what each turn trained with (grpo_exp.trainer.seam)
 )
 
 

@@ -15,7 +15,7 @@ from trl import GRPOTrainer
 from trl.extras.profiling import profiling_context
 from trl.models.utils import disable_gradient_checkpointing
 
-from grpo_exp.rollout.native import episode_fields
+from grpo_exp.rollout.native import settled_episodes
 from grpo_exp.sampled_log_probs import SampledLogProbs
 from grpo_exp.schema import ZeroVarianceGroups
 from grpo_exp.trainer.advantages import TRL_ADVANTAGES, estimate
@@ -30,6 +30,7 @@ from grpo_exp.trainer.shared_prompt import shared_prompt_forward
 from grpo_exp.trainer.trl_surface import TRLSurface
 from grpo_exp.trainer.turn_credit import (
     ENVIRONMENT,
+    TURN_ADVANTAGES,
     credited_turns,
     groups_with_turn_signal,
     per_token,
@@ -165,9 +166,9 @@ class HookedGRPOTrainer(TrainingHooks, TRLSurface, GRPOTrainer):
         groups have no spread (None where nothing asks)."""
         self.rollout_rows = inputs
         output = super()._generate_and_score_completions(inputs)
-        fields = episode_fields(self.environments)  # TRL's tool-calling loop ran the episodes (tool_calling=native)
-        for row, own in zip(inputs, fields or [], strict=False):
-            row.update(own)
+        episodes = settled_episodes(self.environments)  # TRL's tool-calling loop ran them (rollout.tool_calling=native)
+        for row, episode in zip(inputs, episodes or [], strict=False):
+            row.update(episode.fields())
         if self.args.advantage_estimator != TRL_ADVANTAGES:
             self._replace_advantages(len(inputs), output)
         turn_signal = self._credit_turns(inputs, output) if self.args.turn_credit == "discounted_return" else None
@@ -203,6 +204,10 @@ class HookedGRPOTrainer(TrainingHooks, TRLSurface, GRPOTrainer):
         policy_mask = output["completion_mask"] * output.get("tool_mask", 1)
         own = per_token(advantages[first : first + rows], own_tokens, policy_mask.cpu())
         output["advantages"] = own.to(output["advantages"].device)
+        for row, turns in zip(inputs, advantages[first : first + rows], strict=True):
+            row[TURN_ADVANTAGES] = turns  # what each turn trains with, for the samples' log
+        self._logs["advantages"].clear()  # TRL's logs: each trajectory's first turn's (its return's advantage)
+        self._logs["advantages"].extend(turns[0] for turns in advantages)
         self._record(turn_advantage_means(advantages))
         return groups_with_turn_signal(advantages, self.num_generations)
 

@@ -242,6 +242,10 @@ def _trajectory_columns(batch: ScoredBatch) -> list[dict]:
         return [{}] * len(batch.texts)
     rows = batch.rows
     per_turn = broadcast_to_turns([_float(a) for a in batch.advantages], [r["num_turns"] for r in rows])
+    per_turn = [
+        own if row.get("turn_advantages") is None else row["turn_advantages"]
+        for own, row in zip(per_turn, rows, strict=True)
+    ]
     return [
         {
             "trajectory": trajectory,

@@ -9,6 +9,7 @@ import torch
 from grpo_exp.rollout.flow import discounted_returns, token_advantages, turn_advantages
 
 ENVIRONMENT = "environment"  # the reward component the environment's step rewards are parts of
+TURN_ADVANTAGES = "turn_advantages"  # each row's turns' advantages, as the rows carry them into the ScoredBatch
 
 
 def credited_turns(
