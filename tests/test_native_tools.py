@@ -61,7 +61,7 @@ class Broken(Stepped):
         raise KeyError("no level")
 
 
-def rows(count: int = 10):
+def rows(count: int = 10):  # every secret is 7 (mod 10)
     return [{"question": f"Find the secret {i}.", "answer": str(7 + 10 * i)} for i in range(count)]
 '''
 
@@ -230,9 +230,8 @@ def test_the_same_class_trains_through_trls_tool_calling_loop(user_module):
 
     cfg = compose_config(native_run(f"model.chat_template={QWEN3_TEMPLATE}"))
     train, _ = load_splits(cfg.dataset)
-    system = cfg.rollout.system
-    prompts = [
-        [{"role": "system", "content": system}, {**p[-1], "content": p[-1]["content"] + "\n\n" + RESET_TEXT}]
+    prompts = [  # as TRL will render them: rollout.system first, reset's text after a blank line
+        [{"role": "system", "content": cfg.rollout.system}, {**p[-1], "content": f"{p[-1]['content']}\n\n{RESET_TEXT}"}]
         for p in train["prompt"]
     ]
     guarded = guarded_class(environment(), guards())()

@@ -13,7 +13,9 @@ from support.models import write_tiny_model
 QWEN3_TEMPLATE = Path(trl.__file__).parent / "chat_templates" / "qwen3.jinja"
 
 
-def taught_tool_caller(directory: Path, prompts: list[list[dict]], tools: list, call: str, steps: int = 100) -> Path:
+def taught_tool_caller(
+    directory: Path, prompts: list[list[dict]], tools: list, call: str, steps: int = 100, lr: float = 1e-2
+) -> Path:
     """Save in `directory` the tiny model (Qwen3's template) taught to answer each of `prompts` (chat messages, with
     `tools` described) with `call` (e.g. '<tool_call>\\n{"name": "probe", "arguments": {"digit": 7}}\\n</tool_call>'),
     then its end of turn. Only the answer's positions are scored (logits_to_keep): a few seconds on a CPU."""
@@ -30,7 +32,7 @@ def taught_tool_caller(directory: Path, prompts: list[list[dict]], tools: list, 
     batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
     width = len(tokenizer(answer, add_special_tokens=False)["input_ids"])
     target = batch["input_ids"][:, -width:]
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     torch.manual_seed(0)
     for _ in range(steps):
         logits = model(**batch, logits_to_keep=width + 1).logits[:, :-1]
