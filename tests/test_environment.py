@@ -24,6 +24,7 @@ from grpo_exp.run.resolve import resolve
 from grpo_exp.run.tracking import read_metrics
 from support.config import TINY_RUN, compose_config
 from tests.helpers.cli import DDP, accelerate_launch, run_command
+from tests.helpers.episodes import write_user_module
 
 GRPO_EXP = Path(sys.executable).with_name("grpo-exp")
 EXAMPLE = REPO_ROOT / "examples" / "guess"
@@ -98,11 +99,7 @@ def rows(names: list, count: int = 24):
 
 @pytest.fixture
 def user_module(tmp_path, monkeypatch) -> Path:
-    (tmp_path / "envs.py").write_text(ENVIRONMENTS)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    sys.modules.pop("envs", None)
-    return tmp_path
+    return write_user_module(tmp_path, monkeypatch, "envs", ENVIRONMENTS)
 
 
 # ---- by hand -----------------------------------------------------------------------------------------------------

@@ -3,7 +3,6 @@ where the chat template supports tool calling; auto choosing; the refusals sayin
 time limit, a raising reset) as on grpo_exp's loop; and a tiny model taught to call the tool training through TRL's
 loop, the user's method really called."""
 
-import math
 import sys
 import time
 
@@ -16,9 +15,9 @@ from grpo_exp.models import load_tokenizer
 from grpo_exp.rollout.environment import load_environments
 from grpo_exp.rollout.native import Guards, guarded_class, settled_episodes, why_not_native, with_system
 from grpo_exp.run.resolve import resolve
-from grpo_exp.run.tracking import read_metrics
 from support.config import TINY_RUN, compose_config
 from tests.helpers.cli import run_command
+from tests.helpers.episodes import trained_steps, write_user_module
 from tests.helpers.tool_calling_model import QWEN3_TEMPLATE, taught_tool_caller
 
 ENVIRONMENTS = '''
@@ -71,11 +70,7 @@ RESET_TEXT = "A secret digit from 0 to 9."  # Stepped.reset's, joined to the las
 
 @pytest.fixture
 def user_module(tmp_path, monkeypatch):
-    (tmp_path / "native_envs.py").write_text(ENVIRONMENTS)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    sys.modules.pop("native_envs", None)
-    return tmp_path
+    return write_user_module(tmp_path, monkeypatch, "native_envs", ENVIRONMENTS)
 
 
 def guards(timeout: float = 1.0, max_chars: int = 200) -> Guards:
@@ -249,8 +244,7 @@ def test_the_same_class_trains_through_trls_tool_calling_loop(user_module):
     )
     result = run_command([sys.executable, "-m", "grpo_exp.train", *args], cwd=user_module)
     assert result.returncode == 0, result.stderr[-3000:]
-    steps = [m for m in read_metrics(run / "metrics.jsonl") if "loss" in m]
-    assert len(steps) == 2 and all(math.isfinite(step["loss"]) for step in steps)
+    steps = trained_steps(run, 2)
     # TRL's loop called the method; every secret is 7 (mod 10), so the taught call wins every episode it makes
     assert any(step["tools/call_frequency"] > 0 for step in steps)
     assert any(step["environment/Stepped/reward_mean"] > 0 for step in steps)

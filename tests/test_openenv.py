@@ -2,7 +2,6 @@
 started here in a process of its own with uvicorn), driven as an environment by OpenEnv's own client: its action as
 the `step` tool, its step rewards turn by turn, its return as get_reward(); and a tiny run training against it."""
 
-import math
 import socket
 import subprocess
 import sys
@@ -14,10 +13,10 @@ import requests
 
 from grpo_exp.errors import UserError
 from grpo_exp.rollout.environment import Episode, load_environments
-from grpo_exp.rollout.multiturn import MultiTurnRollout, Trajectory
-from grpo_exp.run.tracking import read_metrics
-from support.config import TINY_RUN, compose_config
+from grpo_exp.rollout.multiturn import Trajectory
+from support.config import TINY_RUN
 from tests.helpers.cli import run_command
+from tests.helpers.episodes import played, trained_steps
 
 pytest.importorskip("openenv.core", reason="openenv-core is installed by `make install` (the dev extras)")
 
@@ -104,29 +103,10 @@ def server(tmp_path_factory):
     process.wait(timeout=10)
 
 
-def played(url: str, moves: list[str], seed: str = "6") -> tuple[Trajectory, Episode]:
-    """An episode played as grpo_exp's loop plays it, each move a turn of the policy's text (a stand-in tokenizer:
-    one token per character)."""
-    cfg = compose_config([*TINY_RUN, "rollout=environment", f"rollout.environment=openenv/{url}"])
-    rollout = MultiTurnRollout(cfg.rollout)
-    (environment,) = rollout.environments.values()
-    episode = Episode(environment, 10.0)
-    trajectory = Trajectory([], tools=episode.tools, episode=episode)
-    trajectory.observations.append(episode.start({"question": "Guess.", "solution": seed}))
-    trajectory.tools = episode.tools
-
-    class Characters:
-        pad_token_id = -1
-
-        def decode(self, ids, skip_special_tokens=True):
-            return moves[ids[0]]
-
-        def __call__(self, text, add_special_tokens=False):
-            return {"input_ids": [0] * len(text)}
-
-    for index in range(len(moves)):
-        rollout._advance(trajectory, [index], Characters(), last_turn=index == len(moves) - 1)
-    episode.finish()
+def play(url: str, moves: list[str], seed: str = "6") -> tuple[Trajectory, Episode]:
+    """An episode on the server, each move a turn; its reset's text kept as the first observation."""
+    trajectory, episode, observation = played(f"openenv/{url}", moves, {"question": "Guess.", "solution": seed})
+    trajectory.observations.insert(0, observation)
     return trajectory, episode
 
 
@@ -141,7 +121,7 @@ def test_the_servers_action_is_the_step_tool_described_from_its_schema(server):
 def test_an_episode_over_the_servers_protocol(server):
     """Seed 6: the secret is 7. Two wrong guesses (-0.1 each, with the server's hints) and the right one (+1, done);
     a fourth step after done is not sent."""
-    trajectory, episode = played(server, ["<step>10</step>", "<step>5</step>", "<step>7</step>", "<step>7</step>"])
+    trajectory, episode = play(server, ["<step>10</step>", "<step>5</step>", "<step>7</step>", "<step>7</step>"])
     assert trajectory.observations[0] == "I am thinking of a number from 1 to 20."
     assert [o.strip() for o in trajectory.observations[1:]] == [
         "<result>No, lower.</result>",
@@ -155,8 +135,8 @@ def test_an_episode_over_the_servers_protocol(server):
 
 def test_sessions_are_episodes_of_their_own(server):
     """Two episodes at once, seeded differently, each its own session on the server."""
-    first, _ = played(server, ["<step>7</step>"], seed="6")
-    second, _ = played(server, ["<step>7</step>"], seed="0")
+    first, _ = play(server, ["<step>7</step>"], seed="6")
+    second, _ = play(server, ["<step>7</step>"], seed="0")
     assert first.turn_rewards == [1.0] and second.turn_rewards == [-0.1]
 
 
@@ -193,8 +173,7 @@ def test_a_tiny_run_trains_against_the_server_with_per_turn_credit(server, tmp_p
     ]
     result = run_command([sys.executable, "-m", "grpo_exp.train", *args], cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    steps = [m for m in read_metrics(run / "metrics.jsonl") if "loss" in m]
-    assert len(steps) == 2 and all(math.isfinite(step["loss"]) for step in steps)
+    steps = trained_steps(run, 2)
     assert all(step["environment/guess/failures"] == 0.0 for step in steps)
     assert all("environment/guess/reward_mean" in step for step in steps)
     assert Path(run / "checkpoint-final").exists()

@@ -10,12 +10,11 @@ import torch
 from grpo_exp.errors import UserError
 from grpo_exp.rollout.environment import load_environments
 from grpo_exp.rollout.flow import discounted_returns, group_advantages, token_advantages, turn_advantages
-from grpo_exp.rollout.multiturn import MultiTurnRollout
 from grpo_exp.run.resolve import resolve
-from grpo_exp.run.tracking import read_metrics
 from grpo_exp.trainer.turn_credit import credited_turns, groups_with_turn_signal, per_token, turn_advantage_means
 from support.config import TINY_RUN, compose_config
 from tests.helpers.cli import run_command
+from tests.helpers.episodes import played, trained_steps, write_user_module
 
 STEPPED = '''
 class Stepped:
@@ -78,11 +77,7 @@ def rows(count: int = 24):
 
 @pytest.fixture
 def user_module(tmp_path, monkeypatch):
-    (tmp_path / "stepped.py").write_text(STEPPED)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    sys.modules.pop("stepped", None)
-    return tmp_path
+    return write_user_module(tmp_path, monkeypatch, "stepped", STEPPED)
 
 
 # ---- by hand -----------------------------------------------------------------------------------------------------
@@ -187,36 +182,13 @@ def test_dapos_loss_on_policy_with_per_token_advantages_is_their_weighted_mean(t
 # ---- the environment's step rewards, turn by turn -----------------------------------------------------------------
 
 
-def play(user_module, environment: str, moves: list[str]):
-    """An episode of `environment` stepped as grpo_exp's loop steps it: each move a turn."""
-    from grpo_exp.rollout.multiturn import Trajectory
-
-    cfg = compose_config([*TINY_RUN, "rollout=environment", f"rollout.environment=stepped:{environment}"])
-    rollout = MultiTurnRollout(cfg.rollout)
-    (env,) = rollout.environments.values()
-    from grpo_exp.rollout.environment import Episode
-
-    episode = Episode(env, 1.0)
-    episode.start({"question": "q", "solution": "7"})
-    trajectory = Trajectory([], tools=episode.tools, episode=episode)
-
-    class Text:
-        pad_token_id = -1
-
-        def decode(self, ids, skip_special_tokens=True):
-            return moves[ids[0]]
-
-        def __call__(self, text, add_special_tokens=False):
-            return {"input_ids": [0] * len(text)}
-
-    for index in range(len(moves)):
-        rollout._advance(trajectory, [index], Text(), last_turn=index == len(moves) - 1)
-    episode.finish()
+def play(environment: str, moves: list[str]):
+    trajectory, episode, _ = played(f"stepped:{environment}", moves, {"question": "q", "solution": "7"}, 1.0)
     return trajectory, episode
 
 
 def test_the_step_rewards_go_to_the_turns_that_earned_them(user_module):
-    trajectory, episode = play(user_module, "Stepped", ["<probe>3</probe>", "<probe>7</probe>", "It is 7."])
+    trajectory, episode = play("Stepped", ["<probe>3</probe>", "<probe>7</probe>", "It is 7."])
     assert trajectory.turn_rewards == [-0.25, 1.0, 0.0]
     assert trajectory.turn_tokens == [1, 1, 1]
     assert episode.reward == 0.75 and episode.failure is None
@@ -230,7 +202,7 @@ def test_the_step_rewards_go_to_the_turns_that_earned_them(user_module):
     ],
 )
 def test_step_rewards_that_are_not_numbers_or_parts_of_no_return_fail_the_episode(user_module, environment, why):
-    trajectory, episode = play(user_module, environment, ["<probe>3</probe>", "done"])
+    trajectory, episode = play(environment, ["<probe>3</probe>", "done"])
     assert why in episode.failure
     assert trajectory.turn_rewards[0] == 0.0
 
@@ -286,7 +258,6 @@ def test_a_run_with_per_turn_credit_trains_through_trls_loss(user_module):
     args = credit_run("trainer.max_steps=2", "eval.before=false", "eval.after=false", f"hydra.run.dir={run}")
     result = run_command([sys.executable, "-m", "grpo_exp.train", *args], cwd=user_module)
     assert result.returncode == 0, result.stderr[-3000:]
-    steps = [m for m in read_metrics(run / "metrics.jsonl") if "loss" in m]
-    assert len(steps) == 2 and all(math.isfinite(step["loss"]) for step in steps)
+    steps = trained_steps(run, 2)
     # where the credit went, turn by turn (each process computes the same from every process's turns)
     assert all("rollout/turn_advantage/1" in step for step in steps)
