@@ -80,10 +80,11 @@ def server(tmp_path_factory):
     directory = tmp_path_factory.mktemp("openenv")
     (directory / "guess_server.py").write_text(SERVER)
     port = free_port()
+    log = (directory / "server.log").open("w")  # a file, not a pipe: a full pipe would block the server
     process = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "guess_server:app", "--host", "127.0.0.1", "--port", str(port)],
         cwd=directory,
-        stdout=subprocess.PIPE,
+        stdout=log,
         stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"
@@ -96,11 +97,12 @@ def server(tmp_path_factory):
             pass
         if process.poll() is not None or time.monotonic() > deadline:
             process.kill()
-            pytest.fail(f"the OpenEnv server did not start: {process.stdout.read().decode()[-2000:]}")
+            pytest.fail(f"the OpenEnv server did not start: {(directory / 'server.log').read_text()[-2000:]}")
         time.sleep(0.2)
     yield url
-    process.terminate()
+    process.kill()  # the sessions' end is tested above; the server's own graceful shutdown is not ours to wait for
     process.wait(timeout=10)
+    log.close()
 
 
 def play(url: str, moves: list[str], seed: str = "6") -> tuple[Trajectory, Episode]:
