@@ -218,7 +218,8 @@ def test_the_system_message_joins_the_datasets_prompts():
 @pytest.mark.e2e
 def test_the_same_class_trains_through_trls_tool_calling_loop(user_module):
     """A tiny model with Qwen3's template, taught to answer with <tool_call>probe(7)</tool_call>: TRL parses the call,
-    the user's method runs (step rewards, get_reward), and the `environment` component scores every episode."""
+    the user's method runs (step rewards, get_reward), and the `environment` component scores every episode. The same
+    class then trains through grpo_exp's loop too."""
     import native_envs
 
     from grpo_exp.data import load_splits
@@ -250,3 +251,9 @@ def test_the_same_class_trains_through_trls_tool_calling_loop(user_module):
     assert any(step["environment/Stepped/reward_mean"] > 0 for step in steps)
     assert all(step["environment/Stepped/failures"] == 0.0 for step in steps)
     assert native_envs  # the user's module, imported by the run as by this test
+    # the same class, unchanged, through grpo_exp's loop (tags) on the tiny model, whose template has no tools
+    tags = native_run("trainer.max_steps=1", f"hydra.run.dir={user_module / 'tags'}")
+    result = run_command([sys.executable, "-m", "grpo_exp.train", *tags], cwd=user_module)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (step,) = trained_steps(user_module / "tags", 1)
+    assert step["environment/Stepped/failures"] == 0.0
