@@ -28,6 +28,7 @@ process's together, the run stops naming the environment (grpo_exp.failure_budge
 
 import dataclasses
 import inspect
+import logging
 import math
 import threading
 from collections.abc import Callable
@@ -50,6 +51,7 @@ CONVENTION = (
     "environment_factory convention)"
 )
 NOT_TOOLS = ("reset", "get_reward")
+log = logging.getLogger(__name__)
 STEP_REWARDS = "step_rewards"  # the attribute an environment keeps its per-step rewards in
 ROW_FIELDS = ("question", "solution", "task_name", "task_level", "task_entry")  # what reset(**row) receives
 
@@ -329,6 +331,15 @@ def environment_statistics(records: list[dict], prefix: str = "environment") -> 
             stats[f"{prefix}/{name}/reward_mean"] = sum(scored) / len(scored)
             stats[f"{prefix}/{name}/success"] = sum(bool(r["env_success"]) for r in own) / len(own)
     return stats
+
+
+def spend_failures(episodes: list[Episode], budget: FailureBudget) -> None:
+    """A batch's failed episodes, each reason logged once, spent from the failure budget (a collective: every
+    process calls this at the same point of each step, on either loop)."""
+    failures = [episode.failure for episode in episodes if episode.failure is not None]
+    for failure in sorted(set(failures)):
+        log.warning("Episode failed: %s", failure)
+    budget.spend(len(failures), len(episodes))
 
 
 def episode_budget(rollout_cfg, names: list[str]) -> FailureBudget:

@@ -14,7 +14,6 @@ reference model is taken on the same policy tokens.
 
 import contextlib
 import functools
-import logging
 from dataclasses import dataclass, field
 
 import torch
@@ -30,12 +29,11 @@ from grpo_exp.rollout.environment import (
     episode_budget,
     load_environments,
     new_episodes,
+    spend_failures,
 )
 from grpo_exp.rollout.tools import Tool, build_tools, first_call, tools_message
 from grpo_exp.rollout.tools.python_sandbox import SandboxLimits
 from grpo_exp.sampled_log_probs import SampledLogProbs
-
-log = logging.getLogger(__name__)
 
 # Per-trajectory fields handed to TRL (and on to the reward functions and grpo_exp's statistics).
 TRAJECTORY_FIELDS = (
@@ -288,10 +286,7 @@ class MultiTurnRollout:
             model, tokenizer, prompts, generation_kwargs, len(prompts), log_probs_at=log_probs_at, rows=rows
         )
         if self.budget is not None:
-            failures = [t.episode.failure for t in trajectories if t.episode.failure is not None]
-            for failure in sorted(set(failures)):
-                log.warning("Episode failed: %s", failure)
-            self.budget.spend(len(failures), len(trajectories))
+            spend_failures([t.episode for t in trajectories], self.budget)
         fields = [t.fields() for t in trajectories]
         return {
             "prompt_ids": [t.prompt_ids for t in trajectories],

@@ -13,14 +13,11 @@ user message after a blank line, as on grpo_exp's loop (TRL appends it as it is)
 """
 
 import functools
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from grpo_exp.failure_budget import FailureBudget
-from grpo_exp.rollout.environment import Environment, Episode
-
-log = logging.getLogger(__name__)
+from grpo_exp.rollout.environment import Environment, Episode, spend_failures
 
 WHY_NOT_NATIVE = "{model}'s chat template {why}: use rollout.tool_calling=tags (grpo_exp's loop, any template)"
 
@@ -105,10 +102,7 @@ def settled_episodes(environments: list | None) -> list[Episode] | None:
     episodes = [instance.episode for instance in environments]
     for episode in episodes:
         episode.finish()
-    failures = [episode.failure for episode in episodes if episode.failure is not None]
-    for failure in sorted(set(failures)):
-        log.warning("Episode failed: %s", failure)
-    type(environments[0])._guards.budget.spend(len(failures), len(episodes))
+    spend_failures(episodes, type(environments[0])._guards.budget)
     return episodes
 
 
