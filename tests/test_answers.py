@@ -36,6 +36,17 @@ from grpo_exp.verification.labels import build_labels
         ("phrase", "The answer is island. It comes first.", "island"),
         ("answer_is", "The answer is 3.5 dollars", "3.5 dollars"),
         ("phrase", "first line\n\nlast line  \n", "last line"),
+        # a short answer stated in the final sentence (stated_in_sentence)
+        ("phrase", 'The opposite of "fast" is "slow."', "slow"),
+        ("phrase", 'The opposite of "happy" is "sad" or "somber" in English.', "sad"),
+        ("phrase", "The capital of France is Paris.", "Paris"),
+        ("phrase", "So the word that comes first is **apple**, as a < b.", "apple"),
+        ("phrase", "Bob is Alice's husband.", "husband"),
+        ("phrase", "It's 'slow'.", "slow"),
+        ("phrase", "I hope this helps!", "I hope this helps!"),  # no stated answer: the last line
+        ("phrase", "The conclusion is not valid.", "The conclusion is not valid."),  # "is not" states no answer
+        ("stated_in_sentence", "Paris is nice. I like the word **Paris**", "Paris"),
+        ("stated_in_sentence", "No answer here", None),
         ("phrase", "   ", None),
         ("boxed", "no box here", None),
         ("answer_tags", "<answer>x</answer> then <ANSWER>y</ANSWER>", "y"),
@@ -181,3 +192,21 @@ def test_the_gain_is_split_into_format_and_content():
     split = format_and_content(summary)
     assert split["heldout_gain_format"] == pytest.approx(0.4) and split["heldout_gain_content"] == pytest.approx(0.0)
     assert format_and_content(summary | {"heldout_accuracy_before": None}) == {}
+
+
+def test_the_word_rule_reads_the_embedded_models_own_sentences():
+    """The embedded model's greedy answers to word tasks (experiments/answer_rules.json, `python -m
+    benchmarks.answer_rules`): `phrase` reads what the content check finds in every opposites and capitals answer
+    (capitals was not looked at while the rule was written), and never reads worse than the rule before it."""
+    import json
+
+    from benchmarks.answer_rules import RULES, read_right, score
+    from grpo_exp.paths import REPO_ROOT
+
+    answers = json.loads((REPO_ROOT / "experiments" / "answer_rules.json").read_text())
+    rows = {row["task"]: row for row in score(answers)}
+    assert rows["capitals"]["phrase"] == rows["capitals"]["content check"] > 0.8
+    assert rows["opposites"]["phrase"] == rows["opposites"]["content check"] > 0.5
+    for samples in answers.values():
+        for sample in samples:
+            assert read_right(RULES["phrase"], sample) or not read_right(RULES["phrase (before)"], sample)

@@ -8,8 +8,9 @@ An extractor is `f(text: str) -> str | None` (None: no answer could be read). Bu
 - stated: the last \\boxed{} content, else what is written last: a number, or a LaTeX span's right-hand side
   (grpo_exp.text.stated_answer; for mathematics);
 - phrase: the last \\boxed{} content, else the last <answer>...</answer>, else what follows the last "the answer
-  is" / "answer:", else the last line (for answers that are words, names, labels or phrases);
-- boxed, answer_tags (reasoning-gym's format), answer_is, last_line, last_number: one rule each;
+  is" / "answer:", else the answer a final sentence states (`stated_in_sentence`: a bold **X**, a quoted final word
+  or phrase, "... is X."), else the last line (for answers that are words, names, labels or phrases);
+- boxed, answer_tags (reasoning-gym's format), answer_is, stated_in_sentence, last_line, last_number: one rule each;
 - auto (the default): `stated` when the dataset's references are numbers, else `phrase` (grpo_exp.data decides).
 
 Or the user's own function by import path, `verifier.answer=module:name`.
@@ -33,6 +34,19 @@ ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 # "The answer is X.", "Final answer: X": X runs to the end of its sentence (or line).
 ANSWER_IS = re.compile(r"\banswer\s*(?:is|:|=)\s*:?\s*", re.IGNORECASE)
 SENTENCE_END = re.compile(r"(?<=[.!?])\s")
+# How a model states a short answer in its final sentence (stated_in_sentence), the last of each kind:
+BOLD = re.compile(r"\*\*([^*\n]+?)\*\*|__([^_\n]+?)__")  # **slow**
+# A quoted word or phrase ending the sentence: 'The opposite of "fast" is "slow."', 'is 'slow'.' (a lone ' after a
+# letter is an apostrophe, not a quote: "John's").
+QUOTED_AT_END = re.compile(r"""(?:"|“|(?<![\w'])')([^"“”\n]{1,80}?)[.!]?(?:"|”|'(?!\w))\s*[.!]?\s*$""")
+QUOTED_FIRST = re.compile(r"""["“]([^"“”\n]{1,80}?)[.!,]?["”]""")  # a quoted span opening what was said
+# "... is X." / "... are X": X is what follows the last such verb, to the sentence's end.
+IS_AT_END = re.compile(r"(?:^|\s)(?:is|are|was|were|would be|will be)\s+(?!not\b)(.{1,80}?)\s*[.!]?\s*$", re.I)
+# What an "is X" answer opens with but is not the answer: "his aunt", "Alice's husband", "the word apple".
+DETERMINER = re.compile(
+    r"^(?:(?:the|a|an|his|her|their|its|my|your|our|this|that)\s+|(?:[A-Z]\w*)['’]s\s+|(?:word|answer)\s+)+",
+    re.IGNORECASE,
+)
 # A leading number with its unit-free remainder: "42 apples" reads as 42 (numbers are compared by value).
 NUMBER_REFERENCE = re.compile(r"\s*\$?-?\d[\d,]*(?:\.\d+)?(?:\s*/\s*\d+)?\$?\s*")
 LATEX_REFERENCE = re.compile(r"\s*\\(?:frac|sqrt|dfrac|pi)\b.*|\s*\$.*\$\s*", re.DOTALL)
@@ -63,6 +77,27 @@ def answer_is(text: str) -> str | None:
     return _stripped(SENTENCE_END.split(line, 1)[0].strip().removesuffix("."))
 
 
+def stated_in_sentence(text: str) -> str | None:
+    """The answer the final sentence states, in the first of these forms it has: a bold **X** (the last), a quoted
+    word or phrase that ends it ('The opposite of "fast" is "slow."'), or what follows its last "is" / "are" / "was"
+    ('The capital of France is Paris.'; a quoted span opening it: 'is "sad" or "somber".'), a leading article or
+    possessive dropped ("his aunt": aunt). None when the
+    sentence has none of them."""
+    sentence = final_sentence(text).strip()
+    bold = BOLD.findall(sentence)
+    if bold:
+        return _stripped(next(group for group in bold[-1] if group))
+    quoted = QUOTED_AT_END.search(sentence)
+    if quoted:
+        return _stripped(quoted.group(1))
+    stated = IS_AT_END.search(sentence)
+    if stated:
+        said = stated.group(1).strip()
+        opening = QUOTED_FIRST.match(said)  # 'is "sad" or "somber" in English': the first quoted answer
+        return _stripped(opening.group(1) if opening else DETERMINER.sub("", said).strip(" ,;:"))
+    return None
+
+
 def last_line(text: str) -> str | None:
     """The last non-empty line."""
     lines = [line for line in text.splitlines() if line.strip()]
@@ -76,8 +111,9 @@ def last_number(text: str) -> str | None:
 
 
 def phrase(text: str) -> str | None:
-    """\\boxed{}, else <answer> tags, else "the answer is X", else the last line: the first rule that finds one."""
-    for rule in (boxed, answer_tags, answer_is, last_line):
+    """\\boxed{}, else <answer> tags, else "the answer is X", else the answer a final sentence states, else the last
+    line: the first rule that finds one."""
+    for rule in (boxed, answer_tags, answer_is, stated_in_sentence, last_line):
         answer = rule(text)
         if answer is not None:
             return answer
@@ -90,6 +126,7 @@ BUILT_IN: dict[str, AnswerExtractor] = {
     "boxed": boxed,
     "answer_tags": answer_tags,
     "answer_is": answer_is,
+    "stated_in_sentence": stated_in_sentence,
     "last_line": last_line,
     "last_number": last_number,
 }
