@@ -13,6 +13,7 @@ COMMANDS = {
     "train": ("grpo_exp.train", "GRPO training: Hydra overrides, -m sweeps, --config-dir DIR"),
     "evaluate": ("grpo_exp.evaluate", "held-out accuracy, pass@k, maj@k of a run, checkpoint or model"),
     "compare": ("grpo_exp.compare", "runs side by side: a multirun directory or run directories"),
+    "diagnose": ("grpo_exp.diagnose", "why a run did (not) learn: findings from a run directory's records"),
     "probe": ("grpo_exp.reward_probe", "every reward of a config on adversarial completions, before training"),
 }
 
@@ -37,6 +38,7 @@ def help_text() -> str:
             "  grpo-exp train -m trainer.num_generations=4,8",
             "  grpo-exp evaluate outputs/runs/<date>/<time>",
             "  grpo-exp compare outputs/multirun/<date>/<time>",
+            "  grpo-exp diagnose outputs/runs/<date>/<time>",
             "  grpo-exp probe reward=math+format+length",
         ]
     )

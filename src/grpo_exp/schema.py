@@ -726,6 +726,12 @@ class HealthSchema:
     # last `window` logged steps, above this share.
     truncation: AlarmAction = AlarmAction.warn
     truncation_share: float = knob(0.5, ge=0.0, lt=1.0)
+    # No signal: not one group with a reward spread in each of the last `window` logged steps.
+    no_signal: AlarmAction = AlarmAction.warn
+    # Answer collapse: over the last `window` steps' completions, one final answer's share above this (95% interval)
+    # and above its share among their references (what a constant answer scores).
+    answer_collapse: AlarmAction = AlarmAction.warn
+    answer_collapse_share: float = knob(0.6, gt=0.0, lt=1.0)
     window: int = knob(5, ge=2)
 
 
@@ -735,7 +741,11 @@ class ProbeSchema:
     # to held-out problems beside a right and a plainly wrong answer (grpo_exp.probe). before_training: probe each run
     # first: warn (findings logged, in probe.json and summary.json) | stop (refuse to train while there is one) | off
     before_training: AlarmAction = AlarmAction.off
-    problems: int = knob(20, ge=2)  # the first N held-out problems
+    # labels_check: before the first step, the untrained policy's answers read by the run's labels beside the content
+    # check (the reference in the final sentence) and scored by the reward (grpo_exp.run.labels_check): warn where
+    # the labels misread the task or every answer scores alike | stop | off
+    labels_check: AlarmAction = AlarmAction.warn
+    problems: int = knob(20, ge=2)  # the first N held-out problems (the labels check's without eval.before)
     attacks: list[str] = field(default_factory=list)  # your own too, by import path: f(problem) -> str
 
 

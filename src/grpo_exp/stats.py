@@ -350,3 +350,35 @@ def paired_differences(baseline: dict, other: dict) -> list[float]:
     """other[key] - baseline[key] for the keys (seeds, say) both have, in baseline's order: the differences a
     paired comparison rests on (a key in one of them only has nothing to pair with)."""
     return [other[key] - baseline[key] for key in baseline if key in other]
+
+
+def wilson_interval(successes: int, total: int) -> tuple[float, float]:
+    """The 95% Wilson interval of a rate of `successes` in `total`; NaNs for none."""
+    from scipy.stats import binomtest
+
+    if total < 1:
+        return math.nan, math.nan
+    interval = binomtest(successes, total).proportion_ci(0.95, method="wilson")
+    return float(interval.low), float(interval.high)
+
+
+def paired_change(before: list[float], after: list[float]) -> tuple[float, float, float]:
+    """The mean of after - before over paired measurements (the same problems), and its 95% interval (Student t);
+    differences all equal: the interval is the value itself (no noise to estimate). NaNs with none."""
+    differences = [a - b for b, a in zip(before, after, strict=True)]
+    if differences and len(set(differences)) == 1:
+        return differences[0], differences[0], differences[0]
+    return mean_interval(differences)
+
+
+def problems_to_resolve(before: list[float], after: list[float]) -> int | None:
+    """How many paired problems would put the observed mean change's 95% interval clear of 0, its per-problem spread
+    as observed (n = (1.96 sd / mean)^2); None where no change was observed."""
+    differences = [a - b for b, a in zip(before, after, strict=True)]
+    if len(differences) < 2:
+        return None
+    mean = sum(differences) / len(differences)
+    sd = math.sqrt(sum((d - mean) ** 2 for d in differences) / (len(differences) - 1))
+    if mean == 0 or sd == 0:
+        return None
+    return math.ceil((1.96 * sd / abs(mean)) ** 2)

@@ -82,10 +82,10 @@ def probe(reward_funcs: list[Callable], weights: list[float], rows: list[dict], 
     scores = {func.__name__: {} for func in reward_funcs} | {MIX: {}}
     for kind in kinds:
         texts = [completions[kind] for completions in batteries]
-        per_component = [_score(func, rows, texts, tokenizer) for func in reward_funcs]
+        per_component = [score_texts(func, rows, texts, tokenizer) for func in reward_funcs]
         for func, values in zip(reward_funcs, per_component, strict=True):
             scores[func.__name__][kind] = values
-        scores[MIX][kind] = [_weighted(values, weights) for values in zip(*per_component, strict=True)]
+        scores[MIX][kind] = [weighted_total(values, weights) for values in zip(*per_component, strict=True)]
     examples = {kind: batteries[0][kind] for kind in kinds}
     found = [finding for reward, by_kind in scores.items() for finding in findings(reward, by_kind, examples)]
     right = labels([b[RIGHT] for b in batteries], references, [row.get("task_entry") for row in rows])
@@ -99,7 +99,7 @@ def _question(row: dict) -> str:
     return str(prompt)
 
 
-def _score(func: Callable, rows: list[dict], texts: list[str], tokenizer) -> list[float | None]:
+def score_texts(func: Callable, rows: list[dict], texts: list[str], tokenizer) -> list[float | None]:
     """As TRL calls a reward function: the prompts, the completions in the prompts' format, their token ids, and
     every other column of the dataset, one value per completion."""
     prompts = [row["prompt"] for row in rows]
@@ -119,7 +119,7 @@ def _score(func: Callable, rows: list[dict], texts: list[str], tokenizer) -> lis
     return checked_rewards(func.__name__, "probe", rewards, len(texts))
 
 
-def _weighted(values: tuple[float | None, ...], weights: list[float]) -> float | None:
+def weighted_total(values: tuple[float | None, ...], weights: list[float]) -> float | None:
     """TRL's sum of the weighted components, a None one left out; None when all are."""
     present = [(v, w) for v, w in zip(values, weights, strict=True) if v is not None]
     return sum(v * w for v, w in present) if present else None

@@ -2,11 +2,12 @@
 
 - Over a run's validations (grpo_exp.run.validation calls it at each): the reward-hacking alarm, the training reward
   and the held-out truth parting ways.
-- Over the policy's own health at each logged step (grpo_exp.run.health): its entropy collapsing or blowing up, and
-  its completions cut at the length limit.
+- Over the policy's own health at each logged step (grpo_exp.run.health): its entropy collapsing or blowing up, its
+  completions cut at the length limit, no group with a reward spread, and its answers collapsing to one.
 """
 
 import statistics
+from collections import Counter
 
 from grpo_exp.run.kept_models import METRIC
 from grpo_exp.stats import accuracy_change_interval, auroc_change_interval, slope_interval
@@ -123,4 +124,36 @@ def truncation_warning(shares: list[float], completions_per_step: int, window: i
         f"{cut} of the last {total} completions ({cut / total:.0%}, 95% interval from {low:.2f}) were cut at "
         f"trainer.max_completion_length, above health.truncation_share={threshold}: their answers may never be "
         "reached, and the rewards score unfinished text; raise trainer.max_completion_length"
+    )
+
+
+def no_signal_warning(zero_std_shares: list[float], window: int) -> str | None:
+    """Not a single group with a reward spread in each of the last `window` logged steps (TRL's frac_reward_zero_std
+    at 1): every advantage was 0, so nothing was learned. None when silent, or before `window` steps."""
+    if len(zero_std_shares) < window or not all(share >= 1 - 1e-9 for share in zero_std_shares[-window:]):
+        return None
+    return (
+        f"not one group of the last {window} logged steps had a reward spread (frac_reward_zero_std 1.00 at each): "
+        "every advantage is 0, so nothing is being learned"
+    )
+
+
+def answer_collapse_alarm(answers: list[str | None], references: list[str | None], share: float) -> str | None:
+    """One answer given to most prompts: of the completions' final answers (vote keys, None: no answer), the most
+    common one's share has a 95% Wilson interval above `share` and above its share among the completions' references
+    (what answering it to all would score), the references having at least two values. None when silent."""
+    from scipy.stats import binomtest
+
+    given = [a for a in answers if a is not None]
+    if not given or len({r for r in references if r is not None}) < 2:
+        return None
+    top, count = Counter(given).most_common(1)[0]
+    low = binomtest(count, len(answers)).proportion_ci(0.95, method="wilson").low
+    fits = sum(r == top for r in references) / len(references)
+    if not (low > share and low > fits):
+        return None
+    return (
+        f"the policy collapsed to one answer: {count} of {len(answers)} recent completions answer {top!r} (95% "
+        f"interval from {low:.2f}, above health.answer_collapse_share={share}), which is the reference of {fits:.0%} "
+        "of their prompts: it answers a constant, not the question"
     )

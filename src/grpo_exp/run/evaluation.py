@@ -19,6 +19,7 @@ from grpo_exp.errors import UserError
 from grpo_exp.run.build import RunParts
 from grpo_exp.run.distributed import is_main_process
 from grpo_exp.run.files import BENCHMARK_FILE, eval_file
+from grpo_exp.run.labels_check import check_labels_first
 from grpo_exp.run.heldout import (
     EvalResult,
     SampledResult,
@@ -64,6 +65,7 @@ class HeldoutEval:
         self.benchmark = None  # the verification benchmark's examples, once built
         self.validated: tuple[int, EvalResult] | None = None  # the last validation's step and greedy answers
         self.seconds = 0.0  # spent before training (not training time)
+        self.labels_check: list[str] | None = None  # probe.labels_check's findings before training (None: not run)
 
     # ---- training: before, validations, after -----------------------------------------------------------------
 
@@ -221,6 +223,8 @@ class HeldoutEval:
         """For summary.json: the accuracy and every other held-out measure, before and after."""
         summary = {"heldout_accuracy_before": _accuracy(self.before), "heldout_accuracy_after": _accuracy(self.after)}
         summary |= {"labels": self.spec.cfg.verifier.labels, "answer": self.parts.verifier.answer_rule}
+        if self.labels_check is not None:
+            summary["labels_check"] = self.labels_check
         for when, result in (("before", self.before), ("after", self.after)):
             if result is not None:
                 measured = result.verification | result.rollout | result.judge | result.tasks
@@ -269,6 +273,8 @@ class BeforeTraining(TrainerCallback):
         evaluation = self.on_policy.evaluation
         with untouched_rng(), self.on_policy.trainer.policy_for_generation() as policy:
             evaluation.before_training(policy, self.attempt)
+            if state.global_step == 0:  # a resumed run was checked at its start
+                evaluation.labels_check = check_labels_first(evaluation, policy, evaluation.run_dir)
         if is_main_process():
             before = evaluation.before and evaluation.before.recorded()
             write_record(evaluation.run_dir, self.record | {"heldout_before": before})

@@ -9,7 +9,7 @@ import threading
 import time
 import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -21,6 +21,7 @@ from grpo_exp.rewards import GRADED_COMPONENTS
 from grpo_exp.rollout.native import with_system
 from grpo_exp.run.build import RunParts, build_parts
 from grpo_exp.run.console import ConsoleView
+from grpo_exp.run.diagnosis import diagnose, read_run
 from grpo_exp.run.distributed import is_main_process, shared_run_dir, world_size
 from grpo_exp.run.evaluation import BeforeTraining, HeldoutEval, OnPolicy
 from grpo_exp.run.files import (
@@ -261,6 +262,7 @@ def add_callbacks(
     completions_per_step = spec.args.generation_batch_size  # what TRL's clipped ratio is a share of
     health = PolicyHealth(spec.cfg.health, completions_per_step, run_dir / METRICS_FILE)
     trainer.watch_logs_first(health)
+    trainer.watch_answers(health.observe_answers)
     trainer.add_callback(MetricsFileCallback(run_dir / METRICS_FILE))
     trainer.add_callback(ConsoleView(evaluation.accuracy_before))
     return Watchers(validation, health, probe_findings)
@@ -308,6 +310,7 @@ def summarise(
     if attempt:  # this attempt trained the steps after the checkpoint only
         seconds_per_step = train_seconds / max(steps - attempt.step, 1)
         summary |= {"resumed_from": str(attempt.checkpoint), "seconds_per_step": seconds_per_step}
+    summary["diagnosis"] = [f.row() for f in diagnose(replace(read_run(paths["run_dir"]), summary=summary))]
     write_summary(summary, paths["run_dir"] / SUMMARY_FILE)
     tracked.tracker.summary({k: v for k, v in summary.items() if isinstance(v, int | float)})
     return summary

@@ -39,6 +39,7 @@ from grpo_exp.schema import (
     ZeroVarianceGroups,
 )
 
+HEALTH_ALARMS = ("entropy_alarm", "truncation", "no_signal", "answer_collapse")  # health.window serves each
 LOCAL_DATA_SUFFIXES = (".jsonl", ".json", ".parquet")  # grpo_exp.data.FILE_BUILDERS: a path read as a local file
 CHOICE_KEYS = ("backend", "name", "source")  # what a group's option is: given unless the schema's default
 
@@ -391,14 +392,31 @@ ONLY_WITH: tuple[OnlyWith, ...] = (
         "set health.truncation=warn or stop",
     ),
     OnlyWith(
-        ("health.window",),
-        lambda cfg: {cfg.health.entropy_alarm, cfg.health.truncation} != {AlarmAction.off},
-        "by the entropy alarm and the truncation warning",
-        lambda cfg: "health.entropy_alarm=off and health.truncation=off",
-        "set either to warn or stop",
+        ("health.answer_collapse_share",),
+        lambda cfg: cfg.health.answer_collapse is not AlarmAction.off,
+        "by the answer-collapse alarm",
+        lambda cfg: "health.answer_collapse=off",
+        "set health.answer_collapse=warn or stop",
     ),
     OnlyWith(
-        ("probe.problems", "probe.attacks"),
+        ("health.window",),
+        lambda cfg: {cfg.health[key] for key in HEALTH_ALARMS} != {AlarmAction.off},
+        "by the health alarms",
+        lambda cfg: " and ".join(f"health.{key}=off" for key in HEALTH_ALARMS),
+        "set one of them to warn or stop",
+    ),
+    OnlyWith(
+        ("probe.problems",),
+        lambda cfg: (
+            cfg.probe.before_training is not AlarmAction.off
+            or (cfg.probe.labels_check is not AlarmAction.off and not cfg.eval.before)
+        ),
+        "by the reward probe and, without eval.before, the labels check",
+        lambda cfg: "probe.before_training=off" + ("" if cfg.eval.before else " and probe.labels_check=off"),
+        "set probe.before_training=warn or stop (or run grpo-exp probe)",
+    ),
+    OnlyWith(
+        ("probe.attacks",),
         lambda cfg: cfg.probe.before_training is not AlarmAction.off,
         "by the reward probe: `grpo-exp probe`, or before a run with probe.before_training",
         lambda cfg: "probe.before_training=off",

@@ -7,6 +7,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from grpo_exp.run.diagnosis import Finding, diagnosis_lines
 from grpo_exp.run.tracking import read_metrics
 
 
@@ -115,11 +116,16 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
             f"entropy {_fmt(summary['entropy_first'])} -> {_fmt(summary['entropy_last'])} nats a token, "
             f"{_fmt(summary['clipped_ratio_last'], 2)} of the last steps' completions cut at the length limit"
         )
-        fired = [summary[key] for key in ("entropy_alarm", "truncation_warning", "alarm") if summary.get(key)]
+        keys = ("entropy_alarm", "truncation_warning", "no_signal_warning", "answer_collapse_alarm", "alarm")
+        fired = [summary[key] for key in keys if summary.get(key)]
         table.add_row("policy health", "\n".join([health, *fired]))
+    if summary.get("labels_check") is not None:
+        table.add_row("labels check", "\n".join(summary["labels_check"]) or "the labels and the content check agree")
     if summary.get("probe_findings") is not None:
         findings = summary["probe_findings"]
         table.add_row("reward probe", "\n".join(findings) or "no attack paid beyond a wrong answer")
+    if summary.get("diagnosis") is not None:
+        table.add_row("diagnosis", "\n".join(diagnosis_lines([Finding(**f) for f in summary["diagnosis"]])))
     for key in ("run_dir", "config", "metrics", "log", "checkpoint", "wandb"):
         if summary.get(key):
             table.add_row(key.replace("_", " "), str(summary[key]))

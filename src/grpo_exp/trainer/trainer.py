@@ -17,11 +17,19 @@ from collections.abc import Callable
 import torch
 from accelerate.utils import gather_object
 
+from grpo_exp.answers import vote_key
 from grpo_exp.generation import generate_completions
 from grpo_exp.rewards import GRADED_COMPONENTS
 from grpo_exp.rollout.environment import environment_statistics
 from grpo_exp.rollout.flow import broadcast_to_turns, trajectory_statistics
-from grpo_exp.stats import group_statistics, group_std, label_values, per_task_means, score_statistics
+from grpo_exp.stats import (
+    final_answers,
+    group_statistics,
+    group_std,
+    label_values,
+    per_task_means,
+    score_statistics,
+)
 from grpo_exp.text import completion_text
 from grpo_exp.trainer.curriculum import DifficultyPool
 from grpo_exp.trainer.levels import LevelChooser
@@ -56,6 +64,12 @@ class GRPOExpTrainer(HookedGRPOTrainer):
         # a reasoning-gym mix (dataset.tasks): statistics per task, of each task a step samples
         columns = self.train_dataset.column_names
         self.task_mix = "task_name" in columns and len(set(self.train_dataset["task_name"])) > 1
+        self.answer_watchers: list[Callable[[list, list], None]] = []
+
+    def watch_answers(self, watcher: Callable[[list, list], None]) -> None:
+        """`watcher(answers, references)` sees each generation batch's final answers and references (vote keys;
+        every process's): the answer-collapse alarm (grpo_exp.run.health)."""
+        self.answer_watchers.append(watcher)
 
     @property
     def wants_scored_batch(self) -> bool:
@@ -134,6 +148,11 @@ class GRPOExpTrainer(HookedGRPOTrainer):
             self._record_group_statistics(batch, correct)
         if self.selfverify is not None:
             self._record_self_verification(batch, correct)
+        if self.answer_watchers:
+            answers = final_answers(batch.texts, self.verifier.answer)
+            references = [None if r["solution"] is None else vote_key(str(r["solution"])) for r in batch.rows]
+            for watch in self.answer_watchers:
+                watch(answers, references)
         # Our own cost, logged beside TRL's step_time so that the overhead is always visible.
         self.record_metric("timing/group_stats_s", time.perf_counter() - started)
 

@@ -1,0 +1,59 @@
+"""`grpo-exp diagnose <run dir> [...]`: why a run did (not) learn, from its own records.
+
+Reads what a run directory holds (metrics.jsonl, summary.json, eval_before/after.jsonl, probe.json, config.yaml),
+runs made before this command existed included, and prints each finding: what was seen (with its interval), why it
+matters, and the settings to try as overrides. A multirun directory: every run under it. --json: the findings as
+JSON.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from grpo_exp.run.diagnosis import diagnose, diagnosis_lines, is_run_dir, read_run
+
+
+def run_dirs(paths: list[Path]) -> list[Path]:
+    """The run directories given, or found under them (a multirun directory), in order."""
+    found = []
+    for path in paths:
+        if is_run_dir(path):
+            found.append(path)
+        else:
+            found += sorted(
+                {p.parent for p in path.rglob("metrics.jsonl")} | {p.parent for p in path.rglob("summary.json")}
+            )
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="grpo-exp diagnose", description=__doc__.splitlines()[0])
+    parser.add_argument("paths", nargs="+", type=Path, help="run directories, or a multirun directory")
+    parser.add_argument("--json", action="store_true", help="print the findings as JSON")
+    args = parser.parse_args(argv)
+    missing = [str(p) for p in args.paths if not p.is_dir()]
+    if missing:
+        parser.error(f"no such directory: {', '.join(missing)}")
+    directories = run_dirs(args.paths)
+    if not directories:
+        parser.error(
+            f"no grpo_exp run (a directory with metrics.jsonl or summary.json) under {', '.join(map(str, args.paths))}"
+        )
+    results = {}
+    for directory in directories:
+        try:
+            results[directory] = diagnose(read_run(directory))
+        except (OSError, ValueError) as err:  # a damaged file: say which, go on with the others
+            print(f"{directory}: cannot read its records ({type(err).__name__}: {err})", file=sys.stderr)
+    if args.json:
+        print(json.dumps({str(d): [f.row() for f in found] for d, found in results.items()}, indent=2))
+        return 0
+    for directory, found in results.items():
+        print(f"{directory}:")
+        print("\n".join(f"  {line}" for line in diagnosis_lines(found)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,19 @@
+"""Why a run did (not) learn: findings from the run's own records (grpo_exp.run.diagnosis.rules), at the end of every
+run (summary.json's `diagnosis`, the printed summary), and from any run directory (`grpo-exp diagnose`)."""
+
+from grpo_exp.run.diagnosis.evidence import RunEvidence, is_run_dir, read_run
+from grpo_exp.run.diagnosis.rules import RULES, Finding
+
+HEALTHY = "no finding: nothing in the run's records says it went wrong"
+
+__all__ = ["HEALTHY", "Finding", "RunEvidence", "diagnose", "is_run_dir", "read_run"]
+
+
+def diagnose(evidence: RunEvidence) -> list[Finding]:
+    """Every rule's finding, in the order a user should act on them (the labels first: a misread answer explains the
+    rest)."""
+    return [finding for rule in RULES if (finding := rule(evidence)) is not None]
+
+
+def diagnosis_lines(findings: list[Finding]) -> list[str]:
+    return [line for finding in findings for line in finding.lines()] or [HEALTHY]

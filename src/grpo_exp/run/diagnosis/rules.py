@@ -1,0 +1,399 @@
+"""The findings: each a pure rule over a run's records (RunEvidence) that says what was seen (the number behind it,
+with its 95% interval where it is a rate or a change), why it matters, and the settings to try, as overrides to
+paste. A rule stays silent where its evidence is missing or within noise."""
+
+import math
+import statistics
+from collections import Counter
+from dataclasses import asdict, dataclass
+
+from grpo_exp.answers import BUILT_IN, final_sentence, lenient_match, normalise_answer, vote_key
+from grpo_exp.run.alarms import entropy_alarm, truncation_warning
+from grpo_exp.run.diagnosis.evidence import RunEvidence
+from grpo_exp.stats import paired_change, problems_to_resolve, slope_interval, wilson_interval
+
+ZERO_STD = "frac_reward_zero_std"  # TRL's: the share of groups whose rewards have no spread
+NO_SIGNAL_SHARE = 0.75  # most groups without spread: the 95% interval of their share above this
+MISREAD_SHARE = 0.1  # answers right by content and wrong by the labels: the 95% interval above this share
+COLLAPSE_SHARE = 0.6  # one answer to most problems: the 95% interval of its share above this
+# Rules that read a word answer from a sentence, tried in turn on answers the labels miss (which would read them).
+WORD_RULES = ("stated_in_sentence", "answer_is", "boxed", "answer_tags", "last_line")
+
+
+@dataclass(frozen=True)
+class Finding:
+    name: str
+    seen: str  # what was seen, with its numbers
+    why: str  # why that matters, one sentence
+    tries: tuple[str, ...] = ()  # the settings to try: overrides to paste, or a short instruction
+
+    def row(self) -> dict:
+        return asdict(self) | {"tries": list(self.tries)}
+
+    def lines(self) -> list[str]:
+        return [f"{self.name}: {self.seen}", f"  why: {self.why}", *(f"  try: {t}" for t in self.tries)]
+
+
+def _rate(count: int, total: int) -> str:
+    low, high = wilson_interval(count, total)
+    return f"{count}/{total} ({count / total:.0%}, 95% [{low:.2f}, {high:.2f}])"
+
+
+def _short(text: str, limit: int = 90) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# ---- the answers and their labels -------------------------------------------------------------------------------
+
+
+def answer_outcome(sample: dict) -> float | None:
+    """A held-out sample's outcome: an environment's episode won (1/0), else its label (1/0), None: not judged."""
+    if sample.get("environment") is not None:
+        return float(bool(sample.get("env_success")))
+    label = sample.get("correct")
+    return None if label is None else float(bool(label))
+
+
+def misread_answers(samples: list[dict]) -> tuple[list[dict], int]:
+    """The judged answers whose final sentence holds the reference while the run's labels call them wrong, and how
+    many answers were judged."""
+    judged = [s for s in samples if s.get("correct") is not None and s.get("solution") is not None]
+    missed = [s for s in judged if not s["correct"] and lenient_match(s.get("completion", ""), str(s["solution"]))]
+    return missed, len(judged)
+
+
+def rule_that_reads(samples: list[dict]) -> tuple[str, int] | None:
+    """The built-in word rule that reads the most of these answers as their reference, and how many (None: none)."""
+    best = None
+    for name in WORD_RULES:
+        read = sum(
+            (answer := BUILT_IN[name](s.get("completion", ""))) is not None
+            and normalise_answer(answer) == normalise_answer(str(s["solution"]))
+            for s in samples
+        )
+        if read and (best is None or read > best[1]):
+            best = (name, read)
+    return best
+
+
+def labels_misread(evidence: RunEvidence, samples: list[dict] | None = None) -> Finding | None:
+    """The labels and the content check disagree: many answers state the reference in their final sentence yet are
+    labelled wrong, so the answer rule (verifier.answer) probably misreads the task. Reads the answers before
+    training (else after), or `samples`."""
+    samples = samples if samples is not None else (evidence.before or evidence.after)
+    missed, judged = misread_answers(samples)
+    if judged < 5 or len(missed) < 3 or not wilson_interval(len(missed), judged)[0] > MISREAD_SHARE:
+        return None
+    rule = evidence.summary.get("answer") or evidence.setting("verifier.answer", "?")
+    examples = "; ".join(
+        f'"{_short(final_sentence(s["completion"]), 70)}" read as {s.get("answer")!r}, reference {s["solution"]!r}'
+        for s in missed[:3]
+    )
+    reader = rule_that_reads(missed)
+    tries = []
+    if reader is not None and reader[0] != rule:
+        tries.append(f"verifier.answer={reader[0]}   # reads {reader[1]} of these {len(missed)} as their reference")
+    tries += [
+        'dataset.prompt.template="{question} Reply with the answer only."',
+        "verifier.labels=my_labels:is_correct   # your own f(completion, solution) -> bool | None",
+    ]
+    return Finding(
+        "labels_misread",
+        f"{_rate(len(missed), judged)} answers state the reference in their final sentence but the labels "
+        f"({evidence.setting('verifier.labels', '?')}, answers read by {rule}) call them wrong; e.g. {examples}",
+        "the reward and every accuracy follow these labels: answers right in content score as wrong, so a group "
+        "rarely has a spread and the run cannot learn what it should",
+        tuple(tries),
+    )
+
+
+# ---- the learning signal ----------------------------------------------------------------------------------------
+
+
+def no_signal(evidence: RunEvidence) -> Finding | None:
+    """Most groups had no reward spread (TRL's frac_reward_zero_std), so their advantages were 0 and nothing was
+    learned from them; says whether they were all wrong (too hard), all right (too easy), or all paid one value."""
+    shares = evidence.series(ZERO_STD)
+    if not shares:
+        return None
+    per_step = evidence.prompts_per_step
+    total = per_step * len(shares)
+    flat = round(sum(shares) * per_step)
+    if not (flat == total >= 4 or wilson_interval(flat, total)[0] > NO_SIGNAL_SHARE):  # none, or most beyond noise
+        return None
+    all_wrong, all_right = (
+        statistics.fmean(evidence.series(k) or [0.0]) for k in ("groups/frac_all_wrong", "groups/frac_all_correct")
+    )
+    rewards = evidence.series("reward")
+    group_size = evidence.group_size
+    skip = evidence.setting("trainer.zero_variance_groups") == "skip"
+    seen = f"{_rate(flat, total)} groups over {len(shares)} steps had no reward spread"
+    if flat == total:
+        seen += " (not one group with a spread" + (
+            ": with trainer.zero_variance_groups=skip, not a single update)" if skip else ")"
+        )
+    tries = [f"trainer.num_generations={max(group_size * 2, 8)}   # larger groups: more chances of a spread"]
+    if all_wrong >= 0.5:
+        paid = statistics.fmean(rewards) if rewards else 0.0
+        if rewards and max(rewards) - min(rewards) < 1e-6 and paid > 0:
+            seen += f"; every completion was wrong and paid the same {paid:.3g}: the reward cannot rank them"
+        else:
+            seen += f"; {all_wrong:.0%} of the groups were all wrong: the task is too hard for the policy"
+        tries += easier_settings(evidence)
+    elif all_right >= 0.5:
+        seen += f"; {all_right:.0%} of the groups were all right: the task is too easy"
+        tries += ["curriculum.enabled=true   # draw the prompts whose pass rate is between 0.1 and 0.9"]
+        if evidence.setting("dataset.source") == "reasoning_gym":
+            tries.append("dataset.levels.enabled=true   # harder levels once mastered")
+    else:
+        seen += "; the rewards were equal within groups whether right or wrong: the reward does not follow the labels"
+        tries.append("grpo-exp probe <the run's overrides>   # what the reward pays, answer by answer")
+    return Finding(
+        "no_signal",
+        seen,
+        "GRPO learns only from differences within a group: a group whose completions all score alike has zero "
+        "advantage and contributes nothing",
+        tuple(tries),
+    )
+
+
+def easier_settings(evidence: RunEvidence) -> list[str]:
+    tries = []
+    if evidence.setting("dataset.source") == "reasoning_gym":
+        tries.append("dataset.levels.enabled=true   # start at the task's easiest level and climb")
+    if not evidence.setting("rollout.demo"):
+        tries.append("rollout=multiturn rollout.demo=[...]   # a worked example before each problem")
+    tries.append("reward=correct+format   # a graded part that some completions earn and others do not")
+    return tries
+
+
+def answer_collapse(evidence: RunEvidence, samples: list[dict] | None = None) -> Finding | None:
+    """One answer given to most held-out problems (per task in a mix), its share of the answers above its share of
+    the references (what it scores): the policy answers a constant, not the question. Reads the answers after
+    training (or `samples`: a validation's)."""
+    samples = samples if samples is not None else evidence.after
+    found = []
+    tasks = sorted({s.get("task_name") for s in samples if s.get("task_name")}) or [None]
+    for task in tasks:
+        mine = [s for s in samples if task is None or s.get("task_name") == task]
+        answers = [vote_key(s.get("answer")) for s in mine]
+        given = [a for a in answers if a is not None]
+        if len(mine) < 10 or not given:
+            continue
+        top, count = Counter(given).most_common(1)[0]
+        references = [vote_key(str(s.get("solution"))) for s in mine if s.get("solution") is not None]
+        bar = sum(r == top for r in references) / len(references) if references else 0.0
+        low = wilson_interval(count, len(mine))[0]
+        if len(set(references)) < 2 or not (low > COLLAPSE_SHARE and low > bar):
+            continue
+        where = f"{task}: " if task else ""
+        found.append(
+            f"{where}{_rate(count, len(mine))} held-out answers are {top!r}, which is the reference of {bar:.0%} "
+            f"of them (what answering {top!r} to all scores)"
+        )
+    if not found:
+        return None
+    distinct = evidence.series("diversity/distinct_answers")
+    trend = f"; distinct answers per group {distinct[0]:.2f} -> {distinct[-1]:.2f}" if len(distinct) > 1 else ""
+    return Finding(
+        "answer_collapse",
+        "; ".join(found) + trend,
+        "a constant answer earns the share of problems it happens to fit, and the training reward rises as if the "
+        "policy learned; held-out accuracy stops at that share",
+        (
+            "trainer.beta=0.04   # a KL penalty holds the policy near its start",
+            "trainer.num_generations=8   # larger groups: a right answer against the constant more often",
+        ),
+    )
+
+
+# ---- the held-out result ----------------------------------------------------------------------------------------
+
+
+def paired_outcomes(evidence: RunEvidence, lenient: bool = False) -> tuple[list[float], list[float]]:
+    """The held-out outcomes before and after, paired by problem (the same question in the same place; `lenient`:
+    the content check instead of the labels)."""
+    before, after = [], []
+    for b, a in zip(evidence.before, evidence.after, strict=False):
+        if b.get("question") != a.get("question"):
+            continue
+        if lenient:
+            if b.get("solution") is None or b.get("correct") is None:
+                continue
+            pair = [float(bool(lenient_match(s.get("completion", ""), str(s["solution"])))) for s in (b, a)]
+        else:
+            pair = [answer_outcome(b), answer_outcome(a)]
+            if None in pair:
+                continue
+        before.append(pair[0])
+        after.append(pair[1])
+    return before, after
+
+
+def _change(before: list[float], after: list[float]) -> str:
+    change, low, high = paired_change(before, after)
+    return (
+        f"{statistics.fmean(before):.3f} -> {statistics.fmean(after):.3f} ({change:+.3f}, paired 95% "
+        f"[{low:+.3f}, {high:+.3f}], {len(before)} problems)"
+    )
+
+
+def format_gain(evidence: RunEvidence) -> Finding | None:
+    """The held-out gain is format, not content: the labels' accuracy rose beyond noise while the content check's
+    (the reference anywhere in the final sentence) did not rise beyond noise."""
+    strict = paired_outcomes(evidence)
+    lenient = paired_outcomes(evidence, lenient=True)
+    if len(strict[0]) < 10 or len(lenient[0]) < 10:
+        return None
+    change, low, _ = paired_change(*strict)
+    content, content_low, _ = paired_change(*lenient)
+    if not (low > 0 and (content_low <= 0 or content < change / 2)):
+        return None
+    return Finding(
+        "format_gain",
+        f"held-out accuracy {_change(*strict)} while the content check went {_change(*lenient)}",
+        "the policy learned to state answers it already knew in the form the labels read, not to know more",
+        (
+            'dataset.prompt.template="{question} Reply with the answer only."   # ask for the form, train content',
+            "verifier.answer=stated_in_sentence   # or a rule that reads the answers as the model states them",
+        ),
+    )
+
+
+def no_change(evidence: RunEvidence) -> Finding | None:
+    """No measurable held-out change: the paired interval of the change includes 0. Says how many problems would
+    resolve a difference of the observed size; with a flat training reward too, the learning was too slow to see."""
+    before, after = paired_outcomes(evidence)
+    if len(before) < 10:
+        return None
+    change, low, high = paired_change(before, after)
+    if not (low <= 0 <= high) or (low == high == 0 and before != after):
+        return None
+    needed = problems_to_resolve(before, after)
+    seen = f"held-out {_change(before, after)}: no change the held-out set can tell from noise"
+    if needed is not None:
+        seen += f"; a change of {change:+.3f} would need about {needed} problems (dataset.eval_size) to show"
+    elif before == after:
+        seen += "; every held-out answer was judged as before training"
+    slope = reward_slope(evidence)
+    tries = [f"dataset.eval_size={needed}" if needed else "trainer.max_steps=<more>   # a longer run"]
+    why = "a result within noise is no result either way: it can neither show that the setting works nor that it fails"
+    if slope is not None and slope[1] <= 0 <= slope[2]:
+        seen += f"; the training reward was flat too ({slope[0]:+.4f} a step, 95% [{slope[1]:+.4f}, {slope[2]:+.4f}])"
+        rate = float(evidence.setting("trainer.learning_rate", 1e-6) or 1e-6)
+        steps = int(evidence.setting("trainer.max_steps", len(evidence.steps)) or len(evidence.steps))
+        tries = [f"trainer.learning_rate={rate * 3:g}", f"trainer.max_steps={max(steps * 2, 1)}", *tries[:1]]
+        why = "nothing else is wrong that the run can see: learning may be too slow to show in this many steps"
+    return Finding("no_change", seen, why, tuple(tries))
+
+
+def reward_slope(evidence: RunEvidence) -> tuple[float, float, float] | None:
+    rewards = [(i, v) for i, v in enumerate(evidence.series("reward"))]
+    if len(rewards) < 3:
+        return None
+    slope = slope_interval([float(i) for i, _ in rewards], [v for _, v in rewards])
+    return None if math.isnan(slope[0]) else slope
+
+
+def reward_not_truth(evidence: RunEvidence) -> Finding | None:
+    """The training reward rose beyond noise while the held-out measure (accuracy, or episodes won) did not rise:
+    suspect the reward. With the reward probe's findings where it ran."""
+    slope = reward_slope(evidence)
+    before, after = paired_outcomes(evidence)
+    if slope is None or not slope[1] > 0 or len(before) < 10:
+        return None
+    change, low, high = paired_change(before, after)
+    if not (high <= 0 or (low <= 0 and change <= 0)):
+        return None
+    rewards = evidence.series("reward")
+    window = max(1, len(rewards) // 4)
+    first, last = statistics.fmean(rewards[:window]), statistics.fmean(rewards[-window:])
+    seen = (
+        f"the training reward rose {first:.3f} -> {last:.3f} ({slope[0]:+.4f} a step, 95% [{slope[1]:+.4f}, "
+        f"{slope[2]:+.4f}]) while held-out went {_change(before, after)}"
+    )
+    tries = []
+    if evidence.probe:
+        seen += "; the reward probe found: " + "; ".join(evidence.probe[:3])
+    else:
+        tries.append("probe.before_training=warn   # what the reward pays for without the answer")
+    tries += ["eval.every=10   # the reward-hacking alarm watches the two part ways"]
+    if any(s.get("environment") is not None for s in evidence.before + evidence.after):
+        tries.append("a reward that pays the goal (a won episode), not the environment's partial credit")
+    return Finding(
+        "reward_not_truth",
+        seen,
+        "the policy is paid for something other than what the held-out measure counts: a reward to fix, not a run "
+        "to continue",
+        tuple(tries),
+    )
+
+
+# ---- the policy's health -----------------------------------------------------------------------------------------
+
+
+def truncated(evidence: RunEvidence) -> Finding | None:
+    """Completions cut at the length limit (the truncation warning's rule over the run's logged steps)."""
+    length = evidence.setting("trainer.max_completion_length")
+    found = truncation_warning(evidence.series("completions/clipped_ratio"), _completions_per_step(evidence), 5, 0.5)
+    if found is None:
+        return None
+    return Finding(
+        "truncated",
+        found.split(": their answers")[0],
+        "a cut completion never reaches its answer, so the reward scores unfinished text",
+        (f"trainer.max_completion_length={int(length) * 2}" if length else "trainer.max_completion_length=<more>",),
+    )
+
+
+def entropy(evidence: RunEvidence) -> Finding | None:
+    found = entropy_alarm(evidence.series("entropy"), 5, 0.2, 3.0)
+    if found is None:
+        return None
+    collapsed = "collapsed" in found
+    rate = float(evidence.setting("trainer.learning_rate", 1e-6) or 1e-6)
+    return Finding(
+        "entropy",
+        found,
+        "a collapsed policy samples the same completion in every group (no spread, nothing to learn); a blown-up one "
+        "writes noise",
+        ("trainer.beta=0.04", f"trainer.learning_rate={rate / 3:g}")
+        + (("trainer.temperature=1.2",) if collapsed else ()),
+    )
+
+
+def gradient_spikes(evidence: RunEvidence) -> Finding | None:
+    """Gradient norms spiking: a logged step's norm above 10 times the run's median."""
+    norms = evidence.series("grad_norm")
+    if len(norms) < 5:
+        return None
+    median = statistics.median(norms)
+    spikes = [n for n in norms if median > 0 and n > 10 * median]
+    if not spikes:
+        return None
+    rate = float(evidence.setting("trainer.learning_rate", 1e-6) or 1e-6)
+    return Finding(
+        "gradient_spikes",
+        f"{len(spikes)} of {len(norms)} steps had a gradient norm above 10x the median {median:.3g} (largest "
+        f"{max(spikes):.3g})",
+        "a spike moves the policy far in one step; clipping bounds it, but frequent spikes mean unstable training",
+        (f"trainer.learning_rate={rate / 3:g}", "trainer.max_grad_norm=0.5"),
+    )
+
+
+def _completions_per_step(evidence: RunEvidence) -> int:
+    return evidence.prompts_per_step * evidence.group_size
+
+
+RULES = (
+    labels_misread,
+    no_signal,
+    answer_collapse,
+    format_gain,
+    reward_not_truth,
+    no_change,
+    truncated,
+    entropy,
+    gradient_spikes,
+)

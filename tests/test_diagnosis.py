@@ -1,0 +1,254 @@
+"""Why a run did (not) learn: each finding's rule driven by hand-made records, the statistics behind them by hand, the
+during-training alarms (no signal, answer collapse), the labels check's rule, and `grpo-exp diagnose` on run
+directories written by hand (a run made before the findings existed included) and on a real tiny run."""
+
+import json
+
+import pytest
+
+from grpo_exp.diagnose import main as diagnose_main
+from grpo_exp.run.alarms import answer_collapse_alarm, no_signal_warning
+from grpo_exp.run.diagnosis import HEALTHY, RunEvidence, diagnose, read_run
+from grpo_exp.run.diagnosis.rules import (
+    answer_collapse,
+    entropy,
+    format_gain,
+    gradient_spikes,
+    labels_misread,
+    no_change,
+    no_signal,
+    reward_not_truth,
+    truncated,
+)
+from grpo_exp.run.labels_check import answers_alike
+from grpo_exp.stats import paired_change, problems_to_resolve, wilson_interval
+from support.config import TINY_RUN
+from tests.helpers.cli import run_cli
+
+CONFIG = {
+    "trainer": {"num_generations": 4, "prompts_per_step": 2, "learning_rate": 1e-5, "max_steps": 40},
+    "verifier": {"labels": "exact_match", "answer": "auto"},
+    "dataset": {"source": "reasoning_gym"},
+    "rollout": {"demo": None},
+}
+
+
+def sample(question: str, solution: str, completion: str, answer: str | None, correct: bool | None) -> dict:
+    return {"question": question, "solution": solution, "completion": completion, "answer": answer, "correct": correct}
+
+
+def evidence(**fields) -> RunEvidence:
+    return RunEvidence(config=CONFIG, **fields)
+
+
+# ---- the statistics --------------------------------------------------------------------------------------------
+
+
+def test_the_intervals_behind_the_findings_by_hand():
+    low, high = wilson_interval(8, 10)  # Wilson: (0.8 + 1.92/10 -+ 1.96 sqrt(0.016 + 0.00096)) / 1.384
+    assert (round(low, 3), round(high, 3)) == (0.490, 0.943)
+    assert paired_change([0, 0, 1, 1], [1, 1, 1, 1]) == pytest.approx((0.5, -0.419, 1.419), abs=1e-3)
+    assert paired_change([0, 0], [1, 1]) == (1, 1, 1)  # every difference alike: no noise
+    # differences [1, 0, 0, 0]: mean 0.25, sd 0.5: (1.96 * 0.5 / 0.25)^2 = 15.4 -> 16 problems
+    assert problems_to_resolve([0, 0, 0, 0], [1, 0, 0, 0]) == 16
+    assert problems_to_resolve([1, 0], [1, 0]) is None  # no change observed
+
+
+# ---- the answers and their labels ------------------------------------------------------------------------------
+
+
+def sentences(count: int, misread: int) -> list[dict]:
+    """`misread` answers that state the reference in a sentence, labelled wrong; the rest plainly wrong."""
+    rows = []
+    for i in range(count):
+        if i < misread:
+            text = f'The opposite of "w{i}" is "r{i}."'
+            rows.append(sample(f"q{i}", f"r{i}", text, text, False))
+        else:
+            rows.append(sample(f"q{i}", f"r{i}", "I do not know.", "I do not know.", False))
+    return rows
+
+
+def test_labels_that_misread_sentences_are_found_with_three_examples_and_the_rule_that_reads_them():
+    found = labels_misread(evidence(summary={"answer": "last_line"}), sentences(20, 12))
+    assert found.name == "labels_misread"
+    assert found.seen.startswith("12/20 (60%, 95% [0.39, 0.78]) answers state the reference")
+    assert found.seen.count("read as") == 3 and "reference 'r0'" in found.seen
+    assert found.tries[0].startswith("verifier.answer=stated_in_sentence   # reads 12 of these 12")
+    assert labels_misread(evidence(), sentences(20, 2)) is None  # 2/20: within what the rule may miss
+    right = [sample("q", "r", "r", "r", True)] * 20
+    assert labels_misread(evidence(), right) is None
+
+
+def test_every_answer_alike_is_found_by_the_labels_check():
+    found = answers_alike([0.01] * 8 + [None], "1*task_score", evidence())
+    assert found.seen == "every one of the 8 answers of the untrained policy scored 0.01 by the reward (1*task_score)"
+    assert "dataset.levels.enabled=true   # start at the task's easiest level and climb" in found.tries
+    assert answers_alike([0.01] * 7 + [1.0], "r", evidence()) is None
+    assert answers_alike([0.0] * 4, "r", evidence()) is None  # too few to say
+
+
+# ---- the learning signal ---------------------------------------------------------------------------------------
+
+
+def steps(count: int, **metrics) -> list[dict]:
+    return [{"reward": metrics.get("reward", 0.0), **metrics} for _ in range(count)]
+
+
+def test_no_group_with_a_spread_is_found_and_told_apart():
+    wrong = no_signal(evidence(steps=steps(10, frac_reward_zero_std=1.0, **{"groups/frac_all_wrong": 1.0})))
+    assert wrong.seen.startswith("20/20 (100%, 95% [0.84, 1.00]) groups over 10 steps had no reward spread")
+    assert "too hard" in wrong.seen and "trainer.num_generations=8   # larger groups" in wrong.tries[0]
+    paid = steps(10, reward=0.01, frac_reward_zero_std=1.0, **{"groups/frac_all_wrong": 1.0})
+    assert "paid the same 0.01: the reward cannot rank them" in no_signal(evidence(steps=paid)).seen
+    easy = no_signal(evidence(steps=steps(10, frac_reward_zero_std=1.0, **{"groups/frac_all_correct": 1.0})))
+    assert "all right: the task is too easy" in easy.seen and any("curriculum.enabled=true" in t for t in easy.tries)
+    assert no_signal(evidence(steps=steps(10, frac_reward_zero_std=0.5))) is None
+    assert no_signal(evidence(steps=steps(1, frac_reward_zero_std=1.0))) is None  # 2 groups: too few to say
+    assert no_signal(evidence(steps=steps(2, frac_reward_zero_std=1.0))) is not None  # 4 of 4: not one spread
+
+
+def test_no_signal_and_answer_collapse_alarms_by_hand():
+    assert no_signal_warning([0.5, 1.0, 1.0], window=2).startswith("not one group of the last 2 logged steps")
+    assert no_signal_warning([1.0, 0.5], window=2) is None
+    assert no_signal_warning([1.0], window=2) is None
+    # 40 answers all 'yes', references 70% yes: Wilson low 0.912 above 0.6 and above 0.7
+    found = answer_collapse_alarm(["yes"] * 40, ["yes"] * 28 + ["no"] * 12, 0.6)
+    assert "40 of 40 recent completions answer 'yes' (95% interval from 0.91" in found and "70%" in found
+    assert answer_collapse_alarm(["yes"] * 28 + ["no"] * 12, ["yes"] * 28 + ["no"] * 12, 0.6) is None  # right
+    assert answer_collapse_alarm(["7"] * 40, ["7"] * 40, 0.6) is None  # one reference: nothing to tell apart
+
+
+def test_a_collapse_to_a_constant_answer_names_it_per_task():
+    after = [sample(f"q{i}", "Yes" if i < 7 else "No", "Yes", "Yes", i < 7) for i in range(10)]
+    after = [s | {"task_name": "syllogism"} for s in after]
+    found = answer_collapse(evidence(after=after, steps=steps(3, **{"diversity/distinct_answers": 0.25})))
+    assert found.seen.startswith("syllogism: 10/10 (100%, 95% [0.72, 1.00]) held-out answers are 'yes'")
+    assert "reference of 70% of them" in found.seen
+    varied = [sample(f"q{i}", "Yes" if i % 2 else "No", "x", "Yes" if i % 2 else "No", True) for i in range(10)]
+    assert answer_collapse(evidence(after=varied)) is None
+
+
+# ---- the held-out result ---------------------------------------------------------------------------------------
+
+
+def paired_runs(before: list[tuple[bool, str]], after: list[tuple[bool, str]]) -> tuple[list[dict], list[dict]]:
+    """(label, completion) per problem; the reference of problem i is 'r'."""
+    return tuple(
+        [sample(f"q{i}", "r", text, text, label) for i, (label, text) in enumerate(rows)] for rows in (before, after)
+    )
+
+
+def test_a_gain_in_format_only_is_told_from_a_gain_in_content():
+    before, after = paired_runs([(False, "It is r.")] * 20, [(True, "r")] * 20)  # right in content all along
+    found = format_gain(evidence(before=before, after=after))
+    assert found.seen.startswith("held-out accuracy 0.000 -> 1.000 (+1.000, paired 95% [+1.000, +1.000], 20 problems)")
+    assert "content check went 1.000 -> 1.000 (+0.000" in found.seen
+    before, after = paired_runs([(False, "I do not know.")] * 20, [(True, "r")] * 20)
+    assert format_gain(evidence(before=before, after=after)) is None  # content too
+
+
+def test_no_measurable_change_says_how_many_problems_would_show_it_and_a_flat_reward_says_too_slow():
+    before, after = paired_runs([(False, "x")] * 20, [(True, "r")] * 2 + [(False, "x")] * 18)
+    flat = [{"reward": 0.1 + 0.01 * (i % 2)} for i in range(20)]
+    found = no_change(evidence(before=before, after=after, steps=flat))
+    assert "0.000 -> 0.100 (+0.100, paired 95% [-0.044, +0.244], 20 problems)" in found.seen
+    assert "would need about 37 problems" in found.seen  # sd 0.3078: (1.96 * 0.3078 / 0.1)^2 = 36.4
+    assert found.tries[:2] == ("trainer.learning_rate=3e-05", "trainer.max_steps=80")
+    rising = [{"reward": 0.01 * i} for i in range(20)]
+    assert no_change(evidence(before=before, after=after, steps=rising)).tries == ("dataset.eval_size=37",)
+    gained = paired_runs([(False, "x")] * 20, [(True, "r")] * 20)
+    assert no_change(evidence(before=gained[0], after=gained[1])) is None
+
+
+def test_a_rising_reward_with_a_falling_held_out_measure_suspects_the_reward():
+    before, after = paired_runs([(True, "r")] * 12 + [(False, "x")] * 8, [(False, "x")] * 20)
+    rising = [{"reward": 0.02 * i} for i in range(20)]
+    found = reward_not_truth(evidence(before=before, after=after, steps=rising, probe=["math: 'echo' pays ..."]))
+    assert found.seen.startswith("the training reward rose 0.040 -> 0.340")
+    assert "held-out went 0.600 -> 0.000" in found.seen and "the reward probe found: math: 'echo'" in found.seen
+    assert reward_not_truth(evidence(before=after, after=before, steps=rising)) is None  # held-out rose too
+    episodes = [s | {"environment": "Guess", "env_success": s["correct"]} for s in before]
+    found = reward_not_truth(evidence(before=episodes, after=after, steps=rising))
+    assert "probe.before_training=warn" in found.tries[0] and "a won episode" in found.tries[-1]
+
+
+# ---- the policy's health ---------------------------------------------------------------------------------------
+
+
+def test_truncation_entropy_and_gradient_spikes():
+    cut = evidence(steps=steps(5, **{"completions/clipped_ratio": 1.0}))
+    cut.config = CONFIG | {"trainer": CONFIG["trainer"] | {"max_completion_length": 64}}
+    assert truncated(cut).tries == ("trainer.max_completion_length=128",)
+    collapsed = evidence(steps=[{"reward": 0.0, "entropy": e} for e in [2.0] * 5 + [0.1] * 5])
+    assert "collapsed" in entropy(collapsed).seen and "trainer.temperature=1.2" in entropy(collapsed).tries
+    spiky = evidence(steps=[{"reward": 0.0, "grad_norm": n} for n in [1.0] * 9 + [50.0]])
+    assert gradient_spikes(spiky).seen.startswith("1 of 10 steps had a gradient norm above 10x the median 1")
+    assert truncated(evidence(steps=steps(5))) is None and gradient_spikes(evidence(steps=steps(9))) is None
+
+
+# ---- grpo-exp diagnose ---------------------------------------------------------------------------------------------
+
+
+def write_run(directory, metrics: list[dict], summary: dict | None = None, before=(), after=()) -> None:
+    directory.mkdir(parents=True)
+    (directory / "config.yaml").write_text(json.dumps(CONFIG))  # JSON is YAML
+    (directory / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    if summary is not None:
+        (directory / "summary.json").write_text(json.dumps(summary))
+    for name, rows in (("eval_before.jsonl", before), ("eval_after.jsonl", after)):
+        if rows:
+            (directory / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_diagnose_reads_any_run_directory_an_older_one_included(tmp_path, capsys):
+    flat = steps(10, frac_reward_zero_std=1.0, **{"groups/frac_all_wrong": 1.0})
+    write_run(tmp_path / "sweep" / "0", flat, summary={"steps": 10})  # no eval files, no diagnosis: an older run
+    before, after = paired_runs([(True, "r")] * 10 + [(False, "x")] * 10, [(True, "r")] * 20)
+    write_run(tmp_path / "sweep" / "1", [{"reward": 0.05 * i} for i in range(20)], before=before, after=after)
+    assert diagnose_main([str(tmp_path / "sweep")]) == 0
+    out = capsys.readouterr().out
+    assert "sweep/0:\n  no_signal: 20/20 (100%" in out and "  try: trainer.num_generations=8" in out
+    assert f"sweep/1:\n  {HEALTHY}" in out
+    assert diagnose_main([str(tmp_path / "sweep" / "0"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[str(tmp_path / "sweep" / "0")][0]["name"] == "no_signal"
+    assert [f.name for f in diagnose(read_run(tmp_path / "sweep" / "1"))] == []
+
+
+@pytest.mark.parametrize(("path", "message"), [("missing", "no such directory"), ("empty", "no grpo_exp run")])
+def test_diagnose_refuses_what_is_no_run_in_one_line(tmp_path, capsys, path, message):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit) as stop:
+        diagnose_main([str(tmp_path / path)])
+    assert stop.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.e2e
+def test_a_run_without_a_single_spread_warns_during_training_and_is_diagnosed(tmp_path):
+    """The tiny random model on a word task labelled by exact_match: every answer wrong, every group without spread.
+    The labels check says every answer scores alike before the first step, the no-signal warning fires at step 2,
+    and the summary's diagnosis and `grpo-exp diagnose` say no_signal."""
+    data = tmp_path / "words.jsonl"
+    data.write_text("".join(json.dumps({"question": f"Say w{i}.", "answer": f"w{i}"}) + "\n" for i in range(40)))
+    overrides = [o for o in TINY_RUN if not o.startswith("dataset.")]
+    result = run_cli(
+        *overrides,
+        "logger=none",
+        "dataset=files",
+        f"dataset.path={data}",
+        "dataset.eval_size=8",
+        "reward=correct",
+        "verifier.labels=exact_match",
+        "trainer.max_steps=3",
+        "health.window=2",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["labels_check"][0].startswith("answers_alike: every one of the 8 answers of the untrained policy")
+    assert summary["no_signal_warning"].startswith("step 2: not one group of the last 2 logged steps")
+    assert [f["name"] for f in summary["diagnosis"]][:1] == ["no_signal"]
+    console = result.stdout + result.stderr
+    assert "No learning signal at step 2" in console and "diagnosis" in console
+    listed = run_cli(str(tmp_path / "run"), module="grpo_exp.diagnose")
+    assert listed.returncode == 0 and "\n  no_signal: " in listed.stdout
