@@ -19,7 +19,6 @@ from grpo_exp.errors import UserError
 from grpo_exp.run.build import RunParts
 from grpo_exp.run.distributed import is_main_process
 from grpo_exp.run.files import BENCHMARK_FILE, eval_file
-from grpo_exp.run.labels_check import check_labels_first
 from grpo_exp.run.heldout import (
     EvalResult,
     SampledResult,
@@ -30,6 +29,7 @@ from grpo_exp.run.heldout import (
     validation_metrics,
     verification_benchmark,
 )
+from grpo_exp.run.labels_check import check_labels_first
 from grpo_exp.run.resolve import RunSpec
 from grpo_exp.run.resume import Attempt, write_record
 from grpo_exp.run.validation import untouched_rng
