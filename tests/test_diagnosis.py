@@ -8,6 +8,7 @@ import pytest
 
 from grpo_exp.diagnose import main as diagnose_main
 from grpo_exp.run.alarms import answer_collapse_alarm, no_signal_warning
+from grpo_exp.run.comparison import comparison_rows, discover_runs
 from grpo_exp.run.diagnosis import HEALTHY, RunEvidence, diagnose, read_run
 from grpo_exp.run.diagnosis.rules import (
     answer_collapse,
@@ -74,7 +75,10 @@ def test_labels_that_misread_sentences_are_found_with_three_examples_and_the_rul
     assert found.name == "labels_misread"
     assert found.seen.startswith("12/20 (60%, 95% [0.39, 0.78]) answers state the reference")
     assert found.seen.count("read as") == 3 and "reference 'r0'" in found.seen
-    assert found.tries[0].startswith("verifier.answer=stated_in_sentence   # reads 12 of these 12")
+    assert found.tries[0].startswith("verifier.answer=phrase   # reads 12 of these 12")
+    assert labels_misread(evidence(summary={"answer": "phrase"}), sentences(20, 12)).tries[0].startswith(
+        "verifier.answer=stated_in_sentence"
+    )  # the run's own rule is not offered again
     assert labels_misread(evidence(), sentences(20, 2)) is None  # 2/20: within what the rule may miss
     right = [sample("q", "r", "r", "r", True)] * 20
     assert labels_misread(evidence(), right) is None
@@ -193,7 +197,8 @@ def test_truncation_entropy_and_gradient_spikes():
 def write_run(directory, metrics: list[dict], summary: dict | None = None, before=(), after=()) -> None:
     directory.mkdir(parents=True)
     (directory / "config.yaml").write_text(json.dumps(CONFIG))  # JSON is YAML
-    (directory / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    lines = [{"step": step, **m} for step, m in enumerate(metrics, 1)]
+    (directory / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
     if summary is not None:
         (directory / "summary.json").write_text(json.dumps(summary))
     for name, rows in (("eval_before.jsonl", before), ("eval_after.jsonl", after)):
@@ -213,6 +218,8 @@ def test_diagnose_reads_any_run_directory_an_older_one_included(tmp_path, capsys
     assert diagnose_main([str(tmp_path / "sweep" / "0"), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)[str(tmp_path / "sweep" / "0")][0]["name"] == "no_signal"
     assert [f.name for f in diagnose(read_run(tmp_path / "sweep" / "1"))] == []
+    rows = comparison_rows(discover_runs([tmp_path / "sweep"]), [])  # grpo-exp compare: each run's findings
+    assert [row["findings"] for row in rows] == ["no_signal", "none"]
 
 
 @pytest.mark.parametrize(("path", "message"), [("missing", "no such directory"), ("empty", "no grpo_exp run")])

@@ -10,6 +10,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from grpo_exp.run.diagnosis import diagnose, read_run
 from grpo_exp.run.files import METRICS_FILE, STATUS_FILE
 from grpo_exp.run.report import quarter_means
 from grpo_exp.run.tracking import read_metrics
@@ -139,11 +140,24 @@ def comparison_rows(runs: list[Run], swept: list[str]) -> list[dict]:
             "final kl": kl[-1] if kl else math.nan,
             "s/step": sum(step_times) / len(step_times) if step_times else math.nan,
             "train s": run.summary.get("train_seconds"),
+            "findings": findings_of(run),
         }
         # each component's final reward, unweighted: the last quarter's mean, as for the total
         row |= {f"reward/{n}": quarter_means([v for _, v in _series(run, f"rewards/{n}/mean")])[1] for n in components}
         rows.append(row)
     return rows
+
+
+def findings_of(run: Run) -> str:
+    """The run's findings by name (grpo_exp.run.diagnosis): its summary's, else read from its directory (a run made
+    before the findings existed); `grpo-exp diagnose <run dir>` says each in full."""
+    if run.summary.get("diagnosis") is not None:
+        names = [finding["name"] for finding in run.summary["diagnosis"]]
+    elif Path(run.name).is_dir():
+        names = [finding.name for finding in diagnose(read_run(Path(run.name)))]
+    else:
+        return "-"
+    return ", ".join(names) or "none"
 
 
 def _cell(value) -> str:

@@ -17,6 +17,8 @@ from transformers import TrainerCallback
 
 from grpo_exp.errors import UserError
 from grpo_exp.run.build import RunParts
+from grpo_exp.run.diagnosis.evidence import RunEvidence
+from grpo_exp.run.diagnosis.rules import answer_collapse
 from grpo_exp.run.distributed import is_main_process
 from grpo_exp.run.files import BENCHMARK_FILE, eval_file
 from grpo_exp.run.heldout import (
@@ -117,10 +119,18 @@ class HeldoutEval:
         result = run_heldout_accuracy(model, self.tokenizer, problems, self.spec, self.parts, None)
         self.validated = (step, result)
         metrics = self._scored(result.samples, step)
+        if step > 0:
+            self._warn_of_collapse(result.samples, step)
         if eval_cfg.every_samples:
             sampled = self.sampled(model, problems, eval_cfg.every_samples)
             metrics |= {f"heldout/{key}": value for key, value in sampled.metrics.items()}
         return metrics
+
+    def _warn_of_collapse(self, samples: list[dict], step: int) -> None:
+        """A validation's answers collapsed to one (the diagnosis rule answer_collapse), said when it is seen."""
+        found = answer_collapse(RunEvidence(config=self.spec.saved_config), samples)
+        if found is not None and is_main_process():
+            log.warning("Validation at step %d: %s", step, "\n".join(found.lines()))
 
     def initial(self, model) -> dict[str, float]:
         """The initial model's validation: the answers of the evaluation before training to these problems, when

@@ -77,7 +77,7 @@ class PolicyHealth(TrainerCallback):
         wrong = self.all_wrong[-self.cfg.window :]
         if wrong and min(wrong) >= 1:
             found += "; every group was all wrong: the task is too hard, or the labels misread the answers"
-        return found + " (`grpo-exp diagnose <run dir>` says what to try)"
+        return found + f" (`grpo-exp diagnose {self.metrics_file.parent}` says what to try)"
 
     def answer_collapse(self) -> str | None:
         if len(self.answers) < self.cfg.window:

@@ -17,7 +17,7 @@ NO_SIGNAL_SHARE = 0.75  # most groups without spread: the 95% interval of their 
 MISREAD_SHARE = 0.1  # answers right by content and wrong by the labels: the 95% interval above this share
 COLLAPSE_SHARE = 0.6  # one answer to most problems: the 95% interval of its share above this
 # Rules that read a word answer from a sentence, tried in turn on answers the labels miss (which would read them).
-WORD_RULES = ("stated_in_sentence", "answer_is", "boxed", "answer_tags", "last_line")
+WORD_RULES = ("phrase", "stated_in_sentence", "answer_is", "boxed", "answer_tags", "last_line")
 
 
 @dataclass(frozen=True)
@@ -63,16 +63,17 @@ def misread_answers(samples: list[dict]) -> tuple[list[dict], int]:
     return missed, len(judged)
 
 
-def rule_that_reads(samples: list[dict]) -> tuple[str, int] | None:
-    """The built-in word rule that reads the most of these answers as their reference, and how many (None: none)."""
+def rule_that_reads(samples: list[dict], other_than: str | None = None) -> tuple[str, int] | None:
+    """The built-in word rule (other than the run's own) that reads the most of these answers as their reference,
+    and how many (None: none)."""
     best = None
-    for name in WORD_RULES:
+    for name in (rule for rule in WORD_RULES if rule != other_than):
         read = sum(
             (answer := BUILT_IN[name](s.get("completion", ""))) is not None
             and normalise_answer(answer) == normalise_answer(str(s["solution"]))
             for s in samples
         )
-        if read and (best is None or read > best[1]):
+        if read and (best is None or read > best[1]):  # ties: the first (phrase tries the others in turn)
             best = (name, read)
     return best
 
@@ -90,9 +91,9 @@ def labels_misread(evidence: RunEvidence, samples: list[dict] | None = None) -> 
         f'"{_short(final_sentence(s["completion"]), 70)}" read as {s.get("answer")!r}, reference {s["solution"]!r}'
         for s in missed[:3]
     )
-    reader = rule_that_reads(missed)
+    reader = rule_that_reads(missed, other_than=rule)
     tries = []
-    if reader is not None and reader[0] != rule:
+    if reader is not None:
         tries.append(f"verifier.answer={reader[0]}   # reads {reader[1]} of these {len(missed)} as their reference")
     tries += [
         'dataset.prompt.template="{question} Reply with the answer only."',
