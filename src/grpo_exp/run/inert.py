@@ -409,9 +409,13 @@ ONLY_WITH: tuple[OnlyWith, ...] = (
         ("probe.problems",),
         lambda cfg: (
             cfg.probe.before_training is not AlarmAction.off
-            or (cfg.probe.labels_check is not AlarmAction.off and not cfg.eval.before)
+            or (
+                cfg.probe.labels_check is not AlarmAction.off
+                and not cfg.eval.before
+                and cfg.rollout.name is RolloutName.single
+            )
         ),
-        "by the reward probe and, without eval.before, the labels check",
+        "by the reward probe and, single-turn without eval.before, the labels check",
         lambda cfg: "probe.before_training=off" + ("" if cfg.eval.before else " and probe.labels_check=off"),
         "set probe.before_training=warn or stop (or run grpo-exp probe)",
     ),

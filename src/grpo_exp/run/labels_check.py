@@ -1,6 +1,7 @@
 """probe.labels_check: before the first step, the untrained policy's greedy answers (those measured before training,
-else the first probe.problems held-out problems) read with the run's labels beside the lenient content check (the
-reference anywhere in the final sentence), and scored by the run's reward.
+else, single-turn, the first probe.problems held-out problems; not for environments, which score themselves) read
+with the run's labels beside the lenient content check (the reference anywhere in the final sentence), and scored by
+the run's reward.
 
 Two findings, warned (logged, `labels_check` in summary.json) or stopped on, before any step is spent:
 - the labels misread the task: many answers state the reference yet are labelled wrong (the diagnosis rule
@@ -45,8 +46,13 @@ def check_labels_first(evaluation, model, run_dir: Path) -> list[str] | None:
     action = AlarmAction(spec.cfg.probe.labels_check)
     if action is AlarmAction.off:
         return None
+    if spec.multiturn and spec.cfg.rollout.environment is not None:
+        return None  # an environment scores its episodes itself: no labels to misread
     if evaluation.before is not None:
         samples = evaluation.before.samples
+    elif spec.multiturn:  # whole rollouts before training, which eval.before=false chose not to spend
+        log.info("Labels check skipped: a multi-turn run checks the answers of eval.before, which is off")
+        return None
     else:
         count = min(spec.cfg.probe.problems, len(evaluation.heldout))
         problems = evaluation.heldout.select(range(count))
