@@ -135,10 +135,16 @@ def no_signal(evidence: RunEvidence) -> Finding | None:
             ": with trainer.zero_variance_groups=skip, not a single update)" if skip else ")"
         )
     tries = [f"trainer.num_generations={max(group_size * 2, 8)}   # larger groups: more chances of a spread"]
+    misread = labels_misread(evidence)
     if all_wrong >= 0.5:
         paid = statistics.fmean(rewards) if rewards else 0.0
         if rewards and max(rewards) - min(rewards) < 1e-6 and paid > 0:
             seen += f"; every completion was wrong and paid the same {paid:.3g}: the reward cannot rank them"
+        elif misread is not None:
+            seen += (
+                f"; {all_wrong:.0%} of the groups were all wrong by labels that misread the answers (labels_misread)"
+            )
+            tries = [misread.tries[0], *tries]
         else:
             seen += f"; {all_wrong:.0%} of the groups were all wrong: the task is too hard for the policy"
         tries += easier_settings(evidence)
@@ -248,12 +254,13 @@ def format_gain(evidence: RunEvidence) -> Finding | None:
     if len(strict[0]) < 10 or len(lenient[0]) < 10:
         return None
     change, low, _ = paired_change(*strict)
-    content, content_low, _ = paired_change(*lenient)
+    content, content_low, content_high = paired_change(*lenient)
     if not (low > 0 and (content_low <= 0 or content < change / 2)):
         return None
+    lost = "; the content check fell beyond noise: answers it knew are no longer stated" if content_high < 0 else ""
     return Finding(
         "format_gain",
-        f"held-out accuracy {_change(*strict)} while the content check went {_change(*lenient)}",
+        f"held-out accuracy {_change(*strict)} while the content check went {_change(*lenient)}{lost}",
         "the policy learned to state answers it already knew in the form the labels read, not to know more",
         (
             'dataset.prompt.template="{question} Reply with the answer only."   # ask for the form, train content',
