@@ -147,7 +147,10 @@ def no_signal(evidence: RunEvidence) -> Finding | None:
             tries = [misread.tries[0], *tries]
         else:
             seen += f"; {all_wrong:.0%} of the groups were all wrong: the task is too hard for the policy"
-        tries += easier_settings(evidence)
+        # the misread labels first; else an easier start before larger groups, which rarely find a first right one
+        tries = (
+            [*tries[:1], *easier_settings(evidence), *tries[1:]] if misread else [*easier_settings(evidence), *tries]
+        )
     elif all_right >= 0.5:
         seen += f"; {all_right:.0%} of the groups were all right: the task is too easy"
         tries += ["curriculum.enabled=true   # draw the prompts whose pass rate is between 0.1 and 0.9"]
