@@ -2,7 +2,7 @@
 run (summary.json's `diagnosis`, the printed summary), and from any run directory (`grpo-exp diagnose`)."""
 
 from grpo_exp.run.diagnosis.evidence import RunEvidence, is_run_dir, read_run
-from grpo_exp.run.diagnosis.rules import RULES, Finding
+from grpo_exp.run.diagnosis.rules import EXPLAINS_HELDOUT, RULES, Finding, no_change
 
 HEALTHY = "no finding: nothing in the run's records says it went wrong"
 
@@ -12,7 +12,11 @@ __all__ = ["HEALTHY", "Finding", "RunEvidence", "diagnose", "is_run_dir", "read_
 def diagnose(evidence: RunEvidence) -> list[Finding]:
     """Every rule's finding, in the order a user should act on them (the labels first: a misread answer explains the
     rest)."""
-    return [finding for rule in RULES if (finding := rule(evidence)) is not None]
+    found = [finding for rule in RULES if (finding := rule(evidence)) is not None]
+    if not EXPLAINS_HELDOUT & {finding.name for finding in found}:  # a held-out result no other finding accounts for
+        change = no_change(evidence, explained=bool(found))
+        found += [change] if change is not None else []
+    return found
 
 
 def diagnosis_lines(findings: list[Finding]) -> list[str]:

@@ -169,12 +169,12 @@ def no_signal(evidence: RunEvidence) -> Finding | None:
 
 
 def easier_settings(evidence: RunEvidence) -> list[str]:
+    """What makes a task the policy never gets right easier to start on."""
     tries = []
     if evidence.setting("dataset.source") == "reasoning_gym":
         tries.append("dataset.levels.enabled=true   # start at the task's easiest level and climb")
-    if not evidence.setting("rollout.demo"):
-        tries.append("rollout=multiturn rollout.demo=[...]   # a worked example before each problem")
-    tries.append("reward=correct+format   # a graded part that some completions earn and others do not")
+    if not evidence.setting("dataset.prompt.system"):
+        tries.append('dataset.prompt.system="<a worked example: a question and its answer>"   # how to answer')
     return tries
 
 
@@ -272,9 +272,10 @@ def format_gain(evidence: RunEvidence) -> Finding | None:
     )
 
 
-def no_change(evidence: RunEvidence) -> Finding | None:
+def no_change(evidence: RunEvidence, explained: bool = False) -> Finding | None:
     """No measurable held-out change: the paired interval of the change includes 0. Says how many problems would
-    resolve a difference of the observed size; with a flat training reward too, the learning was too slow to see."""
+    resolve a difference of the observed size; with a flat training reward too and nothing else found (`explained`:
+    another finding accounts for the run), the learning was too slow to see."""
     before, after = paired_outcomes(evidence)
     if len(before) < 10:
         return None
@@ -290,11 +291,13 @@ def no_change(evidence: RunEvidence) -> Finding | None:
     slope = reward_slope(evidence)
     tries = [f"dataset.eval_size={needed}" if needed else "trainer.max_steps=<more>   # a longer run"]
     why = "a result within noise is no result either way: it can neither show that the setting works nor that it fails"
-    if slope is not None and slope[1] <= 0 <= slope[2]:
+    if not explained and slope is not None and slope[1] <= 0 <= slope[2]:
         seen += f"; the training reward was flat too ({slope[0]:+.4f} a step, 95% [{slope[1]:+.4f}, {slope[2]:+.4f}])"
         rate = float(evidence.setting("trainer.learning_rate", 1e-6) or 1e-6)
         steps = int(evidence.setting("trainer.max_steps", len(evidence.steps)) or len(evidence.steps))
-        tries = [f"trainer.learning_rate={rate * 3:g}", f"trainer.max_steps={max(steps * 2, 1)}", *tries[:1]]
+        tries = [f"trainer.learning_rate={rate * 3:g}", f"trainer.max_steps={max(steps * 2, 1)}"] + tries[
+            : bool(needed)
+        ]
         why = "nothing else is wrong that the run can see: learning may be too slow to show in this many steps"
     return Finding("no_change", seen, why, tuple(tries))
 
@@ -397,14 +400,6 @@ def _completions_per_step(evidence: RunEvidence) -> int:
     return evidence.prompts_per_step * evidence.group_size
 
 
-RULES = (
-    labels_misread,
-    no_signal,
-    answer_collapse,
-    format_gain,
-    reward_not_truth,
-    no_change,
-    truncated,
-    entropy,
-    gradient_spikes,
-)
+RULES = (labels_misread, no_signal, answer_collapse, format_gain, reward_not_truth, truncated, entropy, gradient_spikes)
+# What accounts for a held-out result by itself: with one of these found, no_change adds nothing.
+EXPLAINS_HELDOUT = {"labels_misread", "no_signal", "answer_collapse", "format_gain", "reward_not_truth"}
