@@ -76,8 +76,10 @@ def test_labels_that_misread_sentences_are_found_with_three_examples_and_the_rul
     assert found.seen.startswith("12/20 (60%, 95% [0.39, 0.78]) answers state the reference")
     assert found.seen.count("read as") == 3 and "reference 'r0'" in found.seen
     assert found.tries[0].startswith("verifier.answer=phrase   # reads 12 of these 12")
-    assert labels_misread(evidence(summary={"answer": "phrase"}), sentences(20, 12)).tries[0].startswith(
-        "verifier.answer=stated_in_sentence"
+    assert (
+        labels_misread(evidence(summary={"answer": "phrase"}), sentences(20, 12))
+        .tries[0]
+        .startswith("verifier.answer=stated_in_sentence")
     )  # the run's own rule is not offered again
     assert labels_misread(evidence(), sentences(20, 2)) is None  # 2/20: within what the rule may miss
     right = [sample("q", "r", "r", "r", True)] * 20
@@ -260,3 +262,12 @@ def test_a_run_without_a_single_spread_warns_during_training_and_is_diagnosed(tm
     assert "No learning signal at step 2" in console and "diagnosis" in console
     listed = run_cli(str(tmp_path / "run"), module="grpo_exp.diagnose")
     assert listed.returncode == 0 and "\n  no_signal: " in listed.stdout
+
+
+def test_no_change_is_left_out_where_another_finding_accounts_for_the_held_out_result():
+    before, after = paired_runs([(False, "x")] * 20, [(False, "x")] * 20)
+    flat = steps(10, frac_reward_zero_std=1.0, **{"groups/frac_all_wrong": 1.0})
+    assert [f.name for f in diagnose(evidence(before=before, after=after, steps=flat))] == ["no_signal"]
+    quiet = [{"reward": 0.1, "grad_norm": 1.0} for _ in range(10)]
+    found = diagnose(evidence(before=before, after=after, steps=quiet))
+    assert [f.name for f in found] == ["no_change"] and "learning may be too slow" in found[0].why
