@@ -271,3 +271,25 @@ def test_no_change_is_left_out_where_another_finding_accounts_for_the_held_out_r
     quiet = [{"reward": 0.1, "grad_norm": 1.0} for _ in range(10)]
     found = diagnose(evidence(before=before, after=after, steps=quiet))
     assert [f.name for f in found] == ["no_change"] and "learning may be too slow" in found[0].why
+
+
+def test_the_health_callback_sounds_the_answer_collapse_and_stops_when_told(tmp_path):
+    """PolicyHealth fed as the trainer feeds it: each step's answers (observe_answers), then the step's logs."""
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from grpo_exp.run.health import PolicyHealth
+    from grpo_exp.schema import HealthSchema
+
+    cfg = OmegaConf.merge(OmegaConf.structured(HealthSchema), {"window": 3, "answer_collapse": "stop"})
+    health = PolicyHealth(cfg, completions_per_step=8, metrics_file=tmp_path / "metrics.jsonl")
+    control = SimpleNamespace(should_training_stop=False)
+    for step in range(1, 4):
+        health.observe_answers(["yes"] * 8, ["yes"] * 4 + ["no"] * 4)
+        logs = {"entropy": 1.0, "frac_reward_zero_std": 0.5}
+        health.on_log(None, SimpleNamespace(global_step=step), control, logs=logs)
+    assert logs["alarm/answer_collapse"] == 1.0 and control.should_training_stop
+    assert health.summary()["answer_collapse_alarm"].startswith("step 3: the policy collapsed to one answer: 24 of 24")
+    assert health.summary()["health_stopped"].endswith("(health.answer_collapse=stop)")
+    assert health.summary()["no_signal_warning"] is None  # half the groups had a spread
