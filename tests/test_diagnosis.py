@@ -19,6 +19,7 @@ from grpo_exp.run.diagnosis.rules import (
     no_change,
     no_signal,
     reward_not_truth,
+    sampler_mismatch,
     truncated,
 )
 from grpo_exp.run.labels_check import answers_alike
@@ -293,3 +294,18 @@ def test_the_health_callback_sounds_the_answer_collapse_and_stops_when_told(tmp_
     assert health.summary()["answer_collapse_alarm"].startswith("step 3: the policy collapsed to one answer: 24 of 24")
     assert health.summary()["health_stopped"].endswith("(health.answer_collapse=stop)")
     assert health.summary()["no_signal_warning"] is None  # half the groups had a spread
+
+
+def test_a_sampler_far_from_the_trainer_is_found():
+    measured = [
+        {"reward": 0.0, "sampling/sampling_logp_difference/mean": d, "sampling/importance_sampling_ratio/min": 0.7,
+         "sampling/importance_sampling_ratio/max": 1.3}
+        for d in (0.03, 0.04, 0.05)
+    ]  # fmt: skip
+    found = sampler_mismatch(evidence(steps=measured))
+    assert found.seen.startswith(
+        "the sampler's log-probabilities are 0.040 a token from the trainer's on average over 3"
+    )
+    assert "ratio 0.70 to 1.30" in found.seen and found.tries[0].startswith("generation=transformers_fast")
+    float32 = [{"reward": 0.0, "sampling/sampling_logp_difference/mean": 1e-5} for _ in range(3)]
+    assert sampler_mismatch(evidence(steps=float32)) is None

@@ -396,10 +396,47 @@ def gradient_spikes(evidence: RunEvidence) -> Finding | None:
     )
 
 
+MISMATCH_LOGP = 0.02  # mean |log p sampler - log p trainer| a token: float32 paths measure ~1e-5, bfloat16 ~0.04
+
+
+def sampler_mismatch(evidence: RunEvidence) -> Finding | None:
+    """The sampler's log-probabilities far from the trainer's (trainer.mismatch_metrics' measurement), so that PPO's
+    ratio carries the difference: the mean over the steps of each step's mean above MISMATCH_LOGP."""
+    differences = evidence.series("sampling/sampling_logp_difference/mean")
+    if len(differences) < 3 or not statistics.fmean(differences) > MISMATCH_LOGP:
+        return None
+    low, high = (
+        evidence.series("sampling/importance_sampling_ratio/min"),
+        evidence.series("sampling/importance_sampling_ratio/max"),
+    )
+    span = f"; per-token ratio {statistics.fmean(low):.2f} to {statistics.fmean(high):.2f}" if low and high else ""
+    epsilon = float(evidence.setting("trainer.epsilon", 0.2) or 0.2)
+    return Finding(
+        "sampler_mismatch",
+        f"the sampler's log-probabilities are {statistics.fmean(differences):.3f} a token from the trainer's on "
+        f"average over {len(differences)} steps{span} (PPO clips at 1 +- {epsilon:g})",
+        "tokens are clipped or reweighted for the sampler's rounding, not for what the policy learned",
+        (
+            "generation=transformers_fast   # sample from the policy's own float32 weights",
+            "trainer.mismatch_correction=behaviour_ratio",
+        ),
+    )
+
+
 def _completions_per_step(evidence: RunEvidence) -> int:
     return evidence.prompts_per_step * evidence.group_size
 
 
-RULES = (labels_misread, no_signal, answer_collapse, format_gain, reward_not_truth, truncated, entropy, gradient_spikes)
+RULES = (
+    labels_misread,
+    no_signal,
+    answer_collapse,
+    format_gain,
+    reward_not_truth,
+    truncated,
+    entropy,
+    gradient_spikes,
+    sampler_mismatch,
+)
 # What accounts for a held-out result by itself: with one of these found, no_change adds nothing.
 EXPLAINS_HELDOUT = {"labels_misread", "no_signal", "answer_collapse", "format_gain", "reward_not_truth"}
