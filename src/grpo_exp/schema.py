@@ -726,7 +726,8 @@ class HealthSchema:
     # last `window` logged steps, above this share.
     truncation: AlarmAction = AlarmAction.warn
     truncation_share: float = knob(0.5, ge=0.0, lt=1.0)
-    # No signal: not one group with a reward spread in each of the last `window` logged steps.
+    # No signal: not one group with a reward spread since the start (at least `window` logged steps) or in the last
+    # 3 x `window`.
     no_signal: AlarmAction = AlarmAction.warn
     # Answer collapse: over the last `window` steps' completions, one final answer's share above this (95% interval)
     # and above its share among their references (what a constant answer scores).

@@ -128,13 +128,22 @@ def truncation_warning(shares: list[float], completions_per_step: int, window: i
 
 
 def no_signal_warning(zero_std_shares: list[float], window: int) -> str | None:
-    """Not a single group with a reward spread in each of the last `window` logged steps (TRL's frac_reward_zero_std
-    at 1): every advantage was 0, so nothing was learned. None when silent, or before `window` steps."""
-    if len(zero_std_shares) < window or not all(share >= 1 - 1e-9 for share in zero_std_shares[-window:]):
+    """No learning signal: not a single group with a reward spread (TRL's frac_reward_zero_std at 1) in any logged
+    step since the run began (at least `window` of them), or in the last 3 x `window` (a long flat stretch; a
+    shorter one is common in a healthy run whose groups are often all wrong). Every advantage was 0 there, so nothing
+    was learned. None when silent."""
+    flat = [share >= 1 - 1e-9 for share in zero_std_shares]
+    since_start = len(flat) >= window and all(flat)
+    stretch = 3 * window
+    if since_start:
+        where = f"any of the {len(flat)} logged steps so far"
+    elif len(flat) >= stretch and all(flat[-stretch:]):
+        where = f"any of the last {stretch} logged steps"
+    else:
         return None
     return (
-        f"not one group of the last {window} logged steps had a reward spread (frac_reward_zero_std 1.00 at each): "
-        "every advantage is 0, so nothing is being learned"
+        f"not one group had a reward spread in {where} (frac_reward_zero_std 1.00 at each): every advantage is 0, so "
+        "nothing is being learned"
     )
 
 
