@@ -317,3 +317,11 @@ def test_a_sampler_far_from_the_trainer_is_found():
     assert "ratio 0.70 to 1.30" in found.seen and found.tries[0].startswith("generation=transformers_fast")
     float32 = [{"reward": 0.0, "sampling/sampling_logp_difference/mean": 1e-5} for _ in range(3)]
     assert sampler_mismatch(evidence(steps=float32)) is None
+
+
+def test_a_setting_the_run_already_has_is_not_offered_again():
+    after = [sample(f"q{i}", "Yes" if i < 7 else "No", "Yes", "Yes", i < 7) for i in range(10)]
+    run = evidence(after=after)
+    run.config = CONFIG | {"trainer": CONFIG["trainer"] | {"beta": 0.04}}
+    (found,) = diagnose(run)
+    assert found.name == "answer_collapse" and not any(t.startswith("trainer.beta=0.04") for t in found.tries)

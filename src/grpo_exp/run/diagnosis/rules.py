@@ -295,7 +295,7 @@ def no_change(evidence: RunEvidence, explained: bool = False) -> Finding | None:
         seen += f"; the training reward was flat too ({slope[0]:+.4f} a step, 95% [{slope[1]:+.4f}, {slope[2]:+.4f}])"
         rate = float(evidence.setting("trainer.learning_rate", 1e-6) or 1e-6)
         steps = int(evidence.setting("trainer.max_steps", len(evidence.steps)) or len(evidence.steps))
-        tries = [f"trainer.learning_rate={rate * 3:g}", f"trainer.max_steps={max(steps * 2, 1)}"] + tries[
+        tries = [f"trainer.learning_rate={rate * 3:.2g}", f"trainer.max_steps={max(steps * 2, 1)}"] + tries[
             : bool(needed)
         ]
         why = "nothing else is wrong that the run can see: learning may be too slow to show in this many steps"
@@ -372,7 +372,7 @@ def entropy(evidence: RunEvidence) -> Finding | None:
         found,
         "a collapsed policy samples the same completion in every group (no spread, nothing to learn); a blown-up one "
         "writes noise",
-        ("trainer.beta=0.04", f"trainer.learning_rate={rate / 3:g}")
+        ("trainer.beta=0.04", f"trainer.learning_rate={rate / 3:.2g}")
         + (("trainer.temperature=1.2",) if collapsed else ()),
     )
 
@@ -392,7 +392,7 @@ def gradient_spikes(evidence: RunEvidence) -> Finding | None:
         f"{len(spikes)} of {len(norms)} steps had a gradient norm above 10x the median {median:.3g} (largest "
         f"{max(spikes):.3g})",
         "a spike moves the policy far in one step; clipping bounds it, but frequent spikes mean unstable training",
-        (f"trainer.learning_rate={rate / 3:g}", "trainer.max_grad_norm=0.5"),
+        (f"trainer.learning_rate={rate / 3:.2g}", "trainer.max_grad_norm=0.5"),
     )
 
 
