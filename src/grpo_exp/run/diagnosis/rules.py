@@ -332,7 +332,10 @@ def reward_not_truth(evidence: RunEvidence) -> Finding | None:
         seen += "; the reward probe found: " + "; ".join(evidence.probe[:3])
     else:
         tries.append("probe.before_training=warn   # what the reward pays for without the answer")
-    tries += ["eval.every=10   # the reward-hacking alarm watches the two part ways"]
+    if not evidence.setting("eval.every"):
+        tries.append("eval.every=10   # the reward-hacking alarm watches the two part ways")
+    else:
+        tries.append("eval.alarm=stop   # end the run when they part; checkpoint-best keeps the best validation")
     if any(s.get("environment") is not None for s in evidence.before + evidence.after):
         tries.append("a reward that pays the goal (a won episode), not the environment's partial credit")
     return Finding(
