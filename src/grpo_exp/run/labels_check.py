@@ -75,13 +75,12 @@ def check_labels_first(evaluation, model, run_dir: Path) -> list[str] | None:
 
 
 def _alike(samples: list[dict], evaluation, evidence: RunEvidence) -> Finding | None:
-    """The run's reward on the answers, a learned component (a judge's graded score) left out: it is not the rule
-    that decides a group's spread, and asking a judge here costs its calls."""
-    funcs = [f for f in evaluation.parts.reward_funcs if f.__name__ not in GRADED_COMPONENTS]
-    if not funcs or not samples:
+    """The run's reward on the answers; not with a learned component in the mix (a judge's or a verifier's graded
+    score): its scores rarely tie, and asking it here costs its calls."""
+    funcs = evaluation.parts.reward_funcs
+    if not samples or any(f.__name__ in GRADED_COMPONENTS for f in funcs):
         return None
-    pairs = zip(evaluation.parts.reward_funcs, evaluation.spec.reward_weights, strict=True)
-    weights = [w for f, w in pairs if f in funcs]
+    weights = evaluation.spec.reward_weights
     by_question = {row["question"]: row for row in evaluation.heldout}
     samples = [s for s in samples[:ALIKE_ANSWERS] if s.get("question") in by_question]
     if not samples:
