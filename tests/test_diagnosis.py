@@ -15,6 +15,7 @@ from grpo_exp.run.diagnosis.rules import (
     entropy,
     format_gain,
     gradient_spikes,
+    heldout_fell,
     labels_misread,
     no_change,
     no_signal,
@@ -325,3 +326,13 @@ def test_a_setting_the_run_already_has_is_not_offered_again():
     run.config = CONFIG | {"trainer": CONFIG["trainer"] | {"beta": 0.04}}
     (found,) = diagnose(run)
     assert found.name == "answer_collapse" and not any(t.startswith("trainer.beta=0.04") for t in found.tries)
+
+
+def test_a_held_out_fall_without_a_rising_reward_is_found():
+    before, after = paired_runs([(True, "r")] * 12 + [(False, "x")] * 8, [(False, "x")] * 20)
+    flat = [{"reward": 0.1 + 0.01 * (i % 2)} for i in range(20)]
+    found = heldout_fell(evidence(before=before, after=after, steps=flat))
+    assert found.seen.startswith("held-out went 0.600 -> 0.000 (-0.600")
+    assert found.tries[0].startswith("eval.every=5")
+    rising = [{"reward": 0.02 * i} for i in range(20)]
+    assert heldout_fell(evidence(before=before, after=after, steps=rising)) is None  # reward_not_truth's case

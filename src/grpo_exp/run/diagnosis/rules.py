@@ -347,6 +347,29 @@ def reward_not_truth(evidence: RunEvidence) -> Finding | None:
     )
 
 
+def heldout_fell(evidence: RunEvidence) -> Finding | None:
+    """The held-out measure (accuracy, or episodes won) fell beyond noise while the training reward did not rise
+    beyond noise (where it rose, reward_not_truth says so): training made the policy worse where it is measured."""
+    before, after = paired_outcomes(evidence)
+    slope = reward_slope(evidence)
+    if len(before) < 10 or (slope is not None and slope[1] > 0):
+        return None
+    if not paired_change(before, after)[2] < 0:
+        return None
+    rate = float(evidence.setting("trainer.learning_rate", 1e-6) or 1e-6)
+    tries = [f"trainer.learning_rate={rate / 3:.2g}"]
+    if not evidence.setting("eval.every"):
+        tries.insert(
+            0, "eval.every=5   # validations; checkpoint-best keeps the best model, never worse than the start"
+        )
+    return Finding(
+        "heldout_fell",
+        f"held-out went {_change(before, after)} while the training reward did not rise beyond noise",
+        "the updates made the policy worse on problems it was not trained on: its last model is not the one to keep",
+        tuple(tries),
+    )
+
+
 # ---- the policy's health -----------------------------------------------------------------------------------------
 
 
@@ -436,10 +459,11 @@ RULES = (
     answer_collapse,
     format_gain,
     reward_not_truth,
+    heldout_fell,
     truncated,
     entropy,
     gradient_spikes,
     sampler_mismatch,
 )
 # What accounts for a held-out result by itself: with one of these found, no_change adds nothing.
-EXPLAINS_HELDOUT = {"labels_misread", "no_signal", "answer_collapse", "format_gain", "reward_not_truth"}
+EXPLAINS_HELDOUT = {"labels_misread", "no_signal", "answer_collapse", "format_gain", "reward_not_truth", "heldout_fell"}
