@@ -323,9 +323,10 @@ def test_a_sampler_far_from_the_trainer_is_found():
 def test_a_setting_the_run_already_has_is_not_offered_again():
     after = [sample(f"q{i}", "Yes" if i < 7 else "No", "Yes", "Yes", i < 7) for i in range(10)]
     run = evidence(after=after)
-    run.config = CONFIG | {"trainer": CONFIG["trainer"] | {"beta": 0.04}}
+    assert diagnose(run)[0].tries[0].startswith("health.answer_collapse=stop")
+    run.config = CONFIG | {"health": {"answer_collapse": "stop"}}
     (found,) = diagnose(run)
-    assert found.name == "answer_collapse" and not any(t.startswith("trainer.beta=0.04") for t in found.tries)
+    assert found.name == "answer_collapse" and not any(t.startswith("health.answer_collapse") for t in found.tries)
 
 
 def test_a_held_out_fall_without_a_rising_reward_is_found():

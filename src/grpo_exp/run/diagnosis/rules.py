@@ -204,6 +204,7 @@ def answer_collapse(evidence: RunEvidence, samples: list[dict] | None = None) ->
         )
     if not found:
         return None
+    levels = evidence.setting("dataset.source") == "reasoning_gym" and not evidence.setting("dataset.levels.enabled")
     distinct = evidence.series("diversity/distinct_answers")
     trend = f"; distinct answers per group {distinct[0]:.2f} -> {distinct[-1]:.2f}" if len(distinct) > 1 else ""
     return Finding(
@@ -211,9 +212,14 @@ def answer_collapse(evidence: RunEvidence, samples: list[dict] | None = None) ->
         "; ".join(found) + trend,
         "a constant answer earns the share of problems it happens to fit, and the training reward rises as if the "
         "policy learned; held-out accuracy stops at that share",
-        (
-            "trainer.beta=0.04   # a KL penalty holds the policy near its start",
-            "trainer.num_generations=8   # larger groups: a right answer against the constant more often",
+        # Measured on syllogism (experiments/README.md): trainer.beta=0.04 and trainer.num_generations=8 each collapsed
+        # to the same constant, so neither is offered; what is left is to stop early and change what the policy can do.
+        tuple(
+            [
+                "health.answer_collapse=stop   # end the run at the collapse (beta, larger groups did not stop it)",
+                *(["dataset.levels.enabled=true   # a level where it can reason"] if levels else []),
+                "model=pretrained model.name_or_path=<a larger policy>   # the constant was the best this one found",
+            ]
         ),
     )
 
