@@ -68,14 +68,10 @@ def read_run(run_dir: Path) -> RunEvidence:
         steps=[line for line in logged if "reward" in line],
         validations=[line for line in logged if isinstance(line.get("heldout/accuracy"), int | float)],
         summary=summary,
-        before=_samples(run_dir / eval_file("before")),
-        after=_samples(run_dir / eval_file("after")),
+        before=read_metrics(run_dir / eval_file("before")),  # one JSON object a line, as metrics.jsonl
+        after=read_metrics(run_dir / eval_file("after")),
         probe=_probe_findings(run_dir, summary),
     )
-
-
-def _samples(path: Path) -> list[dict]:
-    return read_metrics(path)  # one JSON object a line, as metrics.jsonl
 
 
 def _probe_findings(run_dir: Path, summary: dict) -> list[str] | None:
