@@ -337,3 +337,13 @@ def test_a_held_out_fall_without_a_rising_reward_is_found():
     assert found.tries[0].startswith("eval.every=5")
     rising = [{"reward": 0.02 * i} for i in range(20)]
     assert heldout_fell(evidence(before=before, after=after, steps=rising)) is None  # reward_not_truth's case
+
+
+def test_diagnose_says_which_run_it_cannot_read_in_one_line_and_goes_on(tmp_path, capsys):
+    write_run(tmp_path / "runs" / "good", steps(3))
+    write_run(tmp_path / "runs" / "bad", steps(3))
+    (tmp_path / "runs" / "bad" / "config.yaml").write_text("a: [")
+    assert diagnose_main([str(tmp_path / "runs")]) == 1
+    captured = capsys.readouterr()
+    assert "bad: cannot read its records (ParserError: while parsing a flow node)\n" in captured.err
+    assert "Traceback" not in captured.err and f"good:\n  {HEALTHY}" in captured.out

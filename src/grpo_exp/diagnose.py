@@ -11,6 +11,8 @@ import json
 import sys
 from pathlib import Path
 
+import yaml
+
 from grpo_exp.run.diagnosis import diagnose, diagnosis_lines, is_run_dir, read_run
 
 
@@ -40,19 +42,21 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(
             f"no grpo_exp run (a directory with metrics.jsonl or summary.json) under {', '.join(map(str, args.paths))}"
         )
-    results = {}
+    results, unread = {}, 0
     for directory in directories:
         try:
             results[directory] = diagnose(read_run(directory))
-        except (OSError, ValueError) as err:  # a damaged file: say which, go on with the others
-            print(f"{directory}: cannot read its records ({type(err).__name__}: {err})", file=sys.stderr)
+        except (OSError, ValueError, yaml.YAMLError) as err:  # a damaged file: say which, go on with the others
+            first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+            print(f"{directory}: cannot read its records ({type(err).__name__}: {first})", file=sys.stderr)
+            unread += 1
     if args.json:
         print(json.dumps({str(d): [f.row() for f in found] for d, found in results.items()}, indent=2))
-        return 0
+        return 1 if unread else 0
     for directory, found in results.items():
         print(f"{directory}:")
         print("\n".join(f"  {line}" for line in diagnosis_lines(found)))
-    return 0
+    return 1 if unread else 0  # the others were read and printed
 
 
 if __name__ == "__main__":
