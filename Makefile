@@ -10,11 +10,21 @@ ARGS ?=
 install: $(VENV)/.installed
 
 # torch first, pinned: `pip install torch==2.13.0` takes the local CPU build; an unpinned torch pulls CUDA wheels.
-$(VENV)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
+$(VENV)/.installed: pyproject.toml $(VENV)/.llama-cpp
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $@
+
+# llama.cpp (llama-cpp-python, the judge tests' OpenAI-compatible server) compiles for this CPU (-march=native) with
+# AMX left out: virtual machines that advertise AMX without enabling it die at its first tile instruction (SIGILL,
+# seen on 2-core Xeon machines here). Built once, without pip's wheel cache, which may hold an AMX build.
+NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+LLAMA_CMAKE_ARGS := $(if $(filter x86_64 amd64,$(shell uname -m)),-DCMAKE_C_FLAGS='$(NO_AMX)' -DCMAKE_CXX_FLAGS='$(NO_AMX)')
+$(VENV)/.llama-cpp:
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip install --quiet --no-cache-dir --force-reinstall --no-deps \
+		"llama-cpp-python>=0.3.36"
 	touch $@
 
 # The trackio dashboard test opens the dashboard in a real headless browser: Debian's Chromium, installed once
