@@ -20,6 +20,7 @@ from grpo_exp.trainer.trl_batch import as_rollout_func
 from grpo_exp.verification.labels import built_in_labels
 from support.config import TINY_RUN, compose_config
 from tests.helpers.cli import run_cli
+from tests.helpers.episodes import write_user_module
 from tests.helpers.tiny_trainer import PLAIN_TRL, knob_overrides
 
 MULTITURN = [
@@ -236,3 +237,90 @@ def test_the_embedded_model_calls_the_calculator_in_the_preset(tmp_path):
     assert summary["heldout_rollout_used_tool_frac_before"] >= 0.5
     [step] = [m for m in read_metrics(run_dir / "metrics.jsonl") if "reward" in m]
     assert step["rollout/tool_calls_mean"] > 0
+
+
+LEDGER = '''
+class Ledger:
+    """An environment beside the calculator: its reset text joins the prompt; the policy may look the answer up."""
+
+    def reset(self, question, solution, **row):
+        self.solution = solution
+        return "The ledger is open. " * 3
+
+    def lookup(self, item: str) -> str:
+        """Looks an item up in the ledger.
+
+        Args:
+            item: what to look up
+        """
+        return self.solution
+
+    def get_reward(self) -> float:
+        return 0.0
+'''
+
+
+TURN_TOKENS = 12
+
+
+@pytest.mark.e2e  # the protocol_model fixture fine-tunes for a minute on 2 cores
+@pytest.mark.parametrize("setting", ["tools", "environment"])
+@pytest.mark.parametrize("decoding", ["greedy", "sampled"])
+def test_cached_turns_play_the_trajectories_of_whole_prefills_token_for_token(
+    protocol_model, setting, decoding, tmp_path, monkeypatch
+):
+    """rollout.cache_turns (grpo_exp.rollout.turn_cache) against every turn prefilled whole: the calculator's calls
+    (beside an environment whose reset text joins the prompt), observations cut at max_observation_chars, turns that
+    hit max_tokens_per_turn, a call on the last turn, trajectories ending at different turns. Greedy in two batches;
+    sampled from one seed in one batch (the same draws, as the distributions agree to float rounding)."""
+    overrides = [*MULTITURN, "rollout.max_observation_chars=12", f"rollout.max_tokens_per_turn={TURN_TOKENS}"]
+    overrides += ["rollout.max_turns=2"]  # the tiny model calls the calculator once at most
+    if setting == "environment":
+        write_user_module(tmp_path, monkeypatch, "ledger", LEDGER)
+        overrides += ["rollout=environment", "rollout.environment=ledger:Ledger", "rollout.tools=[calculator]"]
+    cfg = compose_config(overrides)
+    tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
+    model = AutoModelForCausalLM.from_pretrained(protocol_model)
+    rows = list(load_splits(cfg.dataset)[0])[:8]
+    greedy = decoding == "greedy"
+    generation = greedy_generation(tokenizer) if greedy else SAMPLING | {"pad_token_id": tokenizer.pad_token_id}
+    played = {}
+    for cached in (True, False):
+        cfg.rollout.cache_turns = cached
+        torch.manual_seed(3)
+        trajectories = MultiTurnRollout(cfg.rollout).run(
+            model, tokenizer, [r["prompt"] for r in rows], generation, 4 if greedy else 8, rows=rows
+        )
+        played[cached] = [(t.completion_ids, t.env_mask, t.turns, t.turn_rewards, t.ended) for t in trajectories]
+    assert played[True] == played[False]
+
+    if not (greedy and setting == "environment"):  # greedy, without the calculator's demonstration it never calls
+        assert any(0 in mask for _, mask, *_ in played[True]), "no observation was read"
+    if setting == "environment":  # the reset text read after the task
+        assert all(tokenizer.decode(t.prompt_ids).count("The ledger is open.") == 3 for t in trajectories)
+    if not greedy:  # the greedy trajectories of the tiny model are all alike
+        turns = [len(t.turns) for t in trajectories]
+        assert max(turns) == cfg.rollout.max_turns and len(set(turns)) > 1, turns
+        assert any(TURN_TOKENS in t.turn_tokens for t in trajectories), "no turn reached max_tokens_per_turn"
+
+
+@pytest.mark.e2e  # the protocol_model fixture fine-tunes for a minute on 2 cores
+def test_cached_turns_record_the_log_probs_a_whole_forward_gives(protocol_model):
+    """Sampled with rollout.cache_turns: each policy token's recorded log-probability is the one a teacher-forced
+    forward over the whole trajectory gives (observations: 0.0, masked)."""
+    cfg = compose_config(MULTITURN)
+    tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
+    model = AutoModelForCausalLM.from_pretrained(protocol_model).eval()
+    prompts = [row["prompt"] for row in list(load_splits(cfg.dataset)[1])[:3]] * 2
+    torch.manual_seed(0)
+    sampling = SAMPLING | {"temperature": 0.7, "pad_token_id": tokenizer.pad_token_id}
+    trajectories = MultiTurnRollout(cfg.rollout).run(model, tokenizer, prompts, sampling, 6, log_probs_at=0.7)
+    assert any(t.tool_calls for t in trajectories)
+    for t in trajectories:
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([t.prompt_ids + t.completion_ids])).logits[0]
+        predicted = logits[len(t.prompt_ids) - 1 : -1].float() / 0.7
+        expected = torch.log_softmax(predicted, -1).gather(1, torch.tensor(t.completion_ids)[:, None])[:, 0]
+        mask = torch.tensor(t.env_mask, dtype=torch.bool)
+        torch.testing.assert_close(torch.tensor(t.logprobs)[mask], expected[mask], atol=1e-4, rtol=0)
+        assert all(p == 0.0 for p, m in zip(t.logprobs, t.env_mask, strict=True) if not m)

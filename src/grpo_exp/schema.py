@@ -610,6 +610,9 @@ class RolloutSchema:
     max_turns: int = knob(3, ge=1, why=TURN_LIMITS)
     max_tokens_per_turn: int = knob(64, ge=1, why=TURN_LIMITS)
     max_observation_chars: int = knob(200, ge=1)  # a tool's output is cut to this before the policy sees it
+    # Keep each trajectory's KV cache from one turn to the next, and compute the prefix every trajectory shares once
+    # (grpo_exp.rollout.turn_cache); false: every turn prefills its whole context again (the same trajectories)
+    cache_turns: bool = True
     python: SandboxSchema = field(default_factory=SandboxSchema)  # the python tool's sandbox
     system: str | None = None  # shown before every prompt (training and evaluation)
     demo: list[dict[str, str]] = field(default_factory=list)  # a demonstration shown before every prompt

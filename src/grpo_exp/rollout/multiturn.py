@@ -14,6 +14,7 @@ reference model is taken on the same policy tokens.
 
 import contextlib
 import functools
+import logging
 from dataclasses import dataclass, field
 
 import torch
@@ -33,7 +34,10 @@ from grpo_exp.rollout.environment import (
 )
 from grpo_exp.rollout.tools import Tool, build_tools, first_call, tools_message
 from grpo_exp.rollout.tools.python_sandbox import SandboxLimits
+from grpo_exp.rollout.turn_cache import after_turn, first_turn, next_turn, turns_cacheable
 from grpo_exp.sampled_log_probs import SampledLogProbs
+
+log = logging.getLogger(__name__)
 
 # Per-trajectory fields handed to TRL (and on to the reward functions and grpo_exp's statistics).
 TRAJECTORY_FIELDS = (
@@ -114,6 +118,7 @@ class MultiTurnRollout:
         self.environments = {} if setting is None else load_environments(setting, rollout_cfg.environment_timeout_s)
         names = [env.name for env in self.environments.values()]
         self.budget = episode_budget(rollout_cfg, names) if self.environments else None
+        self._told_uncached = False
 
     def check_rows(self, dataset, split: str) -> None:
         """With several environments, every row of `dataset` names one (before any model loads)."""
@@ -160,24 +165,61 @@ class MultiTurnRollout:
             self._start(tokenizer, prompt, row)
             for prompt, row in zip(prompts, rows or [{}] * len(prompts), strict=True)
         ]
-        eos = _eos_ids(tokenizer)
+        cached = self.cfg.get("cache_turns", True)
+        uncacheable = turns_cacheable(model.config) if cached else None
+        if uncacheable is not None and not self._told_uncached:
+            log.info("Multi-turn: every turn prefills its whole context again, as %s", uncacheable)
+            self._told_uncached = True
+        play = self._play_cached if cached and uncacheable is None else self._play_each_turn_whole
         with left_padded_eval(model, tokenizer), torch.no_grad():
-            for turn in tqdm(range(self.cfg.max_turns), desc=desc, unit="turn", disable=desc is None):
-                active = [t for t in trajectories if not t.done]
-                if not active:
-                    break
-                for start in range(0, len(active), batch_size):
-                    batch = active[start : start + batch_size]
-                    contexts = [t.prompt_ids + t.completion_ids for t in batch]
-                    tools = [t.tools for t in batch]
-                    turns, log_probs = self._generate(model, tokenizer, contexts, tools, generation, eos, log_probs_at)
-                    for trajectory, ids, logps in zip(batch, turns, log_probs, strict=True):
-                        last_turn = turn == self.cfg.max_turns - 1
-                        self._advance(trajectory, ids, tokenizer, last_turn, logps)
+            play(model, tokenizer, trajectories, generation, batch_size, desc, log_probs_at)
         for trajectory in trajectories:
             if trajectory.episode is not None:
                 trajectory.episode.finish()
         return trajectories
+
+    def _play_cached(self, model, tokenizer, trajectories, generation, batch_size, desc, log_probs_at) -> None:
+        """Each batch of trajectories played out turn by turn, its KV cache kept between turns
+        (grpo_exp.rollout.turn_cache): a turn prefills only the observations."""
+        eos, pad, turns = _eos_ids(tokenizer), tokenizer.pad_token_id, self.cfg.max_turns
+        batches = [trajectories[start : start + batch_size] for start in range(0, len(trajectories), batch_size)]
+        with tqdm(total=len(batches) * turns, desc=desc, unit="turn", disable=desc is None) as progress:
+            for active in batches:
+                batch = first_turn(model, [t.prompt_ids for t in active], pad)
+                for turn in range(turns):
+                    inputs = batch.generate_inputs()
+                    output, ids, log_probs = self._generate(
+                        model, tokenizer, inputs, [t.tools for t in active], generation, eos, log_probs_at
+                    )
+                    observations = [
+                        self._advance(trajectory, turn_ids, tokenizer, turn == turns - 1, logps)
+                        for trajectory, turn_ids, logps in zip(active, ids, log_probs, strict=True)
+                    ]
+                    progress.update()
+                    going = [i for i, t in enumerate(active) if not t.done]
+                    if not going:
+                        progress.update(turns - turn - 1)
+                        break
+                    batch = after_turn(batch, output, [len(turn_ids) for turn_ids in ids])
+                    batch = next_turn(batch, going, [observations[i] for i in going], pad)
+                    active = [active[i] for i in going]
+
+    def _play_each_turn_whole(self, model, tokenizer, trajectories, generation, batch_size, desc, log_probs_at) -> None:
+        """Every turn generated from the whole context, prefilled again (models whose turns cannot be cached)."""
+        eos = _eos_ids(tokenizer)
+        for turn in tqdm(range(self.cfg.max_turns), desc=desc, unit="turn", disable=desc is None):
+            active = [t for t in trajectories if not t.done]
+            if not active:
+                break
+            for start in range(0, len(active), batch_size):
+                batch = active[start : start + batch_size]
+                contexts = [t.prompt_ids + t.completion_ids for t in batch]
+                inputs = tokenizer.pad({"input_ids": contexts}, return_tensors="pt").to(model.device)
+                _, turns, log_probs = self._generate(
+                    model, tokenizer, dict(inputs), [t.tools for t in batch], generation, eos, log_probs_at
+                )
+                for trajectory, ids, logps in zip(batch, turns, log_probs, strict=True):
+                    self._advance(trajectory, ids, tokenizer, turn == self.cfg.max_turns - 1, logps)
 
     def _start(self, tokenizer, prompt: list[dict], row: dict) -> Trajectory:
         """A trajectory, with its environment's episode started (reset) where the run has environments."""
@@ -196,19 +238,19 @@ class MultiTurnRollout:
         self,
         model,
         tokenizer,
-        contexts: list[list[int]],
+        inputs: dict,
         tools: list[list[Tool]],
         generation: dict,
         eos: set[int],
         log_probs_at: float | None,
-    ) -> tuple[list[list[int]], list[list[float]] | list[None]]:
-        """Each context's next turn, and (log_probs_at) the sampler's log-probability of each of its tokens."""
-        batch = tokenizer.pad({"input_ids": contexts}, return_tensors="pt").to(model.device)
-        length = batch["input_ids"].shape[1]
+    ) -> tuple[torch.Tensor, list[list[int]], list[list[float]] | list[None]]:
+        """generate()'s output for `inputs` (input_ids, attention_mask and, cached, past_key_values), each row's next
+        turn as cut, and (log_probs_at) the sampler's log-probability of each of its tokens."""
+        length = inputs["input_ids"].shape[1]
         record = None if log_probs_at is None else SampledLogProbs(model, log_probs_at)
         with record or contextlib.nullcontext():
             output = model.generate(
-                **batch,
+                **inputs,
                 **(generation | {"max_new_tokens": self.cfg.max_tokens_per_turn}),
                 stopping_criteria=StoppingCriteriaList([StopAtToolCall(tokenizer, tools, length)]),
             )
@@ -217,9 +259,9 @@ class MultiTurnRollout:
             for row, own in zip(output, tools, strict=True)
         ]
         if record is None:
-            return turns, [None] * len(turns)
+            return output, turns, [None] * len(turns)
         log_probs = record.of(output[:, length:])
-        return turns, [row[: len(ids)].tolist() for row, ids in zip(log_probs, turns, strict=True)]
+        return output, turns, [row[: len(ids)].tolist() for row, ids in zip(log_probs, turns, strict=True)]
 
     def _turn_tokens(self, ids: list[int], eos: set[int], tokenizer, tools: list[Tool]) -> list[int]:
         """The tokens the policy generated in a turn, without the padding that follows its end.
@@ -242,7 +284,9 @@ class MultiTurnRollout:
 
     def _advance(
         self, trajectory: Trajectory, ids: list[int], tokenizer, last_turn: bool, log_probs: list[float] | None = None
-    ) -> None:
+    ) -> list[int]:
+        """The turn `ids` added to the trajectory, its tool run; the observation's tokens the trajectory reads next
+        ([] where it is done)."""
         text = tokenizer.decode(ids, skip_special_tokens=True)
         trajectory.completion_ids += ids
         trajectory.env_mask += [1] * len(ids)
@@ -253,7 +297,7 @@ class MultiTurnRollout:
         call = first_call(text, trajectory.tools)
         if call is None:
             trajectory.ended = trajectory.done = True
-            return
+            return []
         result = call.tool.run(call.argument)
         trajectory.tool_calls += 1
         trajectory.tool_errors += result.error
@@ -262,13 +306,14 @@ class MultiTurnRollout:
             trajectory.turn_rewards[-1] = episode.take_step_reward()
         if last_turn or (episode is not None and episode.failure is not None):  # no turn left to read it
             trajectory.done = True
-            return
+            return []
         output = result.output[: self.cfg.max_observation_chars]
         trajectory.observations.append(call.tool.observation.format(output=output))
         observation = tokenizer(trajectory.observations[-1], add_special_tokens=False)["input_ids"]
         trajectory.completion_ids += observation
         trajectory.env_mask += [0] * len(observation)
         trajectory.logprobs += [0.0] * len(observation)  # not the policy's: masked out of the loss and the metrics
+        return observation
 
     def trl_batch(
         self,

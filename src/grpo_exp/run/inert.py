@@ -35,6 +35,7 @@ from grpo_exp.schema import (
     SelfVerifyBalance,
     SelfVerifyObjective,
     SelfVerifySchedule,
+    ToolCalling,
     TurnCredit,
     ZeroVarianceGroups,
 )
@@ -351,6 +352,13 @@ ONLY_WITH: tuple[OnlyWith, ...] = (
         "by the per-turn credit (rollout.turn_credit=discounted_return)",
         lambda cfg: "rollout.turn_credit=outcome credits the whole outcome to every turn",
         "set rollout.turn_credit=discounted_return",
+    ),
+    OnlyWith(
+        ("rollout.cache_turns",),
+        lambda cfg: cfg.rollout.tool_calling is not ToolCalling.native,
+        "by grpo_exp's multi-turn loop",
+        lambda cfg: "rollout.tool_calling=native plays the turns in TRL's own loop",
+        "drop rollout.tool_calling=native",
     ),
     OnlyWith(
         ("rollout.python",),
