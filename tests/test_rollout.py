@@ -15,6 +15,7 @@ from grpo_exp.rollout.multiturn import MultiTurnRollout, greedy_generation, scor
 from grpo_exp.run.files import latest_evaluation
 from grpo_exp.run.tracking import read_metrics
 from grpo_exp.trainer.config import grpo_exp_config
+from grpo_exp.trainer.sampling_copy import can_prepack
 from grpo_exp.trainer.trainer import GRPOExpTrainer
 from grpo_exp.trainer.trl_batch import as_rollout_func
 from grpo_exp.verification.labels import built_in_labels
@@ -101,30 +102,36 @@ def test_trajectories_interleave_turns_and_masked_observations(protocol_model):
     assert [t.completion_ids for t in first] == [t.completion_ids for t in second]
 
 
-@pytest.mark.e2e  # the protocol_model fixture fine-tunes for a minute on 2 cores
-def test_trl_receives_the_mask_and_normalises_rewards_per_trajectory(protocol_model, tmp_path):
+def multiturn_trainer(protocol_model, directory, **knobs) -> GRPOExpTrainer:
+    """GRPOExpTrainer on the protocol model with the calculator's multi-turn rollout, G=4, the math reward on the final
+    turn; PLAIN_TRL's knobs but `knobs`."""
     cfg = compose_config(
         [
             *MULTITURN,
             "model=pretrained",
             f"model.name_or_path={protocol_model}",
             "trainer.num_generations=4",
-            *knob_overrides(PLAIN_TRL),
+            *knob_overrides(PLAIN_TRL | knobs),
         ]
     )
     tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
     train_set, _ = load_splits(cfg.dataset)
-    math_reward = scored_on_final_turn(make_math_reward(built_in_labels()))
-    trainer = GRPOExpTrainer(
+    return GRPOExpTrainer(
         verifier=built_in_labels(),
         stats_cfg=cfg.stats,
         model=AutoModelForCausalLM.from_pretrained(protocol_model),
-        reward_funcs=[math_reward],
-        args=grpo_exp_config(cfg.trainer, tmp_path / "trainer", "none", [1.0], False),
+        reward_funcs=[scored_on_final_turn(make_math_reward(built_in_labels()))],
+        args=grpo_exp_config(cfg.trainer, directory, "none", [1.0], False),
         train_dataset=train_set,
         processing_class=tokenizer,
         rollout_func=as_rollout_func(MultiTurnRollout(cfg.rollout)),
     )
+
+
+@pytest.mark.e2e  # the protocol_model fixture fine-tunes for a minute on 2 cores
+def test_trl_receives_the_mask_and_normalises_rewards_per_trajectory(protocol_model, tmp_path):
+    trainer = multiturn_trainer(protocol_model, tmp_path / "trainer")
+    tokenizer, train_set = trainer.processing_class, trainer.train_dataset
     inputs = [dict(train_set[i]) for i in range(2) for _ in range(4)]
     torch.manual_seed(0)
     output = trainer.generate_and_score(inputs)
@@ -198,6 +205,32 @@ def test_evaluate_plays_trajectories_with_the_tools(protocol_model):
     results = json.loads(latest_evaluation(protocol_model).read_text())
     assert results["problems"] == 4 and "pass@2" in results
     assert results["greedy rollout/tool_calls_mean"] > 0
+
+
+@pytest.mark.e2e  # the protocol_model fixture fine-tunes for a minute on 2 cores
+@pytest.mark.skipif(not can_prepack(), reason="this CPU or torch build cannot prepack float32 weights for oneDNN")
+def test_turns_are_sampled_from_the_prepacked_copy_with_the_policys_log_probs(protocol_model, tmp_path):
+    """trainer.fast_generation with rollout=multiturn: TRL's rollout_func samples the turns from the policy's prepacked
+    float32 copy; the log-probabilities it records are the policy's own (a teacher-forced forward), within float
+    rounding, so nothing needs correcting."""
+    trainer = multiturn_trainer(protocol_model, tmp_path / "trainer", fast_generation=True, mismatch_metrics=True)
+    prompts = [trainer.train_dataset[i]["prompt"] for i in range(2) for _ in range(4)]
+    trainer.rollout_rows = [dict(trainer.train_dataset[i]) for i in range(2) for _ in range(4)]
+    torch.manual_seed(0)
+    batch = trainer.rollout_func(prompts, trainer)
+    assert trainer.sampler.copy is not None and trainer.sampler.copy.prepacked
+    assert any(0 in mask for mask in batch["env_mask"]), "some trajectory should call the calculator"
+    policy = trainer.model
+    for prompt, completion, mask, sampled in zip(
+        batch["prompt_ids"], batch["completion_ids"], batch["env_mask"], batch["logprobs"], strict=True
+    ):
+        with torch.no_grad():
+            logits = policy(input_ids=torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1]
+        expected = torch.log_softmax(logits / trainer.temperature, -1).gather(1, torch.tensor(completion)[:, None])
+        policy_tokens = torch.tensor(mask, dtype=torch.bool)
+        torch.testing.assert_close(
+            torch.tensor(sampled)[policy_tokens], expected[:, 0][policy_tokens], atol=1e-4, rtol=0
+        )
 
 
 @pytest.mark.parametrize(

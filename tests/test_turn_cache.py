@@ -8,6 +8,7 @@ import copy
 import pytest
 import torch
 
+from grpo_exp.generation import cache_argument
 from grpo_exp.rollout.turn_cache import after_turn, common_prefix_length, first_turn, next_turn, turns_cacheable
 
 GREEDY = {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
@@ -43,7 +44,7 @@ def cached_next_logits(model, batch) -> torch.Tensor:
         input_ids=batch.input_ids[:, fed:],
         attention_mask=batch.attention_mask,
         position_ids=positions[:, fed:],
-        past_key_values=copied,
+        **{cache_argument(model): copied},
         use_cache=True,
     )
     return out.logits[:, -1]
@@ -64,7 +65,7 @@ def test_turns_read_on_the_kept_cache_as_their_whole_context_prefilled(tiny_poli
         ([6, 3, 1, 6], [[11, 12, 13], [], [21], [31, 32, 33, 34, 35]]),  # cut short; one observation empty
         ([2, 6, 4, 5], [[41], [42, 43], [44, 45, 46], [47]]),
     ]:
-        output = model.generate(**batch.generate_inputs(), **GREEDY, max_new_tokens=6, pad_token_id=pad)
+        output = model.generate(**batch.generate_inputs(model), **GREEDY, max_new_tokens=6, pad_token_id=pad)
         generated = output[:, batch.length :].tolist()
         # the same greedy turn as from the whole context
         for context, row in zip(contexts, generated, strict=True):
@@ -77,7 +78,7 @@ def test_turns_read_on_the_kept_cache_as_their_whole_context_prefilled(tiny_poli
         )
 
     going = [1, 3]  # the others ended
-    output = model.generate(**batch.generate_inputs(), **GREEDY, max_new_tokens=4, pad_token_id=pad)
+    output = model.generate(**batch.generate_inputs(model), **GREEDY, max_new_tokens=4, pad_token_id=pad)
     generated = output[:, batch.length :].tolist()
     batch = next_turn(after_turn(batch, output, [4] * 4), going, [[51, 52], [53]], pad)
     contexts = [contexts[i] + generated[i] + o for i, o in zip(going, [[51, 52], [53]], strict=True)]

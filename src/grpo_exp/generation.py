@@ -1,5 +1,7 @@
-"""Batched generation helpers: left-padded eval mode, and completions for chat prompts (greedy or sampled)."""
+"""Batched generation helpers: left-padded eval mode, completions for chat prompts (greedy or sampled), a prompt's
+token ids, and the name a model takes its KV cache under."""
 
+import inspect
 from contextlib import contextmanager
 
 import torch
@@ -66,3 +68,18 @@ def generate_completions(
             new_tokens = output[:, batch["input_ids"].shape[1] :]
             completions += tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
     return completions
+
+
+def prompt_ids(tokenizer, prompt) -> list[int]:
+    """A prompt's token ids, as its chat template renders it (a conversational prompt) or as it is (a text one)."""
+    if isinstance(prompt, str):
+        return tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    return tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=True)[
+        "input_ids"
+    ]
+
+
+def cache_argument(model) -> str:
+    """The name under which `model`'s forward (and generate()) take a KV cache: `cache` from transformers 5.24,
+    `past_key_values` before (still read there, with a deprecation warning)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"

@@ -187,7 +187,7 @@ class MultiTurnRollout:
             for active in batches:
                 batch = first_turn(model, [t.prompt_ids for t in active], pad)
                 for turn in range(turns):
-                    inputs = batch.generate_inputs()
+                    inputs = batch.generate_inputs(model)
                     output, ids, log_probs = self._generate(
                         model, tokenizer, inputs, [t.tools for t in active], generation, eos, log_probs_at
                     )
@@ -244,7 +244,7 @@ class MultiTurnRollout:
         eos: set[int],
         log_probs_at: float | None,
     ) -> tuple[torch.Tensor, list[list[int]], list[list[float]] | list[None]]:
-        """generate()'s output for `inputs` (input_ids, attention_mask and, cached, past_key_values), each row's next
+        """generate()'s output for `inputs` (input_ids, attention_mask and, cached, the KV cache), each row's next
         turn as cut, and (log_probs_at) the sampler's log-probability of each of its tokens."""
         length = inputs["input_ids"].shape[1]
         record = None if log_probs_at is None else SampledLogProbs(model, log_probs_at)

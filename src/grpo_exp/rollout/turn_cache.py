@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from grpo_exp.generation import cache_argument
 from grpo_exp.masks import MASKABLE_ATTENTION
 
 
@@ -34,8 +35,9 @@ class CachedTurns:
     def length(self) -> int:
         return self.input_ids.shape[1]
 
-    def generate_inputs(self) -> dict:
-        return {"input_ids": self.input_ids, "attention_mask": self.attention_mask, "past_key_values": self.cache}
+    def generate_inputs(self, model) -> dict:
+        """generate()'s arguments for the next turn of `model`."""
+        return {"input_ids": self.input_ids, "attention_mask": self.attention_mask, cache_argument(model): self.cache}
 
 
 def turns_cacheable(config) -> str | None:
@@ -85,7 +87,7 @@ def first_turn(model, contexts: list[list[int]], pad: int) -> CachedTurns:
     distinct, row_of = torch.unique(torch.cat([rests, rest_mask], dim=1), dim=0, return_inverse=True)
     first = torch.tensor([row_of.tolist().index(d) for d in range(len(distinct))])  # a row of each distinct rest
     if shared:
-        model(input_ids=prefix.to(device), past_key_values=cache, use_cache=True, logits_to_keep=1)
+        model(input_ids=prefix.to(device), **{cache_argument(model): cache}, use_cache=True, logits_to_keep=1)
         cache.batch_select_indices(torch.zeros(len(first), dtype=torch.long, device=device))  # the prefix, per rest
     if rests.shape[1] > 1:
         ids, mask = input_ids[first.to(device), :-1], attention_mask[first.to(device), :-1]
@@ -93,7 +95,7 @@ def first_turn(model, contexts: list[list[int]], pad: int) -> CachedTurns:
             input_ids=ids[:, shared:],
             attention_mask=mask,
             position_ids=_positions(mask)[:, shared:],
-            past_key_values=cache,
+            **{cache_argument(model): cache},
             use_cache=True,
             logits_to_keep=1,
         )

@@ -18,7 +18,7 @@ from datasets import Dataset
 from grpo_exp.answers import lenient_match
 from grpo_exp.data import unseen_problems
 from grpo_exp.data_parallel import from_main_process, map_over_processes
-from grpo_exp.generation import generate_completions
+from grpo_exp.generation import generate_completions, prompt_ids
 from grpo_exp.rewards import GRADED_COMPONENTS
 from grpo_exp.rewards.judge import RubricJudge
 from grpo_exp.rollout.environment import environment_statistics
@@ -27,7 +27,7 @@ from grpo_exp.rollout.multiturn import MultiTurnRollout, greedy_generation
 from grpo_exp.run.build import RunParts
 from grpo_exp.run.distributed import is_main_process
 from grpo_exp.run.files import BENCHMARK_FILE
-from grpo_exp.run.prepacked_eval import greedy_completions
+from grpo_exp.run.prepacked_eval import greedy_completions, prepacked_copy
 from grpo_exp.run.resolve import RunSpec
 from grpo_exp.stats import (
     constant_answer_accuracy,
@@ -111,7 +111,11 @@ def answer(
         generation = greedy_generation(tokenizer)
         if temperature > 0:
             generation |= {"do_sample": True, "temperature": temperature}
-        trajectories = rollout.run(model, tokenizer, share, generation, batch_size, shown, rows=share_rows)
+        player = model
+        if prepacked and temperature == 0 and share:  # the same trajectories, from the copy (turn_cache's tests)
+            sampling_copy = prepacked_copy(model, prompt_ids(tokenizer, share[0]))
+            player = model if sampling_copy is None else sampling_copy.copy
+        trajectories = rollout.run(player, tokenizer, share, generation, batch_size, shown, rows=share_rows)
         return [
             (t.final_turn, {"trajectory": tokenizer.decode(t.completion_ids, skip_special_tokens=True), **t.fields()})
             for t in trajectories

@@ -84,12 +84,12 @@ def check_generation_path(
 
 
 def check_multiturn(bfloat16_generation: bool, fast_generation: bool | None) -> None:
-    """A multi-turn rollout generates its turns itself: no sampling copy there."""
-    asked = _asked(bfloat16_generation, fast_generation)
-    if asked:
+    """A multi-turn rollout samples its turns from the policy or its prepacked float32 copy (fast_generation), whose
+    log-probabilities are the policy's: no bfloat16 copy there (its samples would need correcting turn by turn)."""
+    if bfloat16_generation:
         raise UserError(
-            f"rollout=multiturn generates its turns itself (trainer.{asked[0]} is not used there); "
-            "use generation=transformers"
+            "rollout=multiturn generates its turns itself (trainer.bfloat16_generation is not used there); "
+            "use generation=transformers or generation=transformers_fast"
         )
 
 
@@ -150,6 +150,15 @@ class Sampler:
         if self.copy is None:
             self.copy = self._new_copy(policy, dtype, probe)
         return self.copy
+
+    def model_for_turns(self, policy, probe: list[int], step: int):
+        """The model a multi-turn rollout samples its turns from: the prepacked copy (fast_generation), refreshed
+        from the policy once per step, else the policy itself. `probe`: token ids of a prompt (copy_to_sample)."""
+        copy = self.copy_to_sample(policy, probe) if self.fast else None
+        if copy is None:
+            return policy
+        copy.sync(policy, step)
+        return copy.copy
 
     def generate(self, policy, prompt_ids: list[list[int]], generation_config, step: int, with_log_probs: bool):
         """The copy's completions (refreshed from the policy once per step) and, `with_log_probs`, its

@@ -31,6 +31,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 from transformers import DynamicCache
 
+from grpo_exp.generation import cache_argument
 from grpo_exp.sampled_log_probs import SampledLogProbs
 
 
@@ -181,7 +182,8 @@ class SamplingCopy:
         temperature = generation_config.temperature if generation_config.do_sample else 1.0
         record = SampledLogProbs(self.copy, temperature) if with_log_probs else None
         with record or contextlib.nullcontext():
-            sequences = self.copy.generate(input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache)
+            cached = {cache_argument(self.copy): cache}
+            sequences = self.copy.generate(input_ids=input_ids, attention_mask=attention_mask, **cached)
         completions = sequences[:, input_ids.shape[1] :].cpu()
         lengths = through_first_eos(completions, eos if isinstance(eos, list) else [eos])
         log_probs = None if record is None else record.of(completions)
@@ -207,7 +209,7 @@ def shared_prefill(model, input_ids: torch.Tensor, attention_mask: torch.Tensor)
         input_ids=ids,
         attention_mask=mask,
         position_ids=positions,
-        past_key_values=cache,
+        **{cache_argument(model): cache},
         use_cache=True,
         logits_to_keep=1,
     )

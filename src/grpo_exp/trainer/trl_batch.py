@@ -7,6 +7,8 @@ tests/test_trl_contract.py checks that knowledge against TRL.
 import torch
 from trl.models.utils import unwrap_model_for_generation
 
+from grpo_exp.generation import prompt_ids
+
 # Per-row keys, [B, T_completion], right-padded: the value padding takes.
 COMPLETION_PADDING = {
     "completion_ids": None,  # the tokenizer's pad token id
@@ -113,9 +115,11 @@ def as_rollout_func(rollout):
     def rollout_func(prompts: list, trainer) -> dict:
         log_probs_at = trainer.temperature if trainer.mismatch.wants_sampler_log_probs else None
         rows = trainer.rollout_rows  # the dataset rows of these prompts, in order (the seam keeps them)
+        tokenizer = trainer.processing_class
         with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator) as model:
-            return rollout.trl_batch(
-                model, trainer.processing_class, prompts, trainer.generation_kwargs, log_probs_at, rows
+            sampler = trainer.sampler.model_for_turns(
+                model, prompt_ids(tokenizer, prompts[0]), trainer.state.global_step
             )
+            return rollout.trl_batch(sampler, tokenizer, prompts, trainer.generation_kwargs, log_probs_at, rows)
 
     return rollout_func
