@@ -48,3 +48,35 @@ def test_episodes_are_seeded_rows_with_held_out_games():
     assert len(split["train"]) == 6 and len(split["test"]) == 4
     seeds = [row["answer"] for row in split["train"] + split["test"]]
     assert len(set(seeds)) == 10
+
+
+@pytest.mark.parametrize("credit", [False, True])
+def test_a_game_ended_by_an_invalid_move_pays_nothing_unless_its_partial_credit_is_asked_for(credit):
+    """GuessTheNumber pays a game ended by invalid moves by how close the guesses came: the exploit the policy found
+    (experiments/README.md). By default that ending scores 0; rollout.invalid_move_credit=true keeps TextArena's."""
+    played = TextArenaGame("GuessTheNumber-v0", invalid_move_credit=credit)
+    played.reset("Play the game.", "11")
+    played.move("[10]")  # one guess off by one: a large partial credit
+    answer = ""
+    while played.reward is None:
+        answer = played.move("no number")  # invalid, until the game's error allowance is spent
+    assert "Invalid" in answer
+    assert (played.get_reward() > 0.0) is credit
+
+
+@pytest.mark.parametrize(("pays", "expected"), [("reward", [1.0, 0.4, None, 0.0]), ("success", [1.0, 0.0, None, 0.0])])
+def test_the_environment_reward_pays_the_game_or_only_a_game_won(pays, expected):
+    from grpo_exp.rewards.environment import make_environment_reward
+
+    reward = make_environment_reward(pays)
+    env_reward, env_success = [1.0, 0.4, None, 0.0], [True, False, False, False]  # won, partial, failed, lost
+    assert reward(completions=[""] * 4, env_reward=env_reward, env_success=env_success) == expected
+
+
+def test_invalid_move_credit_without_a_textarena_game_is_refused_as_unused():
+    from grpo_exp.run.inert import check_only_with
+    from support.config import compose_config
+
+    cfg = compose_config(["rollout=multiturn", "rollout.tools=[calculator]", "rollout.invalid_move_credit=true"])
+    with pytest.raises(UserError, match="rollout.invalid_move_credit"):
+        check_only_with(cfg)

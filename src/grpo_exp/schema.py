@@ -71,6 +71,13 @@ class ToolCalling(Enum):
     auto = "auto"  # native where the model's chat template supports tool calling, else tags
 
 
+class EpisodePay(Enum):
+    """What reward=environment pays an episode."""
+
+    reward = "reward"  # the environment's get_reward(), partial credit included
+    success = "success"  # 1 where the episode succeeded (get_reward() >= rollout.environment_success_at), else 0
+
+
 class TurnCredit(Enum):
     outcome = "outcome"  # Flow-GRPO: the trajectory's reward, normalised in its group, credited to every turn
     # each turn credited with its discounted return (rollout.discount) from the environment's step rewards on
@@ -374,6 +381,9 @@ class EnvironmentReward:
     # Your environment's own score of each episode, its get_reward() once the trajectory has ended (needs
     # rollout=environment); missing (imputed) for a failed episode.
     weight: float = MISSING
+    # reward: get_reward() as it is | success: 1 for an episode that succeeded (get_reward() at least
+    # rollout.environment_success_at: a game won), 0 for any other, whatever partial credit it was given
+    pays: EpisodePay = EpisodePay.reward
 
 
 REWARD_COMPONENTS: dict[str, type] = {
@@ -625,6 +635,9 @@ class RolloutSchema:
     environment_timeout_s: float = knob(10.0, gt=0.0)  # any call to it (made, reset, a method, get_reward)
     # An episode succeeded when its get_reward() is at least this (environment/<name>/success)
     environment_success_at: float = 1.0
+    # TextArena's games (rollout.environment=textarena/<game>): a game ended by an invalid move scores 0; true:
+    # TextArena's own partial credit for it (GuessTheNumber pays how close the guesses came)
+    invalid_move_credit: bool = False
     # Past this share of failed episodes over the last environment_failure_window training steps (every process's
     # together), the run stops naming the environment
     environment_max_failure_rate: float = knob(0.5, ge=0.0, le=1.0)

@@ -48,8 +48,9 @@ SINGLE_PLAYER_OFFLINE = (
 class TextArenaGame:
     """One TextArena game per episode, played by the `move` tool."""
 
-    def __init__(self, game_id: str):
+    def __init__(self, game_id: str, invalid_move_credit: bool = False):
         self.game_id, self.env, self.shown, self.reward = game_id, None, "", None
+        self.invalid_move_credit = invalid_move_credit
 
     def reset(self, question: str = "", solution: str = "0", **row) -> str:
         import textarena
@@ -72,10 +73,11 @@ class TextArenaGame:
         done, _ = self.env.step(action)
         if done:
             rewards, info = self.env.close()
-            self.reward = float((rewards or {}).get(0, 0.0))
             player = (info or {}).get(0)
-            reason = player.get("reason", "") if isinstance(player, dict) else ""
-            return f"Game over. {reason}".strip()
+            player = player if isinstance(player, dict) else {}
+            invalid = bool(player.get("invalid_move")) and not self.invalid_move_credit
+            self.reward = 0.0 if invalid else float((rewards or {}).get(0, 0.0))
+            return f"Game over. {player.get('reason', '')}".strip()
         _, observation = self.env.get_observation()
         new = observation[len(self.shown) :] if observation.startswith(self.shown) else observation
         self.shown = observation
@@ -86,8 +88,9 @@ class TextArenaGame:
         return 0.0 if self.reward is None else self.reward
 
 
-def game(game_id: str) -> functools.partial:
-    """The factory of a game by its TextArena id (rollout.environment=textarena/<id>)."""
+def game(game_id: str, invalid_move_credit: bool = False) -> functools.partial:
+    """The factory of a game by its TextArena id (rollout.environment=textarena/<id>); `invalid_move_credit`: a game
+    ended by an invalid move keeps TextArena's partial credit (else it scores 0)."""
     try:
         import textarena  # noqa: F401
     except ImportError as err:
@@ -99,7 +102,7 @@ def game(game_id: str) -> functools.partial:
             f"rollout.environment={PREFIX}{game_id}: no such TextArena game; single-player games that run offline: "
             f"{', '.join(SINGLE_PLAYER_OFFLINE)}"
         )
-    factory = functools.partial(TextArenaGame, game_id)
+    factory = functools.partial(TextArenaGame, game_id, invalid_move_credit)
     factory.__name__ = game_id  # the environment's name in the metrics
     return factory
 

@@ -1,6 +1,7 @@
 """Your environment's own score of each episode (rollout=environment): its get_reward() once the trajectory ended
-(grpo_exp.rollout.environment), None (missing: imputed from its group, like any failed reward) where the episode
-failed.
+(grpo_exp.rollout.environment), or with `pays=success` 1 for an episode that succeeded (get_reward() at least
+rollout.environment_success_at: a game won) and 0 for any other, whatever partial credit the environment gives.
+None (missing: imputed from its group, like any failed reward) where the episode failed.
     grpo-exp train rollout=environment rollout.environment=my_env:Game reward=environment
 
 On grpo_exp's loop the rollout hands the scores over (`env_reward`); on TRL's tool-calling loop
@@ -8,17 +9,23 @@ On grpo_exp's loop the rollout hands the scores over (`env_reward`); on TRL's to
 finished here (the seam then logs the failed ones and spends them from the failure budget).
 """
 
+from grpo_exp.schema import EpisodePay
 
-def make_environment_reward():
-    def environment(completions, env_reward=None, environments=None, **kwargs) -> list[float | None]:
-        """Each episode's get_reward()."""
-        if env_reward is not None:
+
+def make_environment_reward(pays: str = "reward"):
+    success_only = EpisodePay(pays) is EpisodePay.success
+
+    def environment(completions, env_reward=None, env_success=None, environments=None, **kwargs) -> list[float | None]:
+        """Each episode's get_reward() (pays=success: 1.0 where it succeeded, else 0.0)."""
+        if env_reward is None:
+            if environments is None:  # checked at resolve time: reward=environment needs rollout=environment
+                raise ValueError("reward=environment scores episodes of rollout=environment; this batch has none")
+            episodes = [instance.episode for instance in environments]
+            for episode in episodes:
+                episode.finish()
+            env_reward, env_success = [e.reward for e in episodes], [e.success for e in episodes]
+        if not success_only:
             return list(env_reward)
-        if environments is None:  # checked at resolve time: reward=environment needs rollout=environment
-            raise ValueError("reward=environment scores episodes of rollout=environment; this batch has none")
-        episodes = [instance.episode for instance in environments]
-        for episode in episodes:
-            episode.finish()
-        return [episode.reward for episode in episodes]
+        return [None if r is None else float(won) for r, won in zip(env_reward, env_success, strict=True)]
 
     return environment

@@ -114,14 +114,16 @@ def method_tools(instance, path: str, where: str) -> list[UserTool]:
     ]
 
 
-def load_environment(name: str | None, path: str, where: str, timeout: float) -> Environment:
+def load_environment(
+    name: str | None, path: str, where: str, timeout: float, invalid_move_credit: bool = False
+) -> Environment:
     """The environment at `path` (`where`: the config key), made once and checked: reset, its methods as tools.
-    `textarena/<game id>`: a TextArena game (grpo_exp.environments.textarena); `openenv/<url>`: an OpenEnv server
-    (grpo_exp.environments.openenv)."""
+    `textarena/<game id>`: a TextArena game (grpo_exp.environments.textarena; `invalid_move_credit`: its partial
+    credit for a game ended by an invalid move); `openenv/<url>`: an OpenEnv server (grpo_exp.environments.openenv)."""
     if path.startswith(TEXTARENA):
         from grpo_exp.environments.textarena import game
 
-        factory = game(path.removeprefix(TEXTARENA))
+        factory = game(path.removeprefix(TEXTARENA), invalid_move_credit)
         name = name or factory.__name__
     elif path.startswith(OPENENV):
         from grpo_exp.environments.openenv import server
@@ -145,18 +147,19 @@ def load_environment(name: str | None, path: str, where: str, timeout: float) ->
     return Environment(name or type(instance).__name__, path, factory, has_reward, tuple(tools))
 
 
-def load_environments(setting, timeout: float) -> dict[str | None, Environment]:
+def load_environments(setting, timeout: float, invalid_move_credit: bool = False) -> dict[str | None, Environment]:
     """rollout.environment: one import path (every row; key None), or {name: import path} (by the rows'
-    `environment` column). Checked at resolve time, before any model loads."""
+    `environment` column). Checked at resolve time, before any model loads. `invalid_move_credit`: TextArena's."""
     if isinstance(setting, str):
-        return {None: load_environment(None, setting, f"{KEY}={setting}", timeout)}
+        return {None: load_environment(None, setting, f"{KEY}={setting}", timeout, invalid_move_credit)}
     if not hasattr(setting, "items") or not setting:
         raise UserError(f"{KEY}={setting!r}: an import path (module:Class) or a mapping {{name: module:Class}}")
     environments = {}
     for name, path in setting.items():
         if not isinstance(path, str):
             raise UserError(f"{KEY}.{name}={path!r}: an import path, module:Class")
-        environments[str(name)] = load_environment(str(name), path, f"{KEY}.{name}={path}", timeout)
+        where = f"{KEY}.{name}={path}"
+        environments[str(name)] = load_environment(str(name), path, where, timeout, invalid_move_credit)
     return environments
 
 

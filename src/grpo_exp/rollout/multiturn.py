@@ -115,7 +115,8 @@ class MultiTurnRollout:
         limits = SandboxLimits(**OmegaConf.to_container(rollout_cfg.python))
         self.tools = build_tools(list(rollout_cfg.tools), limits)
         setting = rollout_cfg.get("environment")
-        self.environments = {} if setting is None else load_environments(setting, rollout_cfg.environment_timeout_s)
+        timeout, credit = rollout_cfg.environment_timeout_s, rollout_cfg.get("invalid_move_credit", False)
+        self.environments = {} if setting is None else load_environments(setting, timeout, credit)
         names = [env.name for env in self.environments.values()]
         self.budget = episode_budget(rollout_cfg, names) if self.environments else None
         self._told_uncached = False

@@ -58,6 +58,13 @@ class OnlyWith:
     but: tuple[str, ...] = ()
 
 
+def _plays_textarena(cfg: DictConfig) -> bool:
+    """Whether rollout.environment names a TextArena game (one path, or one of a mapping's)."""
+    setting = cfg.rollout.environment
+    paths = [setting] if isinstance(setting, str) else list(setting.values()) if setting else []
+    return any(str(path).startswith("textarena/") for path in paths)
+
+
 def _correction(cfg: DictConfig) -> str:
     correction = cfg.trainer.mismatch_correction
     return "null (the path's own)" if correction is None else correction.value
@@ -345,6 +352,13 @@ ONLY_WITH: tuple[OnlyWith, ...] = (
         "by an environment (rollout=environment)",
         lambda cfg: "rollout.environment=null has none",
         "set rollout=environment rollout.environment=module:Class",
+    ),
+    OnlyWith(
+        ("rollout.invalid_move_credit",),
+        _plays_textarena,
+        "by TextArena's games (rollout.environment=textarena/<game>)",
+        lambda cfg: f"rollout.environment={cfg.rollout.environment} plays no TextArena game",
+        "set rollout.environment=textarena/<game>",
     ),
     OnlyWith(
         ("rollout.discount",),

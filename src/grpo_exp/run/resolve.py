@@ -243,7 +243,7 @@ def check_rollout(spec: RunSpec) -> tuple[tuple[str, ...], bool]:
         check_turn_credit(spec.cfg)
     if environment is None:
         return (), False
-    environments = load_environments(environment, rollout.environment_timeout_s)
+    environments = load_environments(environment, rollout.environment_timeout_s, rollout.invalid_move_credit)
     check_environments(environments, spec)
     native = rollout.tool_calling is not ToolCalling.tags and check_native(spec.cfg)
     return tuple(env.name for env in environments.values()), native
