@@ -48,8 +48,17 @@ from grpo_exp.run.inert import check_only_with
 from grpo_exp.run.resume import Attempt, resolve_attempt
 from grpo_exp.run.tracking import redact, report_to
 from grpo_exp.run.validation import check_validation
-from grpo_exp.schema import AlarmAction, DataSource, RolloutName, ScorerName, ToolCalling, TurnCredit, check_values
-from grpo_exp.trainer.advantages import TRL_ADVANTAGES, check_algorithm
+from grpo_exp.schema import (
+    AlarmAction,
+    DataSource,
+    RolloutName,
+    ScaleRewards,
+    ScorerName,
+    ToolCalling,
+    TurnCredit,
+    check_values,
+)
+from grpo_exp.trainer.advantages import TRL_ADVANTAGES, check_algorithm, check_keeps_group_scale
 from grpo_exp.trainer.config import GRPOExpConfig, check_trainer, grpo_exp_config
 from grpo_exp.trainer.losses import is_trls
 from grpo_exp.verification.labels import check_labels
@@ -141,6 +150,9 @@ def resolve(
         cache_size(spec.components["overlong"].cache_tokens, cfg.trainer.max_completion_length)
     if spec.selfverify is not None:
         check_task(spec.selfverify, cfg.trainer, cfg.algorithm)
+        if spec.selfverify.scale_by_pass_rate:
+            scaling = "reward.components.selfverify.scale_by_pass_rate=true"
+            check_keeps_group_scale(cfg.algorithm.name, ScaleRewards(cfg.trainer.scale_rewards), scaling)
     learned = tuple(name for name in spec.components if name in GRADED_COMPONENTS)
     check_validation(cfg.eval, cfg.trainer, learned, environments)
     check_curriculum(cfg.curriculum)

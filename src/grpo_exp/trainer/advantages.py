@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from grpo_exp.errors import UserError
 from grpo_exp.plugins import import_callable, signature_of
-from grpo_exp.schema import TrainerSchema
+from grpo_exp.schema import ScaleRewards, TrainerSchema
 
 # verl's whitening: (x - mean) * rsqrt(var + 1e-8)
 WHITEN_EPS = 1e-8
@@ -312,3 +312,27 @@ def try_estimator(name: str, settings: dict, group_size: int) -> None:
         shown = "".join(f" algorithm.{key}={value}" for key, value in settings.items())
         error = str(err) if name in ESTIMATORS else f"raised {type(err).__name__}: {err}"
         raise UserError(f"algorithm={name}{shown} with trainer.num_generations={group_size}: {error}") from None
+
+
+def check_keeps_group_scale(algorithm: str, scale_rewards: ScaleRewards, setting: str) -> None:
+    """`setting` multiplies a group's rewards by one constant: it acts only where the advantage keeps a group's scale
+    (no division by the group's own std, no threshold on the reward). The estimator declares it (keeps_group_scale,
+    a user's through @register_estimator)."""
+    if algorithm == TRL_ADVANTAGES and scale_rewards is ScaleRewards.group:
+        raise UserError(
+            f"{setting} scales a group's rewards by one constant, which trainer.scale_rewards=group divides out "
+            "again: use trainer.scale_rewards=none or batch with it, or an estimator that keeps it "
+            f"(algorithm={', '.join(keeping_group_scale())})"
+        )
+    if not estimator(algorithm).keeps_group_scale:
+        raise UserError(
+            f"{setting} scales a group's rewards by one constant, which algorithm={algorithm} cancels (its "
+            "advantages do not keep a group's scale: pass_at_k counts the rewards above algorithm.threshold and "
+            "divides by the group's spread; scaled, a right verdict's reward may fall below the threshold): use "
+            f"algorithm={', '.join(keeping_group_scale())} with it"
+        )
+
+
+def keeping_group_scale() -> list[str]:
+    """The registered estimators that keep a group's scale (TRL's own aside: it depends on scale_rewards)."""
+    return [name for name, e in ESTIMATORS.items() if e.keeps_group_scale and name != TRL_ADVANTAGES]

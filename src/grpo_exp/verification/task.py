@@ -16,7 +16,6 @@ from omegaconf import DictConfig
 from grpo_exp.errors import UserError
 from grpo_exp.generation import generate_completions
 from grpo_exp.schema import (
-    ScaleRewards,
     SelfVerifyBalance,
     SelfVerifyObjective,
     SelfVerifySchedule,
@@ -24,7 +23,6 @@ from grpo_exp.schema import (
     ZeroVarianceGroups,
 )
 from grpo_exp.text import tokens_covering
-from grpo_exp.trainer.advantages import TRL_ADVANTAGES, estimator
 from grpo_exp.verification.labels import Labels
 from grpo_exp.verification.p_yes import PYesScorer, policy_p_yes
 from grpo_exp.verification.selfverify import (
@@ -283,24 +281,4 @@ def check_task(task_cfg: DictConfig, trainer_cfg: DictConfig, algorithm_cfg: Dic
         raise UserError(
             "trainer.zero_variance_groups=resample draws extra batches of fresh prompts, which the self-verification "
             "schedule does not count: use zero_variance_groups=skip or keep with reward=...selfverify"
-        )
-    if task_cfg.scale_by_pass_rate:
-        check_pass_rate_scaling(algorithm_cfg.name, ScaleRewards(trainer_cfg.scale_rewards))
-
-
-def check_pass_rate_scaling(algorithm: str, scale: ScaleRewards) -> None:
-    """scale_by_pass_rate multiplies a group's rewards by one constant: it acts only where the advantage keeps a
-    group's scale (no division by the group's own std, no threshold on the reward)."""
-    if algorithm == TRL_ADVANTAGES and scale is ScaleRewards.group:
-        raise UserError(
-            "reward.components.selfverify.scale_by_pass_rate=true scales a group's rewards by one constant, which "
-            "trainer.scale_rewards=group divides out again: use trainer.scale_rewards=none or batch with it, or an "
-            "estimator that keeps it (algorithm=dr_grpo, rloo or reinforce_pp_baseline)"
-        )
-    if not estimator(algorithm).keeps_group_scale:
-        raise UserError(
-            "reward.components.selfverify.scale_by_pass_rate=true scales a group's rewards by one constant, which "
-            f"algorithm={algorithm} cancels (its advantages do not keep a group's scale: pass_at_k counts the rewards "
-            "above algorithm.threshold and divides by the group's spread; scaled, a right verdict's reward may fall "
-            "below the threshold): use algorithm=dr_grpo, rloo or reinforce_pp_baseline with it"
         )
