@@ -60,6 +60,7 @@ bench: install  ## benchmarks (ratios side by side in one run; ~1.5 h, most of i
 	$(PY) -m benchmarks.group_stats
 	$(PY) -m benchmarks.p_yes
 	$(PY) -m benchmarks.tool_protocol
+	$(PY) -m benchmarks.multiturn_speed
 	$(PY) -m benchmarks.overhead
 	$(PY) -m benchmarks.decode
 	$(PY) -m benchmarks.heldout_eval
