@@ -18,7 +18,8 @@ Prints the seconds (median of the repeats), the ratio, and how many trajectories
 
 With --steps N (0: skipped), also whole training steps through the command line, each preset N steps twice, in
 fresh processes: the loop before (rollout.cache_turns=false trainer.fast_generation=false) against the defaults,
-seconds a step from summary.json (the first step, with the copy's making, included).
+seconds a step from summary.json (the first step, with the copy's making, included); and the default single-turn
+run's, the yardstick.
 
     python -m benchmarks.multiturn_speed [--repeats 2] [--problems 16] [--steps 4] [--presets calculator ...]
 """
@@ -114,13 +115,14 @@ def measure(preset: str, repeats: int, problems: int) -> list[str]:
     return lines
 
 
-def training_seconds_per_step(preset: str, steps: int, overrides: list[str]) -> float:
-    """`python -m grpo_exp.train +experiment=<preset>` for `steps` steps, without evaluations: its seconds a step."""
+def training_seconds_per_step(preset: str | None, steps: int, overrides: list[str]) -> float:
+    """`python -m grpo_exp.train +experiment=<preset>` (None: the default single-turn run) for `steps` steps, without
+    evaluations: its seconds a step."""
     with tempfile.TemporaryDirectory() as tmp:
         command = [
-            sys.executable, "-m", "grpo_exp.train", f"+experiment={preset}", f"trainer.max_steps={steps}",
-            "eval.before=false", "eval.after=false", "logger=none", "probe.labels_check=off", f"hydra.run.dir={tmp}",
-            *overrides,
+            sys.executable, "-m", "grpo_exp.train", *([f"+experiment={preset}"] if preset else []),
+            f"trainer.max_steps={steps}", "eval.before=false", "eval.after=false", "logger=none",
+            "probe.labels_check=off", f"hydra.run.dir={tmp}", *overrides,
         ]  # fmt: skip
         completed = subprocess.run(command, capture_output=True, text=True)
         if completed.returncode != 0:
@@ -147,13 +149,17 @@ def main(argv: list[str] | None = None) -> None:
     for preset in args.presets:
         measure(preset, args.repeats, args.problems)
     if args.steps:
-        print(f"\n| preset | training, {args.steps} steps: before (s/step) | defaults (s/step) | ratio |")
-        print("|---|---|---|---|")
+        single = training_seconds_per_step(None, args.steps, [])
+        print(f"\ntraining, {args.steps} steps; the default single-turn run: {single:.1f} s/step")
+        print(
+            "| preset | before (s/step) | defaults (s/step) | ratio | before / single-turn | defaults / single-turn |"
+        )
+        print("|---|---|---|---|---|---|")
         for preset in args.presets:
             before = training_seconds_per_step(preset, args.steps, BEFORE)
             now = training_seconds_per_step(preset, args.steps, [])
-            print(f"| {preset} | {before:.1f} | {now:.1f} | {now / before:.2f}x |", flush=True)
-
-
-if __name__ == "__main__":
-    main()
+            print(
+                f"| {preset} | {before:.1f} | {now:.1f} | {now / before:.2f}x | {before / single:.1f}x "
+                f"| {now / single:.1f}x |",
+                flush=True,
+            )

@@ -83,6 +83,7 @@ def test_turns_read_on_the_kept_cache_as_their_whole_context_prefilled(tiny_poli
     batch = next_turn(after_turn(batch, output, [4] * 4), going, [[51, 52], [53]], pad)
     contexts = [contexts[i] + generated[i] + o for i, o in zip(going, [[51, 52], [53]], strict=True)]
     assert batch.input_ids.shape[0] == 2 and batch.cache.get_seq_length() == batch.length - 3  # [51, 52] padded
+    assert all(layer.keys.shape[0] == 2 for layer in batch.cache.layers), "the ended trajectories' cache is freed"
     torch.testing.assert_close(cached_next_logits(model, batch), whole_next_logits(model, contexts), atol=2e-5, rtol=0)
 
 
