@@ -21,6 +21,7 @@ from grpo_exp.run.diagnosis.rules import (
     no_signal,
     reward_not_truth,
     sampler_mismatch,
+    sharpened,
     truncated,
 )
 from grpo_exp.run.labels_check import answers_alike
@@ -187,7 +188,23 @@ def test_a_rising_reward_with_a_falling_held_out_measure_suspects_the_reward():
     assert reward_not_truth(evidence(before=after, after=before, steps=rising)) is None  # held-out rose too
     episodes = [s | {"environment": "Guess", "env_success": s["correct"]} for s in before]
     found = reward_not_truth(evidence(before=episodes, after=after, steps=rising))
-    assert "probe.before_training=warn" in found.tries[0] and "a won episode" in found.tries[-1]
+    assert "probe.before_training=warn" in found.tries[0] and "pays=success" in found.tries[-1]
+
+
+def test_samples_grown_greedier_are_told_from_a_reward_to_suspect():
+    """The TextArena win-only run's shape: sampled wins rose to the untrained greedy rate while the entropy fell and
+    greedy wins stayed where they were: sharpened, not reward_not_truth."""
+    before, after = paired_runs([(True, "r")] * 7 + [(False, "x")] * 13, [(True, "r")] * 7 + [(False, "x")] * 13)
+    greedier = [{"reward": 0.05 + 0.01 * i, "entropy": 1.6 - 0.07 * i} for i in range(20)]  # 0.05 -> 0.24; < 0.35
+    found = sharpened(evidence(before=before, after=after, steps=greedier))
+    assert found.seen.startswith("the training reward rose 0.070 -> 0.220")
+    assert "greedy held-out 0.350" in found.seen and "entropy fell 1.46 -> 0.41" in found.seen
+    assert reward_not_truth(evidence(before=before, after=after, steps=greedier)) is None
+    beyond = [step | {"reward": step["reward"] + 0.5} for step in greedier]  # above what greedy scored (its interval)
+    assert sharpened(evidence(before=before, after=after, steps=beyond)) is None
+    assert reward_not_truth(evidence(before=before, after=after, steps=beyond)) is not None
+    spread = [step | {"entropy": 1.6} for step in greedier]  # the entropy held
+    assert sharpened(evidence(before=before, after=after, steps=spread)) is None
 
 
 # ---- the policy's health ---------------------------------------------------------------------------------------

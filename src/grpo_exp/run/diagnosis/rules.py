@@ -316,9 +316,49 @@ def reward_slope(evidence: RunEvidence) -> tuple[float, float, float] | None:
     return None if math.isnan(slope[0]) else slope
 
 
+SHARPENED_ENTROPY = 0.5  # the last steps' entropy at most this share of the first steps'
+
+
+def sharpened(evidence: RunEvidence) -> Finding | None:
+    """The training reward rose beyond noise, but no higher than the untrained policy's own greedy held-out measure,
+    while the entropy fell and the held-out measure did not rise: the samples grew greedier, and what they converge
+    to is what greedy decoding already did. No new skill; the reward is not to blame."""
+    slope = reward_slope(evidence)
+    before, after = paired_outcomes(evidence)
+    entropies = evidence.series("entropy")
+    if slope is None or not slope[1] > 0 or len(before) < 10 or len(entropies) < 10:
+        return None
+    change, low, high = paired_change(before, after)
+    first_entropy, last_entropy = statistics.fmean(entropies[:5]), statistics.fmean(entropies[-5:])
+    rewards = evidence.series("reward")
+    window = max(1, len(rewards) // 4)
+    first, last = statistics.fmean(rewards[:window]), statistics.fmean(rewards[-window:])
+    greedy = statistics.fmean(before)
+    greedy_high = wilson_interval(round(sum(before)), len(before))[1] if set(before) <= {0, 1} else greedy
+    if low > 0 or last > greedy_high or last_entropy > SHARPENED_ENTROPY * first_entropy:
+        return None
+    return Finding(
+        "sharpened",
+        f"the training reward rose {first:.3f} -> {last:.3f} ({slope[0]:+.4f} a step, 95% [{slope[1]:+.4f}, "
+        f"{slope[2]:+.4f}]), up to no more than the untrained policy's greedy held-out {greedy:.3f}, while the "
+        f"entropy fell {first_entropy:.2f} -> {last_entropy:.2f} nats a token and held-out went "
+        f"{_change(before, after)}",
+        "the sampled completions grew greedier: their reward rises towards what greedy decoding already scored, and "
+        "the greedy policy itself learned nothing new",
+        (
+            "trainer.beta=0.04   # the KL to the start keeps the sampling spread",
+            "trainer.num_generations=8   # more draws a group: better than greedy play gets found and paid",
+            "trainer.temperature=1.2",
+        ),
+    )
+
+
 def reward_not_truth(evidence: RunEvidence) -> Finding | None:
     """The training reward rose beyond noise while the held-out measure (accuracy, or episodes won) did not rise:
-    suspect the reward. With the reward probe's findings where it ran."""
+    suspect the reward. With the reward probe's findings where it ran. Not where the samples only grew greedier
+    (sharpened)."""
+    if sharpened(evidence) is not None:
+        return None
     slope = reward_slope(evidence)
     before, after = paired_outcomes(evidence)
     if slope is None or not slope[1] > 0 or len(before) < 10:
@@ -342,8 +382,9 @@ def reward_not_truth(evidence: RunEvidence) -> Finding | None:
         tries.append("eval.every=10   # the reward-hacking alarm watches the two part ways")
     else:
         tries.append("eval.alarm=stop   # end the run when they part; checkpoint-best keeps the best validation")
-    if any(s.get("environment") is not None for s in evidence.before + evidence.after):
-        tries.append("a reward that pays the goal (a won episode), not the environment's partial credit")
+    episodes = any(s.get("environment") is not None for s in evidence.before + evidence.after)
+    if episodes and evidence.setting("reward.components.environment.pays", "reward") != "success":
+        tries.append("reward.components.environment.pays=success   # a won episode only, not partial credit")
     return Finding(
         "reward_not_truth",
         seen,
@@ -464,6 +505,7 @@ RULES = (
     no_signal,
     answer_collapse,
     format_gain,
+    sharpened,
     reward_not_truth,
     heldout_fell,
     truncated,
@@ -472,4 +514,12 @@ RULES = (
     sampler_mismatch,
 )
 # What accounts for a held-out result by itself: with one of these found, no_change adds nothing.
-EXPLAINS_HELDOUT = {"labels_misread", "no_signal", "answer_collapse", "format_gain", "reward_not_truth", "heldout_fell"}
+EXPLAINS_HELDOUT = {
+    "labels_misread",
+    "no_signal",
+    "answer_collapse",
+    "format_gain",
+    "sharpened",
+    "reward_not_truth",
+    "heldout_fell",
+}
