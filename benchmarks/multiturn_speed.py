@@ -163,3 +163,7 @@ def main(argv: list[str] | None = None) -> None:
                 f"| {now / single:.1f}x |",
                 flush=True,
             )
+
+
+if __name__ == "__main__":
+    main()
