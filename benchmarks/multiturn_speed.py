@@ -18,8 +18,8 @@ Prints the seconds (median of the repeats), the ratio, and how many trajectories
 
 With --steps N (0: skipped), also whole training steps through the command line, each preset N steps twice, in
 fresh processes: the loop before (rollout.cache_turns=false trainer.fast_generation=false) against the defaults,
-seconds a step from summary.json (the first step, with the copy's making, included); and the default single-turn
-run's, the yardstick.
+the median of TRL's step_time over the steps after the first; and the default single-turn run's, the yardstick.
+--repeats 0 skips the rollouts.
 
     python -m benchmarks.multiturn_speed [--repeats 2] [--problems 16] [--steps 4] [--presets calculator ...]
 """
@@ -117,7 +117,7 @@ def measure(preset: str, repeats: int, problems: int) -> list[str]:
 
 def training_seconds_per_step(preset: str | None, steps: int, overrides: list[str]) -> float:
     """`python -m grpo_exp.train +experiment=<preset>` (None: the default single-turn run) for `steps` steps, without
-    evaluations: its seconds a step."""
+    evaluations: the median of TRL's step_time over the steps after the first (which also makes the sampling copy)."""
     with tempfile.TemporaryDirectory() as tmp:
         command = [
             sys.executable, "-m", "grpo_exp.train", *([f"+experiment={preset}"] if preset else []),
@@ -127,7 +127,9 @@ def training_seconds_per_step(preset: str | None, steps: int, overrides: list[st
         completed = subprocess.run(command, capture_output=True, text=True)
         if completed.returncode != 0:
             raise SystemExit(f"{preset} {overrides} failed:\n{completed.stderr[-3000:]}")
-        return json.loads((Path(tmp) / "summary.json").read_text())["seconds_per_step"]
+        lines = (Path(tmp) / "metrics.jsonl").read_text().splitlines()
+        times = [record["step_time"] for record in map(json.loads, lines) if "step_time" in record]
+        return statistics.median(times[1:])
 
 
 BEFORE = ["rollout.cache_turns=false", "trainer.fast_generation=false"]
@@ -146,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
         "| cached / whole | cached+prepacked / whole | played differently (cached; cached+prepacked) | tokens |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
-    for preset in args.presets:
+    for preset in args.presets if args.repeats else ():
         measure(preset, args.repeats, args.problems)
     if args.steps:
         single = training_seconds_per_step(None, args.steps, [])
