@@ -87,9 +87,10 @@ def test_turns_read_on_the_kept_cache_as_their_whole_context_prefilled(tiny_poli
     torch.testing.assert_close(cached_next_logits(model, batch), whole_next_logits(model, contexts), atol=2e-5, rtol=0)
 
 
-@pytest.mark.parametrize("contexts", [[[5, 6, 7]], [[5, 6, 7], [8, 9]], [[5, 6], [5, 6]]])
+@pytest.mark.parametrize("uniform", [False, True])  # True: one forward whatever the contexts (sharded processes)
+@pytest.mark.parametrize("contexts", [[[5, 6, 7]], [[5, 6, 7], [8, 9]], [[5, 6], [5, 6]], [[1, 2, 3, 4], [1, 2, 5]]])
 @torch.no_grad()
-def test_the_first_turn_needs_no_shared_prefix_nor_repeats(tiny_policy, contexts):
+def test_the_first_turn_needs_no_shared_prefix_nor_repeats(tiny_policy, contexts, uniform):
     model, tokenizer = tiny_policy
-    batch = first_turn(model, contexts, tokenizer.pad_token_id)
+    batch = first_turn(model, contexts, tokenizer.pad_token_id, uniform=uniform)
     torch.testing.assert_close(cached_next_logits(model, batch), whole_next_logits(model, contexts))

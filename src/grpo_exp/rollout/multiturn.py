@@ -186,7 +186,7 @@ class MultiTurnRollout:
         batches = [trajectories[start : start + batch_size] for start in range(0, len(trajectories), batch_size)]
         with tqdm(total=len(batches) * turns, desc=desc, unit="turn", disable=desc is None) as progress:
             for active in batches:
-                batch = first_turn(model, [t.prompt_ids for t in active], pad)
+                batch = first_turn(model, [t.prompt_ids for t in active], pad, uniform=_several_processes())
                 for turn in range(turns):
                     inputs = batch.generate_inputs(model)
                     output, ids, log_probs = self._generate(
@@ -341,6 +341,14 @@ class MultiTurnRollout:
             "env_mask": [t.env_mask for t in trajectories],
             **{key: [f[key] for f in fields] for key in TRAJECTORY_FIELDS},
         }
+
+
+def _several_processes() -> bool:
+    return (
+        torch.distributed.is_available()
+        and torch.distributed.is_initialized()
+        and torch.distributed.get_world_size() > 1
+    )
 
 
 def _eos_ids(tokenizer) -> set[int]:

@@ -74,11 +74,13 @@ def _positions(mask: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def first_turn(model, contexts: list[list[int]], pad: int) -> CachedTurns:
+def first_turn(model, contexts: list[list[int]], pad: int, uniform: bool = False) -> CachedTurns:
     """The batch before its first turn: the shared prefix's keys and values computed once, then each distinct
-    prompt's rest (but its last token) once, repeated for the trajectories that share it."""
+    prompt's rest (but its last token) once, repeated for the trajectories that share it. `uniform`: one forward
+    whatever the contexts (no prefix of its own), so that every process of a sharded model (ZeRO-3, FSDP: each
+    forward a collective call) makes the same calls, whatever its share of the prompts."""
     device = model.device
-    shared = common_prefix_length(contexts)
+    shared = 0 if uniform else common_prefix_length(contexts)
     rests, rest_mask = _left_padded([c[shared:] for c in contexts], pad)
     prefix = torch.tensor([contexts[0][:shared]], dtype=torch.long)
     input_ids = torch.cat([prefix.expand(len(contexts), -1), rests], dim=1).to(device)
