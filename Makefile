@@ -23,7 +23,7 @@ LLAMA_CMAKE_ARGS := $(if $(filter x86_64 amd64,$(shell uname -m)),-DCMAKE_C_FLAG
 $(VENV)/.llama-cpp:
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip install --quiet --no-cache-dir --force-reinstall --no-deps \
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip install --quiet --no-cache-dir --force-reinstall \
 		"llama-cpp-python>=0.3.36"
 	touch $@
 
