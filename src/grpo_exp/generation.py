@@ -1,5 +1,5 @@
 """Batched generation helpers: left-padded eval mode, completions for chat prompts (greedy or sampled), a prompt's
-token ids, and the name a model takes its KV cache under."""
+token ids, the name a model takes its KV cache under, and the distinct rows and positions a shared prefill needs."""
 
 import inspect
 from contextlib import contextmanager
@@ -83,3 +83,17 @@ def cache_argument(model) -> str:
     """The name under which `model`'s forward (and generate()) take a KV cache: `cache` from transformers 5.24,
     `past_key_values` before (still read there, with a deprecation warning)."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def distinct_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """For a [B, L] tensor: the index of one row of each distinct row, and each row's distinct row (so that a
+    prefill of the distinct rows, index-selected by the second, serves every row)."""
+    distinct, row_of = torch.unique(rows, dim=0, return_inverse=True)
+    first = torch.tensor([row_of.tolist().index(d) for d in range(len(distinct))])
+    return first, row_of
+
+
+def read_positions(mask: torch.Tensor) -> torch.Tensor:
+    """generate()'s positions for an attention mask: counted over the columns read (a masked column's is 1, and
+    never used)."""
+    return (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)

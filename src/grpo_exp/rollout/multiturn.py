@@ -23,7 +23,8 @@ from tqdm.auto import tqdm
 from transformers import StoppingCriteria, StoppingCriteriaList
 from trl.trainer.utils import is_async_callable
 
-from grpo_exp.generation import left_padded_eval
+from grpo_exp.data_parallel import process_layout
+from grpo_exp.generation import left_padded_eval, prompt_ids
 from grpo_exp.rollout.environment import (
     Episode,
     check_environment_column,
@@ -186,7 +187,7 @@ class MultiTurnRollout:
         batches = [trajectories[start : start + batch_size] for start in range(0, len(trajectories), batch_size)]
         with tqdm(total=len(batches) * turns, desc=desc, unit="turn", disable=desc is None) as progress:
             for active in batches:
-                batch = first_turn(model, [t.prompt_ids for t in active], pad, uniform=_several_processes())
+                batch = first_turn(model, [t.prompt_ids for t in active], pad, uniform=process_layout()[1] > 1)
                 for turn in range(turns):
                     inputs = batch.generate_inputs(model)
                     output, ids, log_probs = self._generate(
@@ -230,10 +231,9 @@ class MultiTurnRollout:
             (episode,) = new_episodes(self.environments, [row], cfg.environment_timeout_s, cfg.environment_success_at)
             observation = episode.start(row)
         tools = self.tools + ([] if episode is None else episode.tools)
-        ids = tokenizer.apply_chat_template(
-            self.messages(prompt, tools, observation), add_generation_prompt=True, tokenize=True, return_dict=True
-        )["input_ids"]
-        return Trajectory(ids, tools=tools, episode=episode)
+        return Trajectory(
+            prompt_ids(tokenizer, self.messages(prompt, tools, observation)), tools=tools, episode=episode
+        )
 
     def _generate(
         self,
@@ -341,14 +341,6 @@ class MultiTurnRollout:
             "env_mask": [t.env_mask for t in trajectories],
             **{key: [f[key] for f in fields] for key in TRAJECTORY_FIELDS},
         }
-
-
-def _several_processes() -> bool:
-    return (
-        torch.distributed.is_available()
-        and torch.distributed.is_initialized()
-        and torch.distributed.get_world_size() > 1
-    )
 
 
 def _eos_ids(tokenizer) -> set[int]:

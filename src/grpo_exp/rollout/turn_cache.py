@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from grpo_exp.generation import cache_argument
+from grpo_exp.generation import cache_argument, distinct_rows, read_positions
 from grpo_exp.masks import MASKABLE_ATTENTION
 
 
@@ -68,11 +68,6 @@ def _left_padded(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.T
     return ids, mask
 
 
-def _positions(mask: torch.Tensor) -> torch.Tensor:
-    """generate()'s positions: counted over the columns read (a masked column's own is never used)."""
-    return (mask.cumsum(-1) - 1).clamp(min=0)
-
-
 @torch.no_grad()
 def first_turn(model, contexts: list[list[int]], pad: int, uniform: bool = False) -> CachedTurns:
     """The batch before its first turn: the shared prefix's keys and values computed once, then each distinct
@@ -86,8 +81,7 @@ def first_turn(model, contexts: list[list[int]], pad: int, uniform: bool = False
     input_ids = torch.cat([prefix.expand(len(contexts), -1), rests], dim=1).to(device)
     attention_mask = torch.cat([torch.ones(len(contexts), shared, dtype=torch.long), rest_mask], dim=1).to(device)
     cache = DynamicCache(config=model.config)
-    distinct, row_of = torch.unique(torch.cat([rests, rest_mask], dim=1), dim=0, return_inverse=True)
-    first = torch.tensor([row_of.tolist().index(d) for d in range(len(distinct))])  # a row of each distinct rest
+    first, row_of = distinct_rows(torch.cat([rests, rest_mask], dim=1))  # a row of each distinct rest
     if shared:
         model(input_ids=prefix.to(device), **{cache_argument(model): cache}, use_cache=True, logits_to_keep=1)
         cache.batch_select_indices(torch.zeros(len(first), dtype=torch.long, device=device))  # the prefix, per rest
@@ -96,7 +90,7 @@ def first_turn(model, contexts: list[list[int]], pad: int, uniform: bool = False
         model(
             input_ids=ids[:, shared:],
             attention_mask=mask,
-            position_ids=_positions(mask)[:, shared:],
+            position_ids=read_positions(mask)[:, shared:],
             **{cache_argument(model): cache},
             use_cache=True,
             logits_to_keep=1,

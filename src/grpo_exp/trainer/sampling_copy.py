@@ -31,7 +31,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 from transformers import DynamicCache
 
-from grpo_exp.generation import cache_argument
+from grpo_exp.generation import cache_argument, distinct_rows, read_positions
 from grpo_exp.sampled_log_probs import SampledLogProbs
 
 
@@ -197,13 +197,11 @@ def shared_prefill(model, input_ids: torch.Tensor, attention_mask: torch.Tensor)
     """The KV cache of every row's prompt but its last token, computed once per distinct prompt and repeated for
     the rows that share it (TRL repeats each prompt G times); generate() then starts from the last token. None
     when no prompt repeats (nothing to share)."""
-    distinct, row_of = torch.unique(torch.cat([input_ids, attention_mask], dim=1), dim=0, return_inverse=True)
-    if len(distinct) == len(input_ids) or input_ids.shape[1] < 2:
+    first, row_of = distinct_rows(torch.cat([input_ids, attention_mask], dim=1))  # a row of each prompt
+    if len(first) == len(input_ids) or input_ids.shape[1] < 2:
         return None
-    first = torch.tensor([row_of.tolist().index(d) for d in range(len(distinct))])  # a row of each prompt
     ids, mask = input_ids[first, :-1], attention_mask[first, :-1]
-    # generate()'s own positions for a left-padded batch: counted from each row's first real token (pads: masked)
-    positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)
+    positions = read_positions(mask)  # generate()'s own, counted from each row's first real token
     cache = DynamicCache(config=model.config)
     model(
         input_ids=ids,
