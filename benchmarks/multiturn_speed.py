@@ -60,7 +60,7 @@ def measure(preset: str, repeats: int, problems: int) -> list[str]:
     cfg = spec.cfg
     train, heldout = load_splits(cfg.dataset)
     tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
-    model = load_model(cfg.model, tokenizer, cfg.cache_dir, cfg.trainer.seed, spec.policy_dtype)
+    model = load_model(cfg.model, tokenizer, cfg.cache_dir, cfg.trainer.seed, spec.policy_dtype).to("cuda" if torch.cuda.is_available() else "cpu")
     rollouts = {}
     for cached in (False, True):
         settings = copy.deepcopy(cfg.rollout)
@@ -68,7 +68,8 @@ def measure(preset: str, repeats: int, problems: int) -> list[str]:
         settings.cache_turns = cached
         rollouts[cached] = MultiTurnRollout(settings)
     probe = prompt_ids(tokenizer, train[0]["prompt"])
-    prepacked = SamplingCopy(model, torch.float32, prepack=True, probe=probe).copy if can_prepack() else None
+    on_cpu = model.device.type == "cpu"  # the prepacked copy is a CPU kernel
+    prepacked = SamplingCopy(model, torch.float32, prepack=True, probe=probe).copy if on_cpu and can_prepack() else None
     variants = {  # name: (rollout, the model that plays)
         "whole": (rollouts[False], model),
         "cached": (rollouts[True], model),
@@ -142,7 +143,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--presets", nargs="+", default=["calculator", "textarena_guess"])
     parser.add_argument("--steps", type=int, default=4)
     args = parser.parse_args(argv)
-    print(f"multi-turn rollouts, embedded SmolLM2-135M float32, {torch.get_num_threads()} threads, {cpu_name()}")
+    where = torch.cuda.get_device_name() if torch.cuda.is_available() else f"{torch.get_num_threads()} threads"
+    print(f"multi-turn rollouts, embedded SmolLM2-135M float32, {where}, {cpu_name()}")
     print(
         "| preset | what | whole prefill each turn (s) | cache kept (s) | cache kept, prepacked copy (s) "
         "| cached / whole | cached+prepacked / whole | played differently (cached; cached+prepacked) | tokens |"
