@@ -7,7 +7,7 @@ import json
 import pytest
 
 from grpo_exp.diagnose import main as diagnose_main
-from grpo_exp.run.alarms import answer_collapse_alarm, no_signal_warning
+from grpo_exp.run.alarms import TURN_CUT, answer_collapse_alarm, no_signal_warning
 from grpo_exp.run.comparison import comparison_rows, discover_runs
 from grpo_exp.run.diagnosis import HEALTHY, RunEvidence, diagnose, read_run
 from grpo_exp.run.diagnosis.rules import (
@@ -219,6 +219,13 @@ def test_truncation_entropy_and_gradient_spikes():
     spiky = evidence(steps=[{"reward": 0.0, "grad_norm": n} for n in [1.0] * 9 + [50.0]])
     assert gradient_spikes(spiky).seen.startswith("1 of 10 steps had a gradient norm above 10x the median 1")
     assert truncated(evidence(steps=steps(5))) is None and gradient_spikes(evidence(steps=steps(9))) is None
+    # a multi-turn run is read from its own share of last turns cut, not from TRL's (which counts a game's last move)
+    games = evidence(steps=steps(5, **{"completions/clipped_ratio": 1.0, "rollout/cut_frac": 0.0}))
+    assert truncated(games) is None
+    turns_cut = evidence(steps=steps(5, **{"completions/clipped_ratio": 0.0, "rollout/cut_frac": 1.0}))
+    turns_cut.config = CONFIG | {"rollout": {"max_tokens_per_turn": 24}}
+    assert "were cut at rollout.max_tokens_per_turn" in truncated(turns_cut).seen
+    assert truncated(turns_cut).tries == ("rollout.max_tokens_per_turn=48",)
 
 
 # ---- grpo-exp diagnose ---------------------------------------------------------------------------------------------
@@ -320,6 +327,26 @@ def test_the_health_callback_sounds_the_answer_collapse_and_stops_when_told(tmp_
     assert health.summary()["answer_collapse_alarm"].startswith("step 3: the policy collapsed to one answer: 24 of 24")
     assert health.summary()["health_stopped"].endswith("(health.answer_collapse=stop)")
     assert health.summary()["no_signal_warning"] is None  # half the groups had a spread
+
+
+def test_the_health_callback_reads_a_multi_turn_runs_own_cut_share(tmp_path):
+    """A game ends on a move, without an EOS: TRL counts every such trajectory as clipped. The truncation warning
+    reads rollout/cut_frac where the run logs it, and names the setting that cut."""
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from grpo_exp.run.health import PolicyHealth
+    from grpo_exp.schema import HealthSchema
+
+    cfg = OmegaConf.merge(OmegaConf.structured(HealthSchema), {"window": 3})
+    for cut, fires in ((0.0, False), (1.0, True)):
+        health = PolicyHealth(cfg, completions_per_step=8, metrics_file=tmp_path / "metrics.jsonl")
+        for step in range(1, 4):
+            logs = {"entropy": 1.0, "frac_reward_zero_std": 0.5, "completions/clipped_ratio": 1.0}
+            health.on_log(None, SimpleNamespace(global_step=step), SimpleNamespace(), logs=logs | {TURN_CUT: cut})
+        warning = health.summary()["truncation_warning"]
+        assert (warning is not None) == fires and (not fires or "cut at rollout.max_tokens_per_turn" in warning)
 
 
 def test_a_sampler_far_from_the_trainer_is_found():

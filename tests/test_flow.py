@@ -51,8 +51,8 @@ def test_turn_spans_are_the_policy_tokens_between_observations():
 
 def test_trajectory_statistics_count_each_trajectory_once():
     records = [
-        {"num_turns": 1, "tool_calls": 0, "tool_errors": 0, "final_turn": "It is \\boxed{7}."},
-        {"num_turns": 3, "tool_calls": 2, "tool_errors": 1, "final_turn": ""},  # max_turns ran out mid-call
+        {"num_turns": 1, "tool_calls": 0, "tool_errors": 0, "final_turn": "It is \\boxed{7}.", "cut": True},
+        {"num_turns": 3, "tool_calls": 2, "tool_errors": 1, "final_turn": "", "cut": False},  # out of turns mid-call
         {"num_turns": 2, "tool_calls": 1, "tool_errors": 0, "final_turn": "So 408."},
         {"num_turns": 2, "tool_calls": 1, "tool_errors": 0, "final_turn": "The answer is \\boxed{12}."},
     ]
@@ -64,6 +64,7 @@ def test_trajectory_statistics_count_each_trajectory_once():
     assert stats["rollout/tool_error_rate"] == 0.25
     assert stats["rollout/used_tool_frac"] == 0.75
     assert stats["rollout/final_answer_frac"] == 0.75
+    assert stats["rollout/cut_frac"] == 0.25  # a call or a game's move, without an EOS, is not a cut turn
     assert stats["rollout/reward_by_turns/1"] == 0.0
     assert stats["rollout/reward_by_turns/2"] == 1.0  # the NaN reward is left out
     assert stats["rollout/reward_by_turns/3"] == 0.0

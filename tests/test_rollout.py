@@ -324,7 +324,7 @@ def test_cached_turns_play_the_trajectories_of_whole_prefills_token_for_token(
         trajectories = MultiTurnRollout(cfg.rollout).run(
             model, tokenizer, [r["prompt"] for r in rows], generation, 4 if greedy else 8, rows=rows
         )
-        played[cached] = [(t.completion_ids, t.env_mask, t.turns, t.turn_rewards, t.ended) for t in trajectories]
+        played[cached] = [(t.completion_ids, t.env_mask, t.turns, t.turn_rewards, t.ended, t.cut) for t in trajectories]
     assert played[True] == played[False]
 
     if not (greedy and setting == "environment"):  # greedy, without the calculator's demonstration it never calls
@@ -335,6 +335,9 @@ def test_cached_turns_play_the_trajectories_of_whole_prefills_token_for_token(
         turns = [len(t.turns) for t in trajectories]
         assert max(turns) == cfg.rollout.max_turns and len(set(turns)) > 1, turns
         assert any(TURN_TOKENS in t.turn_tokens for t in trajectories), "no turn reached max_tokens_per_turn"
+    for t in trajectories:  # cut: the last turn stopped at max_tokens_per_turn, with neither an EOS nor a call
+        assert t.cut == (t.ended and t.completion_ids[-1] != tokenizer.eos_token_id)
+        assert not t.cut or t.turn_tokens[-1] == TURN_TOKENS
 
 
 @pytest.mark.e2e  # the protocol_model fixture fine-tunes for a minute on 2 cores

@@ -59,8 +59,9 @@ def trajectory_statistics(
     records: list[dict], rewards: list[float], extract: AnswerExtractor, prefix: str = "rollout"
 ) -> dict[str, float]:
     """Per-trajectory means (each trajectory counts once) over records with `num_turns`, `tool_calls`,
-    `tool_errors` and `final_turn` (grpo_exp.rollout's fields): turns, tool calls and errors, the share that
-    ended with a final answer (`extract`: the run's answer extractor), and the reward by number of turns."""
+    `tool_errors`, `final_turn` and `cut` (grpo_exp.rollout's fields): turns, tool calls and errors, the share that
+    ended with a final answer (`extract`: the run's answer extractor), the share whose last turn was cut at
+    rollout.max_tokens_per_turn, and the reward by number of turns."""
     n = len(records)
     turns = [r["num_turns"] for r in records]
     calls = sum(r["tool_calls"] for r in records)
@@ -73,6 +74,8 @@ def trajectory_statistics(
         f"{prefix}/tool_error_rate": errors / calls if calls else 0.0,
         f"{prefix}/used_tool_frac": sum(r["tool_calls"] > 0 for r in records) / n,
         f"{prefix}/final_answer_frac": sum(extract(r["final_turn"]) is not None for r in records) / n,
+        # a game's last move ends without an EOS, which TRL's completions/clipped_ratio counts as cut: this does not
+        f"{prefix}/cut_frac": sum(bool(r.get("cut")) for r in records) / n,
     }
     stats |= {f"{prefix}/reward_by_turns/{count}": value for count, value in reward_by_turns(rewards, turns).items()}
     return stats

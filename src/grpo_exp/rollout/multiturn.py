@@ -47,6 +47,7 @@ TRAJECTORY_FIELDS = (
     "tool_calls",
     "tool_errors",
     "ended",
+    "cut",  # its last turn was cut at rollout.max_tokens_per_turn (neither an end nor a tool call)
     "environment",  # rollout=environment: the episode's environment, its get_reward() and why it failed
     "env_reward",
     "env_success",
@@ -73,6 +74,7 @@ class Trajectory:
     tool_calls: int = 0
     tool_errors: int = 0
     ended: bool = False  # by a turn without a tool call (not by max_turns)
+    cut: bool = False  # its last turn stopped at rollout.max_tokens_per_turn, with neither an EOS nor a tool call
     done: bool = False
     tools: list[Tool] = field(default_factory=list)  # what this trajectory can call
     episode: Episode | None = None  # rollout=environment: its environment's instance
@@ -89,6 +91,7 @@ class Trajectory:
             "tool_calls": self.tool_calls,
             "tool_errors": self.tool_errors,
             "ended": self.ended,
+            "cut": self.cut,
             **(NO_EPISODE if self.episode is None else self.episode.fields()),
             "turn_rewards": list(self.turn_rewards),
             "turn_tokens": list(self.turn_tokens),
@@ -298,6 +301,7 @@ class MultiTurnRollout:
         call = first_call(text, trajectory.tools)
         if call is None:
             trajectory.ended = trajectory.done = True
+            trajectory.cut = bool(ids) and ids[-1] not in _eos_ids(tokenizer)
             return []
         result = call.tool.run(call.argument)
         trajectory.tool_calls += 1

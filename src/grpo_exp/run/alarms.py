@@ -12,6 +12,12 @@ from collections import Counter
 from grpo_exp.run.kept_models import METRIC
 from grpo_exp.stats import accuracy_change_interval, auroc_change_interval, slope_interval
 
+# The setting that cuts a completion: its whole length, or (multi-turn) each turn's
+MAX_COMPLETION, MAX_TURN = "trainer.max_completion_length", "rollout.max_tokens_per_turn"
+# A multi-turn run's own share of trajectories cut (grpo_exp.rollout.flow): TRL's completions/clipped_ratio counts
+# one that ends on a tool call or a game's move, which has no EOS, as cut
+TURN_CUT = "rollout/cut_frac"
+
 
 def hacking_alarm(
     rewards: list[tuple[int, float]],
@@ -107,10 +113,13 @@ def _welch_interval(sample: list[float], reference: list[float]) -> tuple[float,
     return float(interval.low), float(interval.high)
 
 
-def truncation_warning(shares: list[float], completions_per_step: int, window: int, threshold: float) -> str | None:
+def truncation_warning(
+    shares: list[float], completions_per_step: int, window: int, threshold: float, limit: str = MAX_COMPLETION
+) -> str | None:
     """Completions cut at the length limit: of the last `window` logged steps' completions (TRL's
-    completions/clipped_ratio, `completions_per_step` each), the share cut has a 95% interval (Wilson) all above
-    `threshold`. None when silent, or before `window` steps."""
+    completions/clipped_ratio, or a multi-turn run's rollout/cut_frac; `completions_per_step` each), the share cut
+    has a 95% interval (Wilson) all above `threshold`. `limit`: the setting that cut them. None when silent, or
+    before `window` steps."""
     from scipy.stats import binomtest
 
     if len(shares) < window:
@@ -122,8 +131,8 @@ def truncation_warning(shares: list[float], completions_per_step: int, window: i
         return None
     return (
         f"{cut} of the last {total} completions ({cut / total:.0%}, 95% interval from {low:.2f}) were cut at "
-        f"trainer.max_completion_length, above health.truncation_share={threshold}: their answers may never be "
-        "reached, and the rewards score unfinished text; raise trainer.max_completion_length"
+        f"{limit}, above health.truncation_share={threshold}: their answers may never be "
+        f"reached, and the rewards score unfinished text; raise {limit}"
     )
 
 

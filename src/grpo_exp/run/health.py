@@ -10,7 +10,15 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from grpo_exp.run.alarms import answer_collapse_alarm, entropy_alarm, no_signal_warning, truncation_warning
+from grpo_exp.run.alarms import (
+    MAX_COMPLETION,
+    MAX_TURN,
+    TURN_CUT,
+    answer_collapse_alarm,
+    entropy_alarm,
+    no_signal_warning,
+    truncation_warning,
+)
 from grpo_exp.run.tracking import read_metrics
 from grpo_exp.schema import AlarmAction
 
@@ -37,7 +45,8 @@ class PolicyHealth(TrainerCallback):
     def __init__(self, health_cfg, completions_per_step: int, metrics_file: Path):
         self.cfg, self.completions_per_step, self.metrics_file = health_cfg, completions_per_step, metrics_file
         self.entropies: list[float] = []
-        self.clipped: list[float] = []
+        self.clipped: list[float] = []  # each step's share of completions cut (TRL's, or a multi-turn run's own)
+        self.limit = MAX_COMPLETION  # the setting that cut them
         self.zero_std: list[float] = []
         self.all_wrong: list[float] = []
         # each recent step's (final answers, references) of every completion (observe_answers)
@@ -62,7 +71,9 @@ class PolicyHealth(TrainerCallback):
             ("entropy_alarm", lambda: entropy_alarm(self.entropies, window, cfg.collapse_below, cfg.blowup_above)),
             (
                 "truncation",
-                lambda: truncation_warning(self.clipped, self.completions_per_step, window, cfg.truncation_share),
+                lambda: truncation_warning(
+                    self.clipped, self.completions_per_step, window, cfg.truncation_share, self.limit
+                ),
             ),
             ("no_signal", self.no_signal),
             ("answer_collapse", self.answer_collapse),
@@ -93,12 +104,14 @@ class PolicyHealth(TrainerCallback):
         # entropy is None where no group trained (trainer.zero_variance_groups=skip left them all out)
         for key, values in (
             (ENTROPY, self.entropies),
-            (CLIPPED, self.clipped),
+            (TURN_CUT if TURN_CUT in logs else CLIPPED, self.clipped),
             (ZERO_STD, self.zero_std),
             (ALL_WRONG, self.all_wrong),
         ):
             if isinstance(logs.get(key), int | float):
                 values.append(float(logs[key]))
+        if TURN_CUT in logs:
+            self.limit = MAX_TURN
         return True
 
     def sound(self, key: str, found: str | None, logs: dict, state, control) -> None:

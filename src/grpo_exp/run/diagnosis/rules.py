@@ -8,7 +8,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 
 from grpo_exp.answers import BUILT_IN, final_sentence, lenient_match, normalise_answer, vote_key
-from grpo_exp.run.alarms import entropy_alarm, truncation_warning
+from grpo_exp.run.alarms import MAX_COMPLETION, MAX_TURN, TURN_CUT, entropy_alarm, truncation_warning
 from grpo_exp.run.diagnosis.evidence import RunEvidence
 from grpo_exp.stats import paired_change, problems_to_resolve, slope_interval, wilson_interval
 
@@ -421,16 +421,21 @@ def heldout_fell(evidence: RunEvidence) -> Finding | None:
 
 
 def truncated(evidence: RunEvidence) -> Finding | None:
-    """Completions cut at the length limit (the truncation warning's rule over the run's logged steps)."""
-    length = evidence.setting("trainer.max_completion_length")
-    found = truncation_warning(evidence.series("completions/clipped_ratio"), _completions_per_step(evidence), 5, 0.5)
+    """Completions cut at the length limit (the truncation warning's rule over the run's logged steps). A multi-turn
+    run is read from its own rollout/cut_frac (last turns cut at rollout.max_tokens_per_turn): TRL's clipped ratio
+    counts every trajectory that ends on a tool call or a game's move, which has no EOS, as cut."""
+    turns = evidence.series(TURN_CUT)
+    limit = MAX_TURN if turns else MAX_COMPLETION
+    shares = turns or evidence.series("completions/clipped_ratio")
+    found = truncation_warning(shares, _completions_per_step(evidence), 5, 0.5, limit)
     if found is None:
         return None
+    length = evidence.setting(limit)
     return Finding(
         "truncated",
         found.split(": their answers")[0],
         "a cut completion never reaches its answer, so the reward scores unfinished text",
-        (f"trainer.max_completion_length={int(length) * 2}" if length else "trainer.max_completion_length=<more>",),
+        (f"{limit}={int(length) * 2}" if length else f"{limit}=<more>",),
     )
 
 
