@@ -10,7 +10,6 @@ from pathlib import Path
 
 from grpo_exp.paths import REPO_ROOT
 from support.config import TINY_RUN
-from support.servers import free_port
 from tests.helpers import warm
 
 DDP = REPO_ROOT / "accelerate_configs" / "ddp.yaml"
@@ -118,6 +117,8 @@ def accelerate_launch(
     """`accelerate launch --config_file <accelerate_config> <launch_args> -m <module> <args>` from the repository's
     root (or `cwd`: a user's project, whose modules the run imports from there), as a user starts several processes
     (`launch_args`: accelerate's own, over the config file's; `env`: added to this environment)."""
+    from support.servers import free_port  # imports transformers: only after conftest's pytest_configure has run
+
     if not any(arg.startswith("--main_process_port") for arg in launch_args):  # tests run side by side (xdist)
         launch_args = ("--main_process_port", str(free_port()), *launch_args)
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(accelerate_config), *launch_args]
