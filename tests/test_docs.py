@@ -10,8 +10,7 @@ is the one support/code_map.py generates from the tree.
 
 from __future__ import annotations
 
-import inspect
-import itertools
+import ast
 import re
 import shlex
 from dataclasses import dataclass
@@ -149,15 +148,24 @@ def _config_dir(directory: str, cwd: Path) -> Path:
     return path
 
 
+COMPOSED: set[tuple[str, ...]] = set()  # compositions already made (several pages show the same command)
+
+
 def _compose(overrides: list[str], config_dirs: list[Path]) -> None:
     from grpo_exp.deprecated import translate_overrides
 
+    key = (*overrides, "|", *map(str, config_dirs))
+    if key in COMPOSED:
+        return
+
     searchpath = [f"hydra.searchpath=[{','.join(f'file://{d}' for d in config_dirs)}]"] if config_dirs else []
     compose("config", overrides=translate_overrides(overrides) + searchpath)
+    COMPOSED.add(key)
 
 
 def _sweep(overrides: list[str]) -> list[list[str]]:
-    """A -m sweep's compositions: every combination, or, past 16, each swept value once with the others' first."""
+    """A -m sweep's compositions: each swept value once, the other keys at their first value (every value a sweep
+    names is composed; combinations add nothing to whether a value composes, only time)."""
     parsed = OverridesParser.create().parse_overrides(overrides)
     choices = []
     for override in parsed:
@@ -166,13 +174,9 @@ def _sweep(overrides: list[str]) -> list[list[str]]:
             choices.append([f"{key}={value}" for value in override.sweep_string_iterator()])
         else:
             choices.append([override.input_line])
-    combinations = 1
-    for values in choices:
-        combinations *= len(values)
-    if combinations <= 16:
-        return [list(c) for c in itertools.product(*choices)]
     firsts = [values[0] for values in choices]
-    return [firsts[:i] + [value] + firsts[i + 1 :] for i, values in enumerate(choices) for value in values]
+    variants = [firsts[:i] + [value] + firsts[i + 1 :] for i, values in enumerate(choices) for value in values[1:]]
+    return [firsts, *variants]
 
 
 def check_train(args: list[str], cwd: Path) -> None:
@@ -206,10 +210,11 @@ def check_evaluate_or_probe(module: str, args: list[str], cwd: Path) -> None:
 
 
 def check_flags(module: str, args: list[str]) -> None:
-    """compare's and diagnose's parsers are built inside main(): their flags, read from its source."""
-    import importlib
-
-    source = inspect.getsource(importlib.import_module(f"grpo_exp.{module}").main)
+    """compare's and diagnose's parsers are built inside main(): their flags, read from its source (not imported:
+    the modules import torch)."""
+    tree = ast.parse((REPO_ROOT / "src" / "grpo_exp" / f"{module}.py").read_text(encoding="utf-8"))
+    main = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main")
+    source = ast.unparse(main).replace("'", '"')
     defined = set(re.findall(r'"(--?[\w-]+)"', source)) | {"-h", "--help"}
     unknown = [w.split("=", 1)[0] for w in args if w.startswith("-") and w.split("=", 1)[0] not in defined]
     assert not unknown, f"flags {module}'s parser does not define: {unknown} (it defines {sorted(defined)})"
