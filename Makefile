@@ -49,6 +49,7 @@ train: install  ## the default experiment: GRPO on the embedded SmolLM2-135M, of
 test: install browser  ## the whole suite, slow tests included (the CI command)
 	$(PY) -m ruff check src support tests benchmarks
 	$(PY) -m ruff format --check src support tests benchmarks
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet --site-dir site
 	$(PY) -m pytest $(ARGS)
 
 test-fast: install  ## without the embedded model (slow) and the end-to-end runs through the CLI (e2e)
@@ -77,4 +78,4 @@ lint: install
 	$(PY) -m ruff format --check src support tests benchmarks
 
 clean:
-	rm -rf outputs multirun .pytest_cache
+	rm -rf outputs multirun .pytest_cache site

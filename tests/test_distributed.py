@@ -98,7 +98,7 @@ def test_two_processes_leave_out_groups_without_spread_and_read_prompts_once(ski
     ],
 )
 def test_the_accelerate_configs_are_valid_for_accelerate(name, kind, detail):
-    """Checked by accelerate's own loader (running DeepSpeed and FSDP needs GPUs: see README)."""
+    """Checked by accelerate's own loader (running DeepSpeed and FSDP needs GPUs: see docs/scale-out.md)."""
     config = load_config_from_file(str(ACCELERATE_DIR / name))
     assert config.distributed_type == kind and config.num_machines == 1
     section = config.deepspeed_config if kind == DistributedType.DEEPSPEED else config.fsdp_config
