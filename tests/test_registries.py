@@ -20,3 +20,41 @@ def test_builtin_environment_schemes_are_registered_beside_their_code():
 def test_a_scheme_registers_once():
     with pytest.raises(ValueError, match="already registered"):
         environment_scheme("textarena/")(lambda rest, invalid_move_credit=False: None)
+
+
+def test_the_schema_reads_the_reward_components_from_their_registry():
+    from pathlib import Path
+
+    from grpo_exp import schema
+    from grpo_exp.paths import REPO_ROOT
+    from grpo_exp.rewards.components import builtin_components
+    from grpo_exp.rewards.registry import COMPONENTS
+
+    registered = builtin_components()
+    assert schema.REWARD_COMPONENTS == {name: c.settings for name, c in registered.items()}
+    assert set(COMPONENTS) == set(registered)
+    # every built-in component has its YAML, conf/reward/<name>.yaml (the mixes, e.g. conf/reward/math+format, aside)
+    assert set(registered) <= {p.stem for p in Path(REPO_ROOT, "conf", "reward").glob("*.yaml")}
+    # each component's settings live beside its factory
+    for component in registered.values():
+        assert component.settings.__module__ == component.factory.__module__
+
+
+def test_a_reward_component_registers_once():
+    from grpo_exp.rewards.components import reward_component
+
+    with pytest.raises(ValueError, match="already registered"):
+        reward_component("math", object)(lambda: None)
+
+
+def test_an_unknown_reward_component_lists_exactly_the_registrys_names():
+    from omegaconf import OmegaConf
+
+    from grpo_exp.errors import UserError
+    from grpo_exp.rewards.components import builtin_components
+    from grpo_exp.rewards.registry import typed_components
+
+    with pytest.raises(UserError) as err:
+        typed_components(OmegaConf.create({"components": {"nope": {"weight": 1.0}}}))
+    assert "reward component 'nope' is unknown" in str(err.value)
+    assert str(sorted(builtin_components())) in str(err.value)
