@@ -58,3 +58,57 @@ def test_an_unknown_reward_component_lists_exactly_the_registrys_names():
         typed_components(OmegaConf.create({"components": {"nope": {"weight": 1.0}}}))
     assert "reward component 'nope' is unknown" in str(err.value)
     assert str(sorted(builtin_components())) in str(err.value)
+
+
+USERS_ESTIMATORS = """
+import torch
+
+from grpo_exp.trainer.advantages import DEFAULT_SCALE_REWARDS, estimator_declares
+
+@estimator_declares(keeps_group_scale=False, requires=())
+def above_median(rewards, group_size):
+    grouped = rewards.view(-1, group_size)
+    return (grouped > grouped.median(dim=1, keepdim=True).values).float().view(-1)
+
+@estimator_declares(requires=(DEFAULT_SCALE_REWARDS,))
+def centred(rewards, group_size):
+    grouped = rewards.view(-1, group_size)
+    return (grouped - grouped.mean(dim=1, keepdim=True)).view(-1)
+
+def undeclared(rewards, group_size):
+    return rewards
+"""
+
+
+def test_a_users_estimator_declares_what_a_builtin_does_and_the_rules_read_it(tmp_path, monkeypatch):
+    from omegaconf import OmegaConf
+
+    from grpo_exp.errors import UserError
+    from grpo_exp.schema import ScaleRewards
+    from grpo_exp.trainer.advantages import (
+        DEFAULT_SCALE_REWARDS,
+        REPLACES_TRL,
+        check_algorithm,
+        check_keeps_group_scale,
+        estimator,
+    )
+
+    module = f"users_estimators_{tmp_path.name}"
+    (tmp_path / f"{module}.py").write_text(USERS_ESTIMATORS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    median = estimator(f"{module}:above_median")
+    assert (median.keeps_group_scale, median.requires) == (False, ())
+    assert estimator(f"{module}:centred").requires == (DEFAULT_SCALE_REWARDS,)
+    undeclared = estimator(f"{module}:undeclared")
+    assert (undeclared.keeps_group_scale, undeclared.requires) == (True, REPLACES_TRL)
+
+    # keeps_group_scale=False: a setting that scales a group's rewards is refused with it, as with pass_at_k
+    with pytest.raises(UserError, match=f"algorithm={module}:above_median cancels"):
+        check_keeps_group_scale(f"{module}:above_median", ScaleRewards.none, "scale_by_pass_rate")
+    check_keeps_group_scale(f"{module}:undeclared", ScaleRewards.none, "scale_by_pass_rate")
+    # requires=(): TRL's scaling left as the user sets it; the default requirements refuse it
+    trainer = OmegaConf.create({"scale_rewards": "batch", "num_generations": 4, "extra": {}})
+    check_algorithm(OmegaConf.create({"name": f"{module}:above_median"}), trainer)
+    with pytest.raises(UserError, match="trainer.scale_rewards=batch"):
+        check_algorithm(OmegaConf.create({"name": f"{module}:centred"}), trainer)
