@@ -112,3 +112,27 @@ def test_a_users_estimator_declares_what_a_builtin_does_and_the_rules_read_it(tm
     check_algorithm(OmegaConf.create({"name": f"{module}:above_median"}), trainer)
     with pytest.raises(UserError, match="trainer.scale_rewards=batch"):
         check_algorithm(OmegaConf.create({"name": f"{module}:centred"}), trainer)
+
+
+def test_the_config_comments_list_exactly_the_registered_estimators():
+    import re
+    from pathlib import Path
+
+    from grpo_exp.paths import REPO_ROOT
+    from grpo_exp.trainer.advantages import ESTIMATORS
+
+    line = next(
+        line for line in Path(REPO_ROOT, "conf", "config.yaml").read_text().splitlines() if "- algorithm:" in line
+    )
+    listed = re.findall(r"(\w+)(?: \([^)]*\))?(?: \||$)", line.partition("advantage estimator:")[2].strip())
+    assert listed == list(ESTIMATORS)
+    assert {p.stem for p in Path(REPO_ROOT, "conf", "algorithm").glob("*.yaml")} == set(ESTIMATORS)
+
+
+def test_an_unknown_estimator_lists_exactly_the_registrys_names():
+    from grpo_exp.errors import UserError
+    from grpo_exp.trainer.advantages import ESTIMATORS, estimator
+
+    with pytest.raises(UserError) as err:
+        estimator("nope")
+    assert f"algorithm.name=nope: no such estimator; the registered ones: {', '.join(ESTIMATORS)};" in str(err.value)
