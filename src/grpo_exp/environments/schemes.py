@@ -11,9 +11,6 @@ from collections.abc import Callable
 
 SCHEMES: dict[str, Callable[..., Callable]] = {}
 
-# The modules that register the built-in schemes (imported by builtin_schemes(), so that the registry is full).
-BUILTIN_MODULES = ("grpo_exp.environments.textarena", "grpo_exp.environments.openenv")
-
 
 def environment_scheme(prefix: str) -> Callable:
     """Decorator: the function builds the environments named `prefix<rest>` (rollout.environment=prefix<rest>)."""
@@ -28,11 +25,15 @@ def environment_scheme(prefix: str) -> Callable:
 
 
 def builtin_schemes() -> dict[str, Callable[..., Callable]]:
-    """Every registered scheme, the built-in ones' modules imported."""
+    """Every registered scheme, every module of grpo_exp.environments imported first (so that a new built-in is its
+    own module; a module imports its optional package only when its builder runs)."""
     import importlib
+    import pkgutil
 
-    for module in BUILTIN_MODULES:
-        importlib.import_module(module)
+    import grpo_exp.environments
+
+    for module in pkgutil.iter_modules(grpo_exp.environments.__path__):
+        importlib.import_module(f"grpo_exp.environments.{module.name}")
     return SCHEMES
 
 
