@@ -64,7 +64,7 @@ def test_reward_files_set_only_the_weight_and_config_yaml_no_schema_default():
 def test_the_composed_config_shows_every_setting_of_a_component_with_its_default():
     cfg = compose_config(["reward=math+selfverify"])
     settings = cfg.reward.components.selfverify
-    assert set(settings) == {f.name for f in dataclasses.fields(schema.SelfVerifyReward)}
+    assert set(settings) == {f.name for f in dataclasses.fields(schema.REWARD_COMPONENTS["selfverify"])}
     assert (
         settings.weight == 1.0 and settings.schedule is schema.SelfVerifySchedule.joint and settings.buffer_size == 64
     )

@@ -268,141 +268,6 @@ class DatasetSchema:
 
 
 @dataclass
-class MathReward:
-    # 1 when the final answer equals the reference (math-verify); None (skipped) for an unparseable reference.
-    weight: float = MISSING
-
-
-@dataclass
-class FormatReward:
-    weight: float = MISSING
-    style: FormatStyle = FormatStyle.boxed
-    strict: bool = False  # true gives 1/0; false gives 0.5 for an answer present but not cleanly at the end
-
-
-@dataclass
-class LengthReward:
-    weight: float = MISSING
-    target_chars: int = knob(400, ge=1)  # 1 for an empty completion, falling linearly to 0 at this length
-
-
-@dataclass
-class OverlongReward:
-    # DAPO's soft overlong punishment (tokens): 0 up to cache_tokens before trainer.max_completion_length, falling
-    # linearly to -1 at it. null: a fifth of max_completion_length (the paper's 4096 of 20480)
-    weight: float = MISSING
-    cache_tokens: int | None = knob(None, ge=1)
-
-
-@dataclass
-class LengthByCorrectnessReward:
-    # Kimi k1.5's length reward within each prompt's group, by the run's labels: 0.5 for the shortest, -0.5 for the
-    # longest, linear between; a wrong completion gets at most 0
-    weight: float = MISSING
-
-
-@dataclass
-class RepetitionReward:
-    weight: float = MISSING
-    ngram_size: int = knob(3, ge=1)
-    max_penalty: float = knob(-1.0, le=0.0)  # the reward of a completion that only repeats itself
-
-
-@dataclass
-class JudgeReward:
-    # The judge itself is the `judge` config group (judge=local | judge=openai).
-    weight: float = MISSING
-
-
-@dataclass
-class ConfidenceReward:
-    # The verifier's P(Yes) that the answer is correct: needs scorer=genrm or scorer=self.
-    weight: float = MISSING
-    # What the verifier is shown: answer: the question and the completion's final answer (a completion without
-    # one scores 0), as the self-verification task and the verification benchmark ask | solution: the prompt
-    # and the whole completion
-    show: ShownPart = ShownPart.answer
-
-
-@dataclass
-class SelfVerifyReward:
-    weight: float = MISSING
-    # joint: verification groups in every batch | interleave: a verification step every `every` steps |
-    # verify_only: every step verifies (answers sampled first)
-    schedule: SelfVerifySchedule = SelfVerifySchedule.joint
-    every: int = knob(5, ge=1)
-    fraction: float = knob(0.5, gt=0.0, le=1.0)  # joint: share of a batch's groups that are verification prompts
-    show: ShownPart = ShownPart.answer
-    drop_no_answer: bool = True  # filtering: no extractable answer
-    drop_all_wrong: bool = True  # filtering: problems whose rollouts are all wrong
-    # pairs: matched pairs, as the Learning-to-Self-Verify code does (a step with no mixed problem in the buffer
-    # verifies nothing and says so) | share: yes_share of the `fraction` groups on average
-    balance: SelfVerifyBalance = SelfVerifyBalance.pairs
-    pairs_per_step: int = knob(1, ge=1)  # balance=pairs: matched pairs per step (2 verification groups each)
-    yes_share: float = knob(0.5, ge=0.0, le=1.0)  # balance=share: share of "Yes" (correct) examples
-    per_problem: int = knob(2, ge=1)  # diversity: at most this many examples per problem (distinct answers first)
-    # grpo: verification prompts join the GRPO batch, rewarded for the right verdict | supervised: they do not;
-    # instead the cross-entropy of the policy's P(Yes) at the verdict's first token against the label is added
-    # to TRL's loss, x supervised_weight (the GenRM recipe)
-    objective: SelfVerifyObjective = SelfVerifyObjective.grpo
-    supervised_weight: float = knob(1.0, gt=0.0)
-    # objective=grpo: the tokens of a verification completion that the loss counts. verdict: up to the end of the
-    # verdict, which alone decides the reward (a completion without a verdict counts whole) | completion: all
-    loss_on: VerdictLossTokens = VerdictLossTokens.verdict
-    # reward x min(pass rate, 0.5), as in the paper. A constant per group: group-normalised advantages cancel
-    # it, so it needs trainer.scale_rewards=none or batch under algorithm=grpo, or dr_grpo/rloo/reinforce_pp_baseline
-    # (checked).
-    scale_by_pass_rate: bool = False
-    strict_verdict: bool = True  # true: only a \boxed{Yes}/\boxed{No} counts; false: else the first yes/no word
-    buffer_size: int = knob(64, ge=1)  # recent labelled samples to draw verification prompts from
-    template: str = knob(
-        "You are a teacher checking a student's answer.\n\nQuestion: {question}\n\nStudent's answer: {answer}\n\n"
-        "Is the student's answer correct? Answer with \\boxed{Yes} or \\boxed{No}.",
-        contains=("{question}", "{answer}"),
-    )
-
-
-@dataclass
-class CorrectReward:
-    # 1 when the run's correctness labels (verifier.labels: math_verify, exact_match or the user's function) say
-    # correct, 0 when not; None (skipped) when they cannot judge: any task's accuracy reward, by its own verifier.
-    weight: float = MISSING
-
-
-@dataclass
-class TaskScoreReward:
-    # A reasoning-gym task's own score_answer of the final answer, partial credit in [0, 1] (needs dataset.task or
-    # dataset.tasks: each row keeps its task).
-    weight: float = MISSING
-
-
-@dataclass
-class EnvironmentReward:
-    # Your environment's own score of each episode, its get_reward() once the trajectory has ended (needs
-    # rollout=environment); missing (imputed) for a failed episode.
-    weight: float = MISSING
-    # reward: get_reward() as it is | success: 1 for an episode that succeeded (get_reward() at least
-    # rollout.environment_success_at: a game won), 0 for any other, whatever partial credit it was given
-    pays: EpisodePay = EpisodePay.reward
-
-
-REWARD_COMPONENTS: dict[str, type] = {
-    "math": MathReward,
-    "correct": CorrectReward,
-    "format": FormatReward,
-    "length": LengthReward,
-    "overlong": OverlongReward,
-    "length_by_correctness": LengthByCorrectnessReward,
-    "repetition": RepetitionReward,
-    "judge": JudgeReward,
-    "confidence": ConfidenceReward,
-    "selfverify": SelfVerifyReward,
-    "task_score": TaskScoreReward,
-    "environment": EnvironmentReward,
-}
-
-
-@dataclass
 class CustomReward:
     # A reward component of the user's own, by import path (module:name; the current directory is importable):
     # `function`, a reward function in TRL's convention, f(prompts, completions, **kwargs) -> list[float | None]
@@ -805,11 +670,25 @@ class Schema:
     save_model: bool = True  # the final weights in <run dir>/checkpoint-final
 
 
+def reward_components() -> dict[str, type]:
+    """Built-in component name -> its settings' schema, as each registers beside its code
+    (grpo_exp.rewards.components: `@reward_component(name, Settings)`)."""
+    from grpo_exp.rewards.components import builtin_components  # the components' modules import this one
+
+    return {name: component.settings for name, component in builtin_components().items()}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "REWARD_COMPONENTS":  # the registry's, read when asked (the components' modules import this one)
+        return reward_components()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def register_schemas() -> None:
     store = ConfigStore.instance()
     store.store(name="schema", node=Schema)
     # conf/reward/<name>.yaml puts its component's schema (these defaults) under reward.components.<name>.
-    for name, node in REWARD_COMPONENTS.items():
+    for name, node in reward_components().items():
         store.store(group="reward_component", name=name, node=node)
     store.store(group="reward_component", name="custom", node=CustomReward)  # the user's own (CustomReward)
 

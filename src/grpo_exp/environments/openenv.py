@@ -19,6 +19,7 @@ import inspect
 import json
 import threading
 
+from grpo_exp.environments.schemes import environment_scheme
 from grpo_exp.errors import UserError
 
 PREFIX = "openenv/"
@@ -109,6 +110,12 @@ def action_tool(action_schema: dict, where: str):
     step.__signature__ = inspect.Signature(parameters, return_annotation=str)
     step.__annotations__ = {**annotations, "return": str}
     return step
+
+
+@environment_scheme(PREFIX)
+def build(url: str, invalid_move_credit: bool = False) -> functools.partial:
+    """rollout.environment=openenv/<url> (an OpenEnv server keeps its own score: no invalid-move credit to give)."""
+    return server(url)
 
 
 def server(url: str) -> functools.partial:

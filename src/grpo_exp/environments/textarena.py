@@ -16,6 +16,7 @@ TwentyQuestions, GuessWho (an OpenRouter API key); Checkers, Chess, Klondike (th
 
 import functools
 
+from grpo_exp.environments.schemes import environment_scheme
 from grpo_exp.errors import UserError
 
 PREFIX = "textarena/"
@@ -88,6 +89,7 @@ class TextArenaGame:
         return 0.0 if self.reward is None else self.reward
 
 
+@environment_scheme(PREFIX)
 def game(game_id: str, invalid_move_credit: bool = False) -> functools.partial:
     """The factory of a game by its TextArena id (rollout.environment=textarena/<id>); `invalid_move_credit`: a game
     ended by an invalid move keeps TextArena's partial credit (else it scores 0)."""

@@ -4,12 +4,28 @@ Useful where no reference answer exists. It needs a probability, so scorer=genrm
 scorer is built once by the run (grpo_exp.run.build) and shared with whoever else needs it.
 """
 
+from dataclasses import dataclass
+
+from omegaconf import MISSING
+
+from grpo_exp.rewards.components import reward_component
 from grpo_exp.schema import ShownPart
 from grpo_exp.text import completion_text, prompt_text
 from grpo_exp.verification.labels import Labels
 from grpo_exp.verification.p_yes import PYesScorer
 
 
+@dataclass
+class ConfidenceReward:
+    # The verifier's P(Yes) that the answer is correct: needs scorer=genrm or scorer=self.
+    weight: float = MISSING
+    # What the verifier is shown: answer: the question and the completion's final answer (a completion without
+    # one scores 0), as the self-verification task and the verification benchmark ask | solution: the prompt
+    # and the whole completion
+    show: ShownPart = ShownPart.answer
+
+
+@reward_component("confidence", ConfidenceReward)
 def make_confidence_reward(p_yes: PYesScorer, show: ShownPart, verifier: Labels):
     def confidence(prompts, completions, question=None, **kwargs) -> list[float]:
         """P(Yes) of the verifier asked whether the completion correctly answers the prompt."""

@@ -5,10 +5,23 @@ exact_match, or the user's function), so a task that is not mathematics trains o
     grpo-exp train reward=correct verifier.labels=my_checks:is_correct
 """
 
+from dataclasses import dataclass
+
+from omegaconf import MISSING
+
+from grpo_exp.rewards.components import reward_component
 from grpo_exp.text import completion_text
 from grpo_exp.verification.rule import Verifier
 
 
+@dataclass
+class CorrectReward:
+    # 1 when the run's correctness labels (verifier.labels: math_verify, exact_match or the user's function) say
+    # correct, 0 when not; None (skipped) when they cannot judge: any task's accuracy reward, by its own verifier.
+    weight: float = MISSING
+
+
+@reward_component("correct", CorrectReward)
 def make_correct_reward(verifier: Verifier):
     def correct(completions, solution, task_entry=None, **kwargs) -> list[float | None]:
         """1.0 when the run's labels say correct, 0.0 when not; None (skipped) when they cannot judge or there is

@@ -9,9 +9,25 @@ On grpo_exp's loop the rollout hands the scores over (`env_reward`); on TRL's to
 finished here (the seam then logs the failed ones and spends them from the failure budget).
 """
 
+from dataclasses import dataclass
+
+from omegaconf import MISSING
+
+from grpo_exp.rewards.components import reward_component
 from grpo_exp.schema import EpisodePay
 
 
+@dataclass
+class EnvironmentReward:
+    # Your environment's own score of each episode, its get_reward() once the trajectory has ended (needs
+    # rollout=environment); missing (imputed) for a failed episode.
+    weight: float = MISSING
+    # reward: get_reward() as it is | success: 1 for an episode that succeeded (get_reward() at least
+    # rollout.environment_success_at: a game won), 0 for any other, whatever partial credit it was given
+    pays: EpisodePay = EpisodePay.reward
+
+
+@reward_component("environment", EnvironmentReward)
 def make_environment_reward(pays: str = "reward"):
     success_only = EpisodePay(pays) is EpisodePay.success
 

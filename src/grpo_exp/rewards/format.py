@@ -1,7 +1,11 @@
 """Answer format: does the completion give its final answer the way the prompt asked?"""
 
 import re
+from dataclasses import dataclass
 
+from omegaconf import MISSING
+
+from grpo_exp.rewards.components import reward_component
 from grpo_exp.schema import FormatStyle
 from grpo_exp.text import completion_text, last_boxed_span
 
@@ -41,6 +45,14 @@ def hash_score(text: str, strict: bool) -> float:
 SCORERS = {FormatStyle.boxed: boxed_score, FormatStyle.think_answer: think_answer_score, FormatStyle.hash: hash_score}
 
 
+@dataclass
+class FormatReward:
+    weight: float = MISSING
+    style: FormatStyle = FormatStyle.boxed
+    strict: bool = False  # true gives 1/0; false gives 0.5 for an answer present but not cleanly at the end
+
+
+@reward_component("format", FormatReward)
 def make_format_reward(style: FormatStyle, strict: bool):
     scorer = SCORERS[style]
 

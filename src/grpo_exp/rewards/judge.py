@@ -24,12 +24,13 @@ import os
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from omegaconf import DictConfig
+from omegaconf import MISSING, DictConfig
 
 from grpo_exp.errors import UserError
 from grpo_exp.failure_budget import FailureBudget
 from grpo_exp.generation import generate_completions
 from grpo_exp.models import check_frozen_copies, check_reachable, load_frozen, load_tokenizer, model_option_config
+from grpo_exp.rewards.components import reward_component
 from grpo_exp.rewards.rubric import (
     Rubric,
     check_rubric,
@@ -288,6 +289,13 @@ def judge_failure_budget(cfg: DictConfig) -> FailureBudget:
     return FailureBudget(cfg.max_failure_rate, cfg.failure_window, describe)
 
 
+@dataclass
+class JudgeReward:
+    # The judge itself is the `judge` config group (judge=local | judge=openai).
+    weight: float = MISSING
+
+
+@reward_component("judge", JudgeReward)
 def make_judge_reward(judge: RubricJudge):
     """The `judge` component: the run's judge (grpo_exp.run.build), with the judge config group's settings."""
     budget = judge_failure_budget(judge.cfg)

@@ -10,7 +10,11 @@ completions of the same length: 0. Correctness is the run's own labels (verifier
 over the whole batch; the paper, and this, over each prompt's group."""
 
 from collections import defaultdict
+from dataclasses import dataclass
 
+from omegaconf import MISSING
+
+from grpo_exp.rewards.components import reward_component
 from grpo_exp.text import completion_text
 from grpo_exp.verification.rule import Verifier
 
@@ -32,6 +36,14 @@ def length_rewards(lengths: list[int], correct: list[bool | None], groups: list)
     return rewards
 
 
+@dataclass
+class LengthByCorrectnessReward:
+    # Kimi k1.5's length reward within each prompt's group, by the run's labels: 0.5 for the shortest, -0.5 for the
+    # longest, linear between; a wrong completion gets at most 0
+    weight: float = MISSING
+
+
+@reward_component("length_by_correctness", LengthByCorrectnessReward)
 def make_length_by_correctness_reward(verifier: Verifier):
     def length_by_correctness(completions, solution, prompts, completion_ids, task_entry=None, **kwargs):
         """Kimi k1.5's length reward within each prompt's group, by the run's labels."""

@@ -7,11 +7,23 @@ not solving it. TRL's `accuracy_reward` is not used because it accepts LaTeX-anc
 score a plain '7' as wrong.
 """
 
+from dataclasses import dataclass
+
+from omegaconf import MISSING
+
+from grpo_exp.rewards.components import reward_component
 from grpo_exp.text import completion_text
 from grpo_exp.verification.labels import Labels
 from grpo_exp.verification.rule import answer_score
 
 
+@dataclass
+class MathReward:
+    # 1 when the final answer equals the reference (math-verify); None (skipped) for an unparseable reference.
+    weight: float = MISSING
+
+
+@reward_component("math", MathReward)
 def make_math_reward(verifier: Labels):
     def math(completions, solution, **kwargs) -> list[float | None]:
         """1.0 when the final answer equals the reference; None (skipped) for a missing or unparseable reference

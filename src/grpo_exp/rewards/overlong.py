@@ -9,7 +9,13 @@ with L_max the trainer's max_completion_length (TRL cuts completions there, so -
 Added to the correctness reward, it tells a long answer from a cut one smoothly, where overlong filtering only
 leaves cut ones out."""
 
+from dataclasses import dataclass
+
+from omegaconf import MISSING
+
 from grpo_exp.errors import UserError
+from grpo_exp.rewards.components import reward_component
+from grpo_exp.schema import knob
 
 
 def overlong_penalty(length: int, max_tokens: int, cache_tokens: int) -> float:
@@ -35,6 +41,15 @@ def cache_size(cache_tokens: int | None, max_completion_length: int) -> int:
     return cache_tokens
 
 
+@dataclass
+class OverlongReward:
+    # DAPO's soft overlong punishment (tokens): 0 up to cache_tokens before trainer.max_completion_length, falling
+    # linearly to -1 at it. null: a fifth of max_completion_length (the paper's 4096 of 20480)
+    weight: float = MISSING
+    cache_tokens: int | None = knob(None, ge=1)
+
+
+@reward_component("overlong", OverlongReward)
 def make_overlong_reward(cache_tokens: int | None, max_completion_length: int):
     cache_tokens = cache_size(cache_tokens, max_completion_length)
 

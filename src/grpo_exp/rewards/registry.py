@@ -1,6 +1,6 @@
 """Reward components: name -> factory. A `reward=` choice is a `+`-joined mix of these names.
 
-Each factory takes the component's settings (typed by grpo_exp.schema.REWARD_COMPONENTS, weights set in
+Each factory takes the component's settings (typed by its settings' dataclass beside it, weights set in
 conf/reward/<name>.yaml) that it names as parameters, and any shared
 object the run built once that it names as a parameter (`p_yes`: the P(Yes) scorer; `verifier`: the run's
 correctness labels; `judge`; `max_completion_length`), and returns a TRL reward
@@ -18,35 +18,13 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 from grpo_exp.errors import UserError
-from grpo_exp.rewards.confidence import make_confidence_reward
-from grpo_exp.rewards.correct import make_correct_reward
+from grpo_exp.rewards.components import builtin_components
 from grpo_exp.rewards.custom import build_custom, check_custom, is_custom
-from grpo_exp.rewards.environment import make_environment_reward
-from grpo_exp.rewards.format import make_format_reward
-from grpo_exp.rewards.judge import make_judge_reward
-from grpo_exp.rewards.length import make_length_reward
-from grpo_exp.rewards.length_by_correctness import make_length_by_correctness_reward
-from grpo_exp.rewards.math import make_math_reward
-from grpo_exp.rewards.overlong import make_overlong_reward
-from grpo_exp.rewards.repetition import make_repetition_reward
-from grpo_exp.rewards.selfverify import make_selfverify_reward
-from grpo_exp.rewards.task_score import make_task_score_reward
-from grpo_exp.schema import REWARD_COMPONENTS, CustomReward, check_values
+from grpo_exp.schema import CustomReward, check_values
 
-COMPONENTS: dict[str, Callable[..., Callable]] = {
-    "math": make_math_reward,
-    "correct": make_correct_reward,
-    "format": make_format_reward,
-    "length": make_length_reward,
-    "overlong": make_overlong_reward,
-    "length_by_correctness": make_length_by_correctness_reward,
-    "repetition": make_repetition_reward,
-    "judge": make_judge_reward,
-    "confidence": make_confidence_reward,
-    "selfverify": make_selfverify_reward,
-    "task_score": make_task_score_reward,
-    "environment": make_environment_reward,
-}
+# name -> factory, each registered beside its code (grpo_exp.rewards.components: `@reward_component(name, Settings)`)
+COMPONENTS: dict[str, Callable[..., Callable]] = {name: c.factory for name, c in builtin_components().items()}
+REWARD_COMPONENTS: dict[str, type] = {name: c.settings for name, c in builtin_components().items()}
 
 
 def typed_components(reward_cfg: DictConfig) -> dict[str, DictConfig]:

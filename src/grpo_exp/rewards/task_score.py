@@ -4,11 +4,24 @@ self-verification task's verification prompts). Needs a reasoning-gym dataset: d
     grpo-exp train dataset=reasoning_gym_mix reward=task_score
 """
 
+from dataclasses import dataclass
+
+from omegaconf import MISSING
+
+from grpo_exp.rewards.components import reward_component
 from grpo_exp.text import completion_text
 from grpo_exp.verification.labels import Labels
 from grpo_exp.verification.task_score import missing_entries, task_score
 
 
+@dataclass
+class TaskScoreReward:
+    # A reasoning-gym task's own score_answer of the final answer, partial credit in [0, 1] (needs dataset.task or
+    # dataset.tasks: each row keeps its task).
+    weight: float = MISSING
+
+
+@reward_component("task_score", TaskScoreReward)
 def make_task_score_reward(verifier: Labels):
     def task_score_reward(completions, task_entry=None, **kwargs) -> list[float | None]:
         """The task's own score of each completion's final answer."""

@@ -35,8 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpo_exp.environments.openenv import PREFIX as OPENENV  # rollout.environment=openenv/<server url>
-from grpo_exp.environments.textarena import PREFIX as TEXTARENA  # rollout.environment=textarena/<game id>
+from grpo_exp.environments.schemes import builtin_schemes, scheme_of
 from grpo_exp.errors import UserError
 from grpo_exp.failure_budget import FailureBudget
 from grpo_exp.plugins import import_callable
@@ -120,15 +119,9 @@ def load_environment(
     """The environment at `path` (`where`: the config key), made once and checked: reset, its methods as tools.
     `textarena/<game id>`: a TextArena game (grpo_exp.environments.textarena; `invalid_move_credit`: its partial
     credit for a game ended by an invalid move); `openenv/<url>`: an OpenEnv server (grpo_exp.environments.openenv)."""
-    if path.startswith(TEXTARENA):
-        from grpo_exp.environments.textarena import game
-
-        factory = game(path.removeprefix(TEXTARENA), invalid_move_credit)
-        name = name or factory.__name__
-    elif path.startswith(OPENENV):
-        from grpo_exp.environments.openenv import server
-
-        factory = server(path.removeprefix(OPENENV))
+    scheme = scheme_of(path)
+    if scheme is not None:
+        factory = builtin_schemes()[scheme](path.removeprefix(scheme), invalid_move_credit)
         name = name or factory.__name__
     else:
         factory = import_callable(path, where.partition("=")[0], "an environment class")

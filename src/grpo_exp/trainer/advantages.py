@@ -117,6 +117,22 @@ def register_estimator(
     return register
 
 
+# The attribute a user's estimator by import path carries its declarations in (estimator_declares).
+DECLARED = "__grpo_exp_estimator__"
+
+
+def estimator_declares(*, requires: tuple[Requirement, ...] = REPLACES_TRL, keeps_group_scale: bool = True) -> Callable:
+    """Decorator for a user's estimator by import path (algorithm.name=module:name): it declares what a built-in's
+    @register_estimator does, the trainer knobs it requires and whether it keeps a group's scale, e.g.
+    `@estimator_declares(keeps_group_scale=False)` (reward.components.selfverify.scale_by_pass_rate then refused)."""
+
+    def declare(function: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        setattr(function, DECLARED, {"requires": tuple(requires), "keeps_group_scale": bool(keeps_group_scale)})
+        return function
+
+    return declare
+
+
 # TRL's own advantages: registered for their name and rules (none), computed by TRL.
 ESTIMATORS[TRL_ADVANTAGES] = Estimator(TRL_ADVANTAGES, None, requires=())
 
@@ -235,7 +251,21 @@ def users_estimator(path: str) -> Estimator:
             ) from None
     takes_any = signature is None or any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
     settings = {} if signature is None else settings_of(function)
-    return Estimator(path, function, settings=settings, takes_any_setting=takes_any)
+    declared = getattr(function, DECLARED, {})
+    requires = declared.get("requires", REPLACES_TRL)
+    if not all(isinstance(requirement, Requirement) for requirement in requires):
+        raise UserError(
+            f"algorithm.name={path}: its declared requires must be Requirements (grpo_exp.trainer.advantages."
+            f"Requirement, e.g. DEFAULT_SCALE_REWARDS), not {requires!r}"
+        )
+    return Estimator(
+        path,
+        function,
+        requires=requires,
+        keeps_group_scale=declared.get("keeps_group_scale", True),
+        settings=settings,
+        takes_any_setting=takes_any,
+    )
 
 
 def estimate(name: str, rewards: torch.Tensor, group_size: int, **settings) -> torch.Tensor:
@@ -325,11 +355,15 @@ def check_keeps_group_scale(algorithm: str, scale_rewards: ScaleRewards, setting
             f"(algorithm={', '.join(keeping_group_scale())})"
         )
     if not estimator(algorithm).keeps_group_scale:
+        why = (
+            ": pass_at_k counts the rewards above algorithm.threshold and divides by the group's spread; scaled, a "
+            "right verdict's reward may fall below the threshold"
+            if algorithm == "pass_at_k"
+            else ", as its registration declares"
+        )
         raise UserError(
             f"{setting} scales a group's rewards by one constant, which algorithm={algorithm} cancels (its "
-            "advantages do not keep a group's scale: pass_at_k counts the rewards above algorithm.threshold and "
-            "divides by the group's spread; scaled, a right verdict's reward may fall below the threshold): use "
-            f"algorithm={', '.join(keeping_group_scale())} with it"
+            f"advantages do not keep a group's scale{why}): use algorithm={', '.join(keeping_group_scale())} with it"
         )
 
 

@@ -1,0 +1,45 @@
+"""The built-in reward components, each registered beside its code: `@reward_component("name", Settings)` on its
+factory, in grpo_exp/rewards/<module>.py, with `Settings` its typed settings (the Hydra structured config of
+reward.components.<name>, defaults under conf/reward/<name>.yaml). Every module of grpo_exp.rewards is imported by
+builtin_components(), so that a new component is its own module and its YAML, nothing else.
+
+A factory takes the component's settings that it names as parameters, and any shared object the run built once
+that it names (grpo_exp.rewards.registry), and returns a TRL reward function.
+"""
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Component:
+    name: str
+    factory: Callable[..., Callable]
+    settings: type  # its structured config (a dataclass: weight and the component's own settings)
+
+
+REGISTERED: dict[str, Component] = {}
+
+
+def reward_component(name: str, settings: type) -> Callable:
+    """Decorator: the factory is the built-in reward component `name` (reward=name), typed by `settings`."""
+
+    def register(factory: Callable[..., Callable]) -> Callable[..., Callable]:
+        if name in REGISTERED:
+            raise ValueError(f"a reward component named {name!r} is already registered")
+        REGISTERED[name] = Component(name, factory, settings)
+        return factory
+
+    return register
+
+
+def builtin_components() -> dict[str, Component]:
+    """Every built-in component, by name, in the order of their registration (every grpo_exp.rewards module
+    imported first)."""
+    import grpo_exp.rewards
+
+    for module in pkgutil.iter_modules(grpo_exp.rewards.__path__):
+        importlib.import_module(f"grpo_exp.rewards.{module.name}")
+    return REGISTERED

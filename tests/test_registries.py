@@ -1,0 +1,138 @@
+"""The registries are the one source of the built-ins' names: environment schemes, reward components, estimators."""
+
+import pytest
+
+from grpo_exp.environments.schemes import builtin_schemes, environment_scheme, scheme_of
+
+
+def test_builtin_environment_schemes_are_registered_beside_their_code():
+    from grpo_exp.environments import openenv, textarena
+
+    schemes = builtin_schemes()
+    assert set(schemes) == {textarena.PREFIX, openenv.PREFIX}
+    assert schemes[textarena.PREFIX] is textarena.game
+    assert schemes[openenv.PREFIX] is openenv.build
+    assert scheme_of("textarena/GuessTheNumber-v0") == "textarena/"
+    assert scheme_of("openenv/http://127.0.0.1:8000") == "openenv/"
+    assert scheme_of("my_module:MyEnv") is None
+
+
+def test_a_scheme_registers_once():
+    with pytest.raises(ValueError, match="already registered"):
+        environment_scheme("textarena/")(lambda rest, invalid_move_credit=False: None)
+
+
+def test_the_schema_reads_the_reward_components_from_their_registry():
+    from pathlib import Path
+
+    from grpo_exp import schema
+    from grpo_exp.paths import REPO_ROOT
+    from grpo_exp.rewards.components import builtin_components
+    from grpo_exp.rewards.registry import COMPONENTS
+
+    registered = builtin_components()
+    assert schema.REWARD_COMPONENTS == {name: c.settings for name, c in registered.items()}
+    assert set(COMPONENTS) == set(registered)
+    # every built-in component has its YAML, conf/reward/<name>.yaml (the mixes, e.g. conf/reward/math+format, aside)
+    assert set(registered) <= {p.stem for p in Path(REPO_ROOT, "conf", "reward").glob("*.yaml")}
+    # each component's settings live beside its factory
+    for component in registered.values():
+        assert component.settings.__module__ == component.factory.__module__
+
+
+def test_a_reward_component_registers_once():
+    from grpo_exp.rewards.components import reward_component
+
+    with pytest.raises(ValueError, match="already registered"):
+        reward_component("math", object)(lambda: None)
+
+
+def test_an_unknown_reward_component_lists_exactly_the_registrys_names():
+    from omegaconf import OmegaConf
+
+    from grpo_exp.errors import UserError
+    from grpo_exp.rewards.components import builtin_components
+    from grpo_exp.rewards.registry import typed_components
+
+    with pytest.raises(UserError) as err:
+        typed_components(OmegaConf.create({"components": {"nope": {"weight": 1.0}}}))
+    assert "reward component 'nope' is unknown" in str(err.value)
+    assert str(sorted(builtin_components())) in str(err.value)
+
+
+USERS_ESTIMATORS = """
+import torch
+
+from grpo_exp.trainer.advantages import DEFAULT_SCALE_REWARDS, estimator_declares
+
+@estimator_declares(keeps_group_scale=False, requires=())
+def above_median(rewards, group_size):
+    grouped = rewards.view(-1, group_size)
+    return (grouped > grouped.median(dim=1, keepdim=True).values).float().view(-1)
+
+@estimator_declares(requires=(DEFAULT_SCALE_REWARDS,))
+def centred(rewards, group_size):
+    grouped = rewards.view(-1, group_size)
+    return (grouped - grouped.mean(dim=1, keepdim=True)).view(-1)
+
+def undeclared(rewards, group_size):
+    return rewards
+"""
+
+
+def test_a_users_estimator_declares_what_a_builtin_does_and_the_rules_read_it(tmp_path, monkeypatch):
+    from omegaconf import OmegaConf
+
+    from grpo_exp.errors import UserError
+    from grpo_exp.schema import ScaleRewards
+    from grpo_exp.trainer.advantages import (
+        DEFAULT_SCALE_REWARDS,
+        REPLACES_TRL,
+        check_algorithm,
+        check_keeps_group_scale,
+        estimator,
+    )
+
+    module = f"users_estimators_{tmp_path.name}"
+    (tmp_path / f"{module}.py").write_text(USERS_ESTIMATORS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    median = estimator(f"{module}:above_median")
+    assert (median.keeps_group_scale, median.requires) == (False, ())
+    assert estimator(f"{module}:centred").requires == (DEFAULT_SCALE_REWARDS,)
+    undeclared = estimator(f"{module}:undeclared")
+    assert (undeclared.keeps_group_scale, undeclared.requires) == (True, REPLACES_TRL)
+
+    # keeps_group_scale=False: a setting that scales a group's rewards is refused with it, as with pass_at_k
+    with pytest.raises(UserError, match=f"algorithm={module}:above_median cancels"):
+        check_keeps_group_scale(f"{module}:above_median", ScaleRewards.none, "scale_by_pass_rate")
+    check_keeps_group_scale(f"{module}:undeclared", ScaleRewards.none, "scale_by_pass_rate")
+    # requires=(): TRL's scaling left as the user sets it; the default requirements refuse it
+    trainer = OmegaConf.create({"scale_rewards": "batch", "num_generations": 4, "extra": {}})
+    check_algorithm(OmegaConf.create({"name": f"{module}:above_median"}), trainer)
+    with pytest.raises(UserError, match="trainer.scale_rewards=batch"):
+        check_algorithm(OmegaConf.create({"name": f"{module}:centred"}), trainer)
+
+
+def test_the_config_comments_list_exactly_the_registered_estimators():
+    import re
+    from pathlib import Path
+
+    from grpo_exp.paths import REPO_ROOT
+    from grpo_exp.trainer.advantages import ESTIMATORS
+
+    line = next(
+        line for line in Path(REPO_ROOT, "conf", "config.yaml").read_text().splitlines() if "- algorithm:" in line
+    )
+    listed = re.findall(r"(\w+)(?: \([^)]*\))?(?: \||$)", line.partition("advantage estimator:")[2].strip())
+    assert listed == list(ESTIMATORS)
+    assert {p.stem for p in Path(REPO_ROOT, "conf", "algorithm").glob("*.yaml")} == set(ESTIMATORS)
+
+
+def test_an_unknown_estimator_lists_exactly_the_registrys_names():
+    from grpo_exp.errors import UserError
+    from grpo_exp.trainer.advantages import ESTIMATORS, estimator
+
+    with pytest.raises(UserError) as err:
+        estimator("nope")
+    assert f"algorithm.name=nope: no such estimator; the registered ones: {', '.join(ESTIMATORS)};" in str(err.value)
