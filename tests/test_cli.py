@@ -109,3 +109,31 @@ def test_every_entry_point_prints_its_usage_with_help(module, capsys):
         importlib.import_module(module).main(["--help"])
     assert exited.value.code == 0
     assert f"usage: python -m {module}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("outcome", "code"),
+    [
+        (lambda: 3, 3),
+        (lambda: {"accuracy": 1.0}, 0),
+        (lambda: None, 0),
+        ("user", "Error: bad value"),
+        ("hydra", "Error: bad override"),
+    ],
+)
+def test_every_command_exits_through_one_wrapper(outcome, code):
+    """errors.run_command, every command's __main__: main's int is the exit code; a user or Hydra error, its message."""
+    from hydra.errors import HydraException
+
+    from grpo_exp.errors import UserError, run_command
+
+    def main():
+        if outcome == "user":
+            raise UserError("bad value")
+        if outcome == "hydra":
+            raise HydraException("bad override")
+        return outcome()
+
+    with pytest.raises(SystemExit) as exited:
+        run_command(main)
+    assert exited.value.code == code

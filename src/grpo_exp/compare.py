@@ -12,11 +12,11 @@ held-out accuracy per setting over training (heldout_by_setting.png).
 """
 
 import argparse
-import sys
 from pathlib import Path
 
 from rich.console import Console
 
+from grpo_exp.errors import run_command
 from grpo_exp.run.comparison import (
     Comparison,
     UnknownSetting,
@@ -76,4 +76,4 @@ def print_comparison(result: Comparison, console: Console | None = None) -> None
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_command(main)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import yaml
 
+from grpo_exp.errors import run_command
 from grpo_exp.run.diagnosis import diagnose, diagnosis_lines, is_run_dir, read_run
 
 
@@ -60,4 +61,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_command(main)

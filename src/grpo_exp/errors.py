@@ -1,6 +1,8 @@
 """Errors that are the user's to fix."""
 
-from hydra.errors import CompactHydraException
+from collections.abc import Callable
+
+from hydra.errors import CompactHydraException, HydraException
 
 
 class UserError(CompactHydraException):
@@ -9,3 +11,13 @@ class UserError(CompactHydraException):
     Hydra prints a CompactHydraException as its message alone, without a stack trace, in single runs and
     in multirun sweeps alike (where the other jobs still run).
     """
+
+
+def run_command(main: Callable[[], object]) -> None:
+    """A command's `__main__`: runs `main`; a UserError or Hydra error (a bad override or input) exits with
+    "Error: <its message>", not a traceback; an int that `main` returns is the exit code (others: 0)."""
+    try:
+        result = main()
+    except (UserError, HydraException) as err:
+        raise SystemExit(f"Error: {err}") from None
+    raise SystemExit(result if isinstance(result, int) and not isinstance(result, bool) else 0)

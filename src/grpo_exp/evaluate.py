@@ -18,22 +18,19 @@ from pathlib import Path
 import torch
 import yaml
 from hydra import compose, initialize_config_dir
-from hydra.errors import HydraException
 from rich.console import Console
 from rich.table import Table
 
-from grpo_exp.data import load_splits
 from grpo_exp.deprecated import translate_overrides
-from grpo_exp.errors import UserError
-from grpo_exp.models import load_model, load_tokenizer
+from grpo_exp.errors import UserError, run_command
 from grpo_exp.paths import CONF_DIR
 from grpo_exp.plugins import ensure_cwd_importable
-from grpo_exp.run.build import build_parts
 from grpo_exp.run.evaluation import HeldoutEval
 from grpo_exp.run.files import FINAL_CHECKPOINT_DIR, new_evaluation_files
 from grpo_exp.run.heldout import SampledResult
 from grpo_exp.run.kept_models import BEST_CHECKPOINT_DIR, TOP_CHECKPOINTS_DIR
 from grpo_exp.run.resolve import resolve, saved_path_overrides
+from grpo_exp.run.setup import HELDOUT, load_policy, set_up
 from grpo_exp.run.tracking import Tracker, masked_override
 from grpo_exp.schema import register_schemas
 
@@ -203,12 +200,9 @@ def main(argv: list[str] | None = None) -> dict:
             "plays held-out episodes with grpo_exp's loop (tags): add rollout.tool_calling=tags to evaluate them there"
         )
     out_dir = out_dir or Path(cfg.outputs_dir) / "eval" / time.strftime("%Y-%m-%d_%H-%M-%S")
-    train, heldout = load_splits(cfg.dataset)
-    parts = build_parts(spec, train["solution"])
-    if parts.rollout is not None:
-        parts.rollout.check_rows(heldout, "held-out")
-    tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
-    model = load_model(cfg.model, tokenizer, cfg.cache_dir, cfg.trainer.seed)
+    inputs = set_up(spec, checked=(HELDOUT,))
+    train, heldout, parts = inputs.train, inputs.heldout, inputs.parts
+    tokenizer, model = load_policy(spec)
     out_dir.mkdir(parents=True, exist_ok=True)
     evaluation = HeldoutEval(spec, parts, tokenizer, heldout, out_dir, train)
     results_file, answers_file = new_evaluation_files(out_dir)  # an earlier evaluation is kept
@@ -252,7 +246,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (UserError, HydraException) as err:  # a bad override or input: its message, not a traceback
-        raise SystemExit(f"Error: {err}") from None
+    run_command(main)  # a bad override or input: its message, not a traceback

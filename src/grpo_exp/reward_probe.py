@@ -23,18 +23,16 @@ import time
 import warnings
 from pathlib import Path
 
-from hydra.errors import HydraException
 from rich.console import Console
 from rich.table import Table
 
-from grpo_exp.data import load_splits
-from grpo_exp.errors import UserError
+from grpo_exp.errors import UserError, run_command
 from grpo_exp.evaluate import composed, resolve_source
 from grpo_exp.models import load_tokenizer
 from grpo_exp.probe.attacks import RIGHT, WRONG
 from grpo_exp.probe.battery import MIX, ProbeResult, finding_lines, probe_heldout
-from grpo_exp.run.build import build_parts
 from grpo_exp.run.resolve import RunSpec, resolve
+from grpo_exp.run.setup import set_up
 from grpo_exp.schema import register_schemas
 
 log = logging.getLogger(__name__)
@@ -100,10 +98,9 @@ def main(argv: list[str] | None = None) -> ProbeResult:
     source = resolve_source(*parse_args(sys.argv[1:] if argv is None else argv))
     cfg = composed(source)  # the user's modules importable: their reward components and attacks
     spec = resolve(cfg, processes=1, evaluating=source.out_dir is not None, probing=True)
-    train, heldout = load_splits(cfg.dataset)
-    parts = build_parts(spec, train["solution"])
+    inputs = set_up(spec)
     tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
-    result = probe_run(spec, parts, tokenizer, heldout)
+    result = probe_run(spec, inputs.parts, tokenizer, inputs.heldout)
     out_dir = source.out_dir or Path(cfg.outputs_dir) / "probe" / time.strftime("%Y-%m-%d_%H-%M-%S")
     out_dir.mkdir(parents=True, exist_ok=True)
     print_result(result)
@@ -112,7 +109,4 @@ def main(argv: list[str] | None = None) -> ProbeResult:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (UserError, HydraException) as err:  # a bad override or input: its message, not a traceback
-        raise SystemExit(f"Error: {err}") from None
+    run_command(main)  # a bad override or input: its message, not a traceback

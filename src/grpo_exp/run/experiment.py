@@ -15,11 +15,10 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from transformers import PrinterCallback, ProgressCallback, set_seed
 
-from grpo_exp.data import load_splits
-from grpo_exp.models import describe, load_model, load_tokenizer, lora_config
+from grpo_exp.models import describe, lora_config
 from grpo_exp.rewards import GRADED_COMPONENTS
 from grpo_exp.rollout.native import with_system
-from grpo_exp.run.build import RunParts, build_parts
+from grpo_exp.run.build import RunParts
 from grpo_exp.run.console import ConsoleView
 from grpo_exp.run.diagnosis import diagnose, read_run
 from grpo_exp.run.distributed import is_main_process, shared_run_dir, world_size
@@ -39,6 +38,7 @@ from grpo_exp.run.report import build_summary, print_summary, write_summary
 from grpo_exp.run.resolve import RunSpec, resolve
 from grpo_exp.run.resume import Attempt, carry_history, is_complete, remove_checkpoints
 from grpo_exp.run.sample_log import SampleLog
+from grpo_exp.run.setup import HELDOUT, TRAINING, load_policy, set_up
 from grpo_exp.run.tracking import MetricsFileCallback, Tracker, run_identity
 from grpo_exp.run.validation import PeriodicValidation, Schedule
 from grpo_exp.run.wandb_offline import RECORD_KEY, segments_so_far, sync_command
@@ -60,19 +60,15 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
     run_dir = shared_run_dir(Path(hydra_cfg.runtime.output_dir), ddp_timeout(cfg.trainer))
     spec = resolve(cfg, trainer_dir=run_dir / TRAINER_DIR)
     set_seed(cfg.trainer.seed)
-    train_set, heldout = load_splits(cfg.dataset)
-    parts = build_parts(spec, train_set["solution"])
-    if parts.rollout is not None:
-        parts.rollout.check_rows(train_set, "training")
-        parts.rollout.check_rows(heldout, "held-out")
+    inputs = set_up(spec, checked=(TRAINING, HELDOUT))
+    train_set, heldout, parts = inputs.train, inputs.heldout, inputs.parts
     attempt = spec.attempt
     if is_main_process():
         start_run_dir(spec, run_dir)
     if attempt and attempt.finished:
         return report_finished(attempt, run_dir)
 
-    tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
-    model = load_model(cfg.model, tokenizer, cfg.cache_dir, cfg.trainer.seed, spec.policy_dtype)
+    tokenizer, model = load_policy(spec, spec.policy_dtype)
     probed = probe_first(spec, parts, tokenizer, heldout, run_dir)
     tracked = open_tracker(spec, hydra_cfg, run_dir)
     levels = task_levels(spec, train_set, heldout)
