@@ -59,8 +59,8 @@ RULES = {"phrase (before)": phrase_before, "phrase": BUILT_IN["phrase"], "last_l
 def generate(problems: int) -> dict[str, list[dict]]:
     """Each task's held-out problems answered greedily by the embedded model: [{question, solution, completion}]."""
     from grpo_exp.data import load_splits
-    from grpo_exp.models import load_model, load_tokenizer
     from grpo_exp.run.heldout import heldout_accuracy
+    from grpo_exp.run.setup import load_policy
     from grpo_exp.verification.labels import built_in_labels
 
     answers = {}
@@ -71,8 +71,7 @@ def generate(problems: int) -> dict[str, list[dict]]:
         cfg = spec.cfg
         _, heldout = load_splits(cfg.dataset)
         if model is None:
-            tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
-            model = load_model(cfg.model, tokenizer, cfg.cache_dir, cfg.trainer.seed, spec.policy_dtype)
+            tokenizer, model = load_policy(spec, spec.policy_dtype)
         result = heldout_accuracy(
             model,
             tokenizer,

@@ -17,8 +17,8 @@ import time
 import torch
 
 from grpo_exp.data import load_splits
-from grpo_exp.models import load_model, load_tokenizer
 from grpo_exp.run.heldout import heldout_accuracy
+from grpo_exp.run.setup import load_policy
 from grpo_exp.verification.labels import build_labels
 from support.config import resolved_config
 
@@ -43,8 +43,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = spec.cfg
     train, heldout = load_splits(cfg.dataset)
     heldout = heldout.select(range(min(args.problems, len(heldout))))
-    tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
-    model = load_model(cfg.model, tokenizer, cfg.cache_dir, cfg.trainer.seed, spec.policy_dtype)
+    tokenizer, model = load_policy(spec, spec.policy_dtype)
     verifier = build_labels(cfg.verifier, train["solution"])
     print(
         f"held-out evaluation, embedded SmolLM2-135M, {len(heldout)} problems, batches of {cfg.eval.batch_size}, "

@@ -16,8 +16,8 @@ import torch
 
 from grpo_exp.data import load_splits
 from grpo_exp.generation import generate_completions
-from grpo_exp.models import load_model, load_tokenizer
 from grpo_exp.rewards.judge import build_judge
+from grpo_exp.run.setup import load_policy
 from grpo_exp.text import prompt_text
 from support.config import resolved_config
 from support.environment import hub_offline
@@ -44,9 +44,9 @@ def judge_seconds(judge, pairs) -> tuple[list[float | None], float]:
 def main() -> None:
     hub_offline()  # every model here is local: the llama.cpp server it starts must not look anything up
     torch.manual_seed(0)
-    cfg = resolved_config([]).cfg
-    tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
-    policy = load_model(cfg.model, tokenizer, cfg.cache_dir, seed=0)
+    spec = resolved_config([])
+    cfg = spec.cfg
+    tokenizer, policy = load_policy(spec)
     train, _ = load_splits(cfg.dataset)
     variants = {
         "scores": ["judge.mode=scores"],

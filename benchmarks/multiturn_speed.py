@@ -40,8 +40,8 @@ from omegaconf import OmegaConf
 from benchmarks.heldout_eval import cpu_name
 from grpo_exp.data import load_splits
 from grpo_exp.generation import prompt_ids
-from grpo_exp.models import load_model, load_tokenizer
 from grpo_exp.rollout.multiturn import MultiTurnRollout, greedy_generation
+from grpo_exp.run.setup import load_policy
 from grpo_exp.trainer.sampling_copy import SamplingCopy, can_prepack
 from support.config import resolved_config
 
@@ -59,8 +59,8 @@ def measure(preset: str, repeats: int, problems: int) -> list[str]:
     spec = resolved_config([f"+experiment={preset}"])
     cfg = spec.cfg
     train, heldout = load_splits(cfg.dataset)
-    tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
-    model = load_model(cfg.model, tokenizer, cfg.cache_dir, cfg.trainer.seed, spec.policy_dtype).to("cuda" if torch.cuda.is_available() else "cpu")
+    tokenizer, model = load_policy(spec, spec.policy_dtype)
+    model = model.to("cuda" if torch.cuda.is_available() else "cpu")
     rollouts = {}
     for cached in (False, True):
         settings = copy.deepcopy(cfg.rollout)

@@ -81,16 +81,15 @@ def bare_trl_trainer(steps: int, out_dir: Path, overrides: list[str]):
     from trl import GRPOConfig, GRPOTrainer
 
     from grpo_exp.data import load_splits
-    from grpo_exp.models import load_model, load_tokenizer
     from grpo_exp.rewards.registry import build_rewards
+    from grpo_exp.run.setup import load_policy
     from grpo_exp.verification.labels import built_in_labels
     from support.config import resolved_config
 
     spec = resolved_config(overrides)  # only to read the same values the grpo_exp run uses
     cfg, t = spec.cfg, spec.cfg.trainer
     train_set, _ = load_splits(cfg.dataset)
-    tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
-    model = load_model(cfg.model, tokenizer, cfg.cache_dir, t.seed)
+    tokenizer, model = load_policy(spec)
     reward_funcs, reward_weights = build_rewards(spec.components, {"verifier": built_in_labels()}), spec.reward_weights
     args = GRPOConfig(
         output_dir=str(out_dir),
