@@ -24,16 +24,15 @@ from grpo_exp.trainer.imputation import impute_failures
 from grpo_exp.trainer.losses import policy_loss
 from grpo_exp.trainer.mismatch import weighted_advantages
 from grpo_exp.trainer.mismatch_watch import MismatchWatch
+from grpo_exp.trainer.sampler_mismatch import completion_sequences, sampler_against_trainer
 from grpo_exp.trainer.sampling import Sampler, fast_generation_pays
 from grpo_exp.trainer.scored_batch import ROW_KEYS, ScoredBatch, aggregated_reward
 from grpo_exp.trainer.shared_prompt import shared_prompt_forward
 from grpo_exp.trainer.trl_surface import TRLSurface
 from grpo_exp.trainer.turn_credit import (
     ENVIRONMENT,
-    TURN_ADVANTAGES,
-    credited_turns,
+    credit_batch,
     groups_with_turn_signal,
-    per_token,
     turn_advantage_means,
 )
 from grpo_exp.trainer.zero_variance import fresh_inputs, informative_loss, leaves_groups_out, no_spread_groups, settle
@@ -186,56 +185,48 @@ class HookedGRPOTrainer(TrainingHooks, TRLSurface, GRPOTrainer):
 
     def _credit_turns(self, inputs: list[dict], output: dict) -> torch.Tensor:
         """rollout.turn_credit=discounted_return (grpo_exp.trainer.turn_credit): this process's rows' advantages per
-        token in place of TRL's per completion, from every process's turns (gathered: each process computes the
-        same). Returns which groups have a turn advantage that is not zero."""
+        token in place of TRL's per completion. Returns which groups have a turn advantage that is not zero."""
         turns = gather_object([(row["turn_rewards"], row["turn_tokens"]) for row in inputs])
         names = list(self.reward_func_names)
         weight = float(self.reward_weights[names.index(ENVIRONMENT)]) if ENVIRONMENT in names else 1.0
-        advantages = credited_turns(
-            [rewards for rewards, _ in turns],
-            self._total_reward(self._logged_rewards()),
+        policy_mask = (output["completion_mask"] * output.get("tool_mask", 1)).cpu()
+        totals, first = self._total_reward(self._logged_rewards()), self.accelerator.process_index * len(inputs)
+        own, advantages = credit_batch(
+            inputs,
+            turns,
+            totals,
+            policy_mask,
+            first=first,
             step_weight=weight,
             group_size=self.num_generations,
             scale=self.scale_rewards,
             discount=self.args.turn_discount,
         )
-        first, rows = self.accelerator.process_index * len(inputs), len(inputs)
-        own_tokens = [tokens for _, tokens in turns[first : first + rows]]
-        policy_mask = output["completion_mask"] * output.get("tool_mask", 1)
-        own = per_token(advantages[first : first + rows], own_tokens, policy_mask.cpu())
         output["advantages"] = own.to(output["advantages"].device)
-        for row, turns in zip(inputs, advantages[first : first + rows], strict=True):
-            row[TURN_ADVANTAGES] = turns  # what each turn trains with, for the samples' log
         self._logs["advantages"].clear()  # TRL's logs: each trajectory's first turn's (its return's advantage)
-        self._logs["advantages"].extend(turns[0] for turns in advantages)
+        self._logs["advantages"].extend(row_turns[0] for row_turns in advantages)
         self._record(turn_advantage_means(advantages))
         return groups_with_turn_signal(advantages, self.num_generations)
 
     def _sampler_against_trainer(self, output: dict) -> None:
-        """The sampler's log-probabilities against the trainer's own (grpo_exp.trainer.mismatch_watch): measured, and
-        corrected for as trainer.mismatch_correction says."""
-        step = self.state.global_step
-        trainer_logps = None
-        if self.mismatch.wants_trainer_log_probs(output, step):
-            trainer_logps = output.get("old_per_token_logps")  # TRL's own forward, where it made one
-            if trainer_logps is None:
-                trainer_logps = self._trainer_log_probs(output)
+        """The sampler's log-probabilities against the trainer's own (grpo_exp.trainer.sampler_mismatch)."""
 
         def gather(sums: torch.Tensor) -> torch.Tensor:
             return self.accelerator.gather(sums[None].to(self.accelerator.device)).cpu()
 
-        policy = self.accelerator.unwrap_model(self.model)
-        self._record(self.mismatch.apply(output, trainer_logps, step, gather, policy, self.temperature))
+        policy, step = self.accelerator.unwrap_model(self.model), self.state.global_step
+        trainer_log_probs = self._trainer_log_probs
+        self._record(
+            sampler_against_trainer(self.mismatch, output, step, trainer_log_probs, gather, policy, self.temperature)
+        )
 
     @torch.no_grad()
     def _trainer_log_probs(self, output: dict) -> torch.Tensor:
         """The completions' log-probabilities under the trainer's forward (the loss's), before any update."""
-        ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
-        attention = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+        ids, attention, keep = completion_sequences(output)
         with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
-            logps, _, _ = self._get_per_token_logps_and_entropies(
-                self.model, ids, attention, output["completion_ids"].size(1), self.args.per_device_train_batch_size
-            )
+            batch = self.args.per_device_train_batch_size
+            logps, _, _ = self._get_per_token_logps_and_entropies(self.model, ids, attention, keep, batch)
         return logps
 
     def _replace_advantages(self, rows: int, output: dict) -> None:

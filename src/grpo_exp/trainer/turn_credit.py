@@ -57,3 +57,34 @@ def turn_advantage_means(advantages: list[list[float]], prefix: str = "rollout/t
         values = [turns[turn] for turns in advantages if len(turns) > turn]
         means[f"{prefix}/{turn + 1}"] = sum(values) / len(values)
     return means
+
+
+def credit_batch(
+    rows: list[dict],
+    turns: list[tuple[list[float], list[int]]],
+    totals: torch.Tensor,
+    policy_mask: torch.Tensor,
+    *,
+    first: int,
+    step_weight: float,
+    group_size: int,
+    scale: str,
+    discount: float,
+) -> tuple[torch.Tensor, list[list[float]]]:
+    """This process's `rows` (from `first` in the batch) credited from every process's `turns` ((step rewards, turn
+    tokens) per trajectory, gathered: each process computes the same): [B, T] advantages per token for its rows
+    (`policy_mask` [B, T]), and every trajectory's turn advantages. Each row carries its own under TURN_ADVANTAGES
+    (what each turn trains with, for the samples' log)."""
+    advantages = credited_turns(
+        [rewards for rewards, _ in turns],
+        totals,
+        step_weight=step_weight,
+        group_size=group_size,
+        scale=scale,
+        discount=discount,
+    )
+    own = advantages[first : first + len(rows)]
+    own_tokens = [tokens for _, tokens in turns[first : first + len(rows)]]
+    for row, row_turns in zip(rows, own, strict=True):
+        row[TURN_ADVANTAGES] = row_turns
+    return per_token(own, own_tokens, policy_mask), advantages
