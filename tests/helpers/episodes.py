@@ -23,7 +23,7 @@ def write_user_module(tmp_path: Path, monkeypatch, name: str, text: str) -> Path
 class OneTokenPerMove:
     """A stand-in tokenizer: a turn's single token id indexes its move; an observation is one token per character."""
 
-    pad_token_id = -1
+    pad_token_id = eos_token_id = -1
 
     def __init__(self, moves: list[str]):
         self.moves = moves
