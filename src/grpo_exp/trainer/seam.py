@@ -1,10 +1,7 @@
-"""The one seam between grpo_exp and TRL's GRPOTrainer internals: it overrides TRL's methods, each override a short
-delegation to a feature module beside it (zero_variance, imputation, sampling, shared_prompt, advantages, losses,
-scored_batch), and reads TRL's state of the batch for them. It translates; the features decide. What grpo_exp's run
-and tests call on the trainer is TRL's surface (grpo_exp.trainer.trl_surface), mixed into the same class. What both
-touch of TRL 1.16 is declared in grpo_exp.trainer.trl_contract (and trl_batch: the generation batch's layout), which
-tests/test_trl_contract.py checks against the installed TRL. The trainer subclass (grpo_exp.trainer.trainer) sees
-hooks and a typed ScoredBatch.
+"""The one seam between grpo_exp and TRL's GRPOTrainer internals: it overrides TRL's methods, each a short delegation
+to a feature module beside it (zero_variance, imputation, sampling, shared_prompt, advantages, losses, turn_credit).
+It translates; the features decide. TRL's state is read here and in grpo_exp.trainer.trl_surface (mixed into the same
+class), both declared in trl_contract and checked by tests/test_trl_contract.py against the installed TRL.
 """
 
 import functools
@@ -13,7 +10,6 @@ import torch
 from accelerate.utils import gather_object
 from trl import GRPOTrainer
 from trl.extras.profiling import profiling_context
-from trl.models.utils import disable_gradient_checkpointing
 
 from grpo_exp.rollout.native import settled_episodes
 from grpo_exp.sampled_log_probs import SampledLogProbs
@@ -24,9 +20,7 @@ from grpo_exp.trainer.imputation import impute_failures
 from grpo_exp.trainer.losses import policy_loss
 from grpo_exp.trainer.mismatch import weighted_advantages
 from grpo_exp.trainer.mismatch_watch import MismatchWatch
-from grpo_exp.trainer.sampler_mismatch import completion_sequences, sampler_against_trainer
 from grpo_exp.trainer.sampling import Sampler, fast_generation_pays
-from grpo_exp.trainer.scored_batch import ROW_KEYS, ScoredBatch, aggregated_reward
 from grpo_exp.trainer.shared_prompt import shared_prompt_forward
 from grpo_exp.trainer.trl_surface import TRLSurface
 from grpo_exp.trainer.turn_credit import (
@@ -35,7 +29,7 @@ from grpo_exp.trainer.turn_credit import (
     groups_with_turn_signal,
     turn_advantage_means,
 )
-from grpo_exp.trainer.zero_variance import fresh_inputs, informative_loss, leaves_groups_out, no_spread_groups, settle
+from grpo_exp.trainer.zero_variance import informative_loss, leaves_groups_out, no_spread_groups, settle
 
 
 class HookedGRPOTrainer(TrainingHooks, TRLSurface, GRPOTrainer):
@@ -208,27 +202,6 @@ class HookedGRPOTrainer(TrainingHooks, TRLSurface, GRPOTrainer):
         self._record(turn_advantage_means(advantages))
         return groups_with_turn_signal(advantages, self.num_generations)
 
-    def _sampler_against_trainer(self, output: dict) -> None:
-        """The sampler's log-probabilities against the trainer's own (grpo_exp.trainer.sampler_mismatch)."""
-
-        def gather(sums: torch.Tensor) -> torch.Tensor:
-            return self.accelerator.gather(sums[None].to(self.accelerator.device)).cpu()
-
-        policy, step = self.accelerator.unwrap_model(self.model), self.state.global_step
-        trainer_log_probs = self._trainer_log_probs
-        self._record(
-            sampler_against_trainer(self.mismatch, output, step, trainer_log_probs, gather, policy, self.temperature)
-        )
-
-    @torch.no_grad()
-    def _trainer_log_probs(self, output: dict) -> torch.Tensor:
-        """The completions' log-probabilities under the trainer's forward (the loss's), before any update."""
-        ids, attention, keep = completion_sequences(output)
-        with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
-            batch = self.args.per_device_train_batch_size
-            logps, _, _ = self._get_per_token_logps_and_entropies(self.model, ids, attention, keep, batch)
-        return logps
-
     def _replace_advantages(self, rows: int, output: dict) -> None:
         """The `algorithm` estimator's advantages (grpo_exp.trainer.advantages) in place of TRL's, from the reward
         TRL normalised (every process's rows, as TRL logged them: each process computes the same, no collective
@@ -239,57 +212,6 @@ class HookedGRPOTrainer(TrainingHooks, TRLSurface, GRPOTrainer):
         output["advantages"] = advantages[first : first + rows].to(output["advantages"])
         self._logs["advantages"].clear()
         self._logs["advantages"].extend(advantages.tolist())
-
-    def _logged_rewards(self) -> torch.Tensor:
-        """[N, components]: the last generation batch's rewards as TRL logged them (gathered; NaN: skipped)."""
-        return torch.tensor([list(self._logs["rewards"][n]) for n in self.reward_func_names], dtype=torch.float32).T
-
-    def _total_reward(self, rewards: torch.Tensor) -> torch.Tensor:
-        weights, aggregation = self.reward_weights.cpu(), self.multi_objective_aggregation
-        return aggregated_reward(rewards, weights, aggregation, self.num_generations)
-
-    def _generate_fresh(self, groups: int, attempt: int) -> tuple[dict, torch.Tensor | None]:
-        """_generate_scored for `groups` fresh prompts of the training set (zero_variance_groups=resample)."""
-        step, size = self.state.global_step, self.num_generations
-        return self._generate_scored(fresh_inputs(self.train_dataset, groups, size, self.args.seed, step, attempt))
-
-    def _mask_loss_tokens(self, inputs: list[dict], output: dict) -> None:
-        """The loss_token_mask hook applied to TRL's completion mask, and TRL's token count (the dapo / cispo
-        normaliser, gathered over processes) recounted."""
-        mask = self.loss_token_mask(inputs, output["completion_ids"], output["completion_mask"])
-        if mask is None:
-            return
-        output["completion_mask"] = output["completion_mask"] * mask.to(output["completion_mask"])
-        loss_mask = output["completion_mask"] * output.get("tool_mask", 1)
-        output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
-
-    def _most_rows(self, rows: int) -> int:
-        """The largest `rows` of every process (each process calls this, at the same point of every step)."""
-        return int(self.accelerator.gather(torch.tensor([rows], device=self.accelerator.device)).max())
-
-    def _fused_forward(self, model, compute_entropy: bool, **inputs) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """TRL's fused LM head: each position's log-probability of its `shift_labels` token (and entropy), no logits."""
-        with self.accelerator.autocast():
-            out = model(**inputs, fused_lm_head=True)
-        return out.log_probs, out.entropy if compute_entropy else None
-
-    def _scored_batch(self, inputs: list[dict], output: dict) -> ScoredBatch:
-        # TRL keeps exactly the last generation batch (gathered over processes) in these deques.
-        rows = gather_object([{key: row.get(key) for key in ROW_KEYS} for row in inputs])
-        rewards = self._logged_rewards()
-        policy_tokens = output["completion_mask"] * output.get("tool_mask", 1)
-        return ScoredBatch.of_generation(
-            rows,
-            list(self._logs["completion"]),
-            group_size=self.num_generations,
-            reward_names=list(self.reward_func_names),
-            prompts=list(self._logs["prompt"]),
-            rewards=rewards,
-            imputed=self._imputed,
-            total=self._total_reward(rewards),
-            advantages=torch.tensor(list(self._logs["advantages"]), dtype=torch.float32),
-            lengths=self.accelerator.gather(policy_tokens.sum(dim=1)).float().cpu(),
-        )
 
     def _compute_loss(self, model, inputs):
         """TRL's loss, or a per-token loss of ours in its place (trainer.loss_type=module:name: trainer.losses)."""

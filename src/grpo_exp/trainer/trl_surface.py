@@ -1,12 +1,19 @@
-"""TRL's GRPOTrainer as grpo_exp's run and tests use it: metrics, saving, the batch layout, generation outside a step,
-the last batch's rewards, each a translation to TRL's own attributes and methods (declared in
-grpo_exp.trainer.trl_contract). A mixin of grpo_exp.trainer.seam.HookedGRPOTrainer; it overrides nothing of TRL's.
+"""TRL's GRPOTrainer as grpo_exp's run and tests use it (metrics, saving, the batch layout, generation outside a step,
+the last batch's rewards), and the last generation batch as the seam's overrides read it from TRL's state (its
+rewards, the scored batch, the trainer's log-probabilities, the loss mask): each a translation to TRL's own attributes
+and methods (declared in grpo_exp.trainer.trl_contract). A mixin of grpo_exp.trainer.seam.HookedGRPOTrainer; it
+overrides nothing of TRL's.
 """
 
 import contextlib
 
 import torch
-from trl.models.utils import unwrap_model_for_generation
+from accelerate.utils import gather_object
+from trl.models.utils import disable_gradient_checkpointing, unwrap_model_for_generation
+
+from grpo_exp.trainer.sampler_mismatch import completion_sequences, sampler_against_trainer
+from grpo_exp.trainer.scored_batch import ROW_KEYS, ScoredBatch, aggregated_reward
+from grpo_exp.trainer.zero_variance import fresh_inputs
 
 
 class TRLSurface:
@@ -71,3 +78,77 @@ class TRLSurface:
     def last_rewards(self, name: str) -> list[float]:
         """Reward component `name` of every completion of the last generation batch (gathered), as TRL logged it."""
         return list(self._logs["rewards"][name])
+
+    # ---- the last generation batch, read from TRL's state for the seam's overrides (grpo_exp.trainer.seam) ----
+
+    def _sampler_against_trainer(self, output: dict) -> None:
+        """The sampler's log-probabilities against the trainer's own (grpo_exp.trainer.sampler_mismatch)."""
+
+        def gather(sums: torch.Tensor) -> torch.Tensor:
+            return self.accelerator.gather(sums[None].to(self.accelerator.device)).cpu()
+
+        policy, step = self.accelerator.unwrap_model(self.model), self.state.global_step
+        trainer_log_probs = self._trainer_log_probs
+        self._record(
+            sampler_against_trainer(self.mismatch, output, step, trainer_log_probs, gather, policy, self.temperature)
+        )
+
+    @torch.no_grad()
+    def _trainer_log_probs(self, output: dict) -> torch.Tensor:
+        """The completions' log-probabilities under the trainer's forward (the loss's), before any update."""
+        ids, attention, keep = completion_sequences(output)
+        with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+            batch = self.args.per_device_train_batch_size
+            logps, _, _ = self._get_per_token_logps_and_entropies(self.model, ids, attention, keep, batch)
+        return logps
+
+    def _logged_rewards(self) -> torch.Tensor:
+        """[N, components]: the last generation batch's rewards as TRL logged them (gathered; NaN: skipped)."""
+        return torch.tensor([list(self._logs["rewards"][n]) for n in self.reward_func_names], dtype=torch.float32).T
+
+    def _total_reward(self, rewards: torch.Tensor) -> torch.Tensor:
+        weights, aggregation = self.reward_weights.cpu(), self.multi_objective_aggregation
+        return aggregated_reward(rewards, weights, aggregation, self.num_generations)
+
+    def _most_rows(self, rows: int) -> int:
+        """The largest `rows` of every process (each process calls this, at the same point of every step)."""
+        return int(self.accelerator.gather(torch.tensor([rows], device=self.accelerator.device)).max())
+
+    def _fused_forward(self, model, compute_entropy: bool, **inputs) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """TRL's fused LM head: each position's log-probability of its `shift_labels` token (and entropy), no logits."""
+        with self.accelerator.autocast():
+            out = model(**inputs, fused_lm_head=True)
+        return out.log_probs, out.entropy if compute_entropy else None
+
+    def _scored_batch(self, inputs: list[dict], output: dict) -> ScoredBatch:
+        # TRL keeps exactly the last generation batch (gathered over processes) in these deques.
+        rows = gather_object([{key: row.get(key) for key in ROW_KEYS} for row in inputs])
+        rewards = self._logged_rewards()
+        policy_tokens = output["completion_mask"] * output.get("tool_mask", 1)
+        return ScoredBatch.of_generation(
+            rows,
+            list(self._logs["completion"]),
+            group_size=self.num_generations,
+            reward_names=list(self.reward_func_names),
+            prompts=list(self._logs["prompt"]),
+            rewards=rewards,
+            imputed=self._imputed,
+            total=self._total_reward(rewards),
+            advantages=torch.tensor(list(self._logs["advantages"]), dtype=torch.float32),
+            lengths=self.accelerator.gather(policy_tokens.sum(dim=1)).float().cpu(),
+        )
+
+    def _generate_fresh(self, groups: int, attempt: int) -> tuple[dict, torch.Tensor | None]:
+        """_generate_scored for `groups` fresh prompts of the training set (zero_variance_groups=resample)."""
+        step, size = self.state.global_step, self.num_generations
+        return self._generate_scored(fresh_inputs(self.train_dataset, groups, size, self.args.seed, step, attempt))
+
+    def _mask_loss_tokens(self, inputs: list[dict], output: dict) -> None:
+        """The loss_token_mask hook applied to TRL's completion mask, and TRL's token count (the dapo / cispo
+        normaliser, gathered over processes) recounted."""
+        mask = self.loss_token_mask(inputs, output["completion_ids"], output["completion_mask"])
+        if mask is None:
+            return
+        output["completion_mask"] = output["completion_mask"] * mask.to(output["completion_mask"])
+        loss_mask = output["completion_mask"] * output.get("tool_mask", 1)
+        output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
