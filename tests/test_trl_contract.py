@@ -24,7 +24,7 @@ from grpo_exp.trainer import seam, trl_surface
 from grpo_exp.trainer.config import grpo_exp_config
 from grpo_exp.trainer.scored_batch import ScoredBatch, aggregated_reward
 from grpo_exp.trainer.seam import HookedGRPOTrainer
-from grpo_exp.trainer.trl_contract import TRL_ATTRIBUTES, TRL_METHODS
+from grpo_exp.trainer.trl_contract import TRL_ATTRIBUTES, TRL_METHODS, TRL_PUBLIC
 from support.config import TINY_RUN, compose_config
 from tests.helpers.tiny_trainer import PLAIN_TRL, Recording, knob_overrides
 
@@ -236,3 +236,81 @@ def test_the_scored_batch_is_what_trl_scored_and_its_reward_is_trls_aggregate(
     else:  # normalised per component inside the group, then summed, then normalised over the batch
         expected = (total - total.mean()) / (total.std() + 1e-4)
     assert batch.grouped(batch.advantages).flatten().tolist() == pytest.approx(expected.flatten().tolist(), abs=1e-4)
+
+
+# ---- every name of TRL's the seam and TRL's surface read, derived from their source ---------------------------------
+
+
+def trl_reads(path: Path) -> tuple[set[str], set[str]]:
+    """(the trainer's attributes a module reads, `self.<name>`; its args' fields, `self.args.<name>` or
+    `args.<name>`)."""
+    own, args = set(), set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Attribute) and name_of(node.value) == "self" and isinstance(node.value, ast.Name):
+            own.add(node.attr)
+        elif isinstance(node, ast.Attribute) and name_of(node.value) == "args":
+            args.add(node.attr)
+    return own, args
+
+
+def test_every_trl_name_the_seam_and_the_surface_read_exists_and_is_declared(trl_trainer):
+    """Derived from seam.py and trl_surface.py, so that a new use cannot go unchecked: each attribute of the trainer
+    they read that grpo_exp does not define (its mixins' methods and what they store) exists on TRL's own trainer and
+    is declared in trl_contract; each field of its args that is not one of grpo_exp's own knobs is GRPOConfig's."""
+    from dataclasses import fields
+
+    from grpo_exp.trainer import hooks
+    from grpo_exp.trainer.config import GRPOExpConfig
+
+    files = [Path(seam.__file__), Path(trl_surface.__file__)]
+    reads = [trl_reads(path) for path in files]
+    classes = [
+        node
+        for path in [*files, Path(hooks.__file__)]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.ClassDef)
+    ]
+    ours = set().union(*(definitions(node) for node in classes))
+    theirs = set().union(*(own for own, _ in reads)) - ours - {"args"}
+    assert {"vllm_importance_sampling_correction", "_logs", "accelerator"} <= theirs  # what this test looks for
+    missing = sorted(name for name in theirs if not hasattr(trl_trainer, name))
+    assert not missing, f"TRL's GRPOTrainer no longer has {missing}: update grpo_exp.trainer.seam / trl_surface"
+    declared = {name.split(".")[0] for name in TRL_ATTRIBUTES} | set(TRL_METHODS) | set(TRL_PUBLIC)
+    undeclared = sorted(theirs - declared)
+    assert not undeclared, f"the seam reads {undeclared} of TRL's trainer: declare them in trainer.trl_contract"
+
+    own_knobs = {f.name for f in fields(GRPOExpConfig)} - {f.name for f in fields(GRPOConfig)}
+    fields_read = set().union(*(args for _, args in reads)) - own_knobs
+    gone = sorted(name for name in fields_read if not hasattr(trl_trainer.args, name))
+    assert not gone, f"GRPOConfig no longer has {gone}: update grpo_exp.trainer.seam / trl_surface"
+
+
+def test_trls_fused_lm_head_takes_what_the_seam_passes_and_gives_each_tokens_log_probability(trl_trainer):
+    """The seam's packed forward (HookedGRPOTrainer._fused_forward) calls the model TRL patched with
+    `fused_lm_head=True` and `shift_labels`, and reads `log_probs` and `entropy`: they are the log-softmax at the
+    trainer's temperature of each position's next token, and its entropy."""
+    model = trl_trainer.model
+    ids = torch.tensor([[5, 17, 42, 8, 99, 3]])
+    labels = torch.cat([ids[:, 1:], torch.full((1, 1), -100)], dim=1)
+    with torch.no_grad():
+        fused = model(input_ids=ids, shift_labels=labels, fused_lm_head=True)
+        logits = model(input_ids=ids).logits / trl_trainer.temperature
+    log_softmax = torch.log_softmax(logits.float(), dim=-1)
+    expected = log_softmax[0, :-1].gather(-1, labels[0, :-1, None]).squeeze(-1)
+    assert torch.allclose(fused.log_probs[0, :-1], expected, atol=1e-4)
+    entropy = -(log_softmax.exp() * log_softmax).sum(-1)[0, :-1]
+    assert torch.allclose(fused.entropy[0, :-1], entropy, atol=1e-4)
+
+
+def test_the_loss_types_grpo_exp_passes_through_are_trls():
+    """trainer.loss_type's names that go straight to TRL (grpo_exp.trainer.losses) are the ones GRPOConfig
+    documents, and the GRPOConfig fields refused beside a loss of ours are GRPOConfig's."""
+    import re
+
+    from grpo_exp.trainer.losses import AGGREGATION, TRL_LOSS_ONLY, TRL_LOSS_TYPES
+
+    documented = GRPOConfig.__dataclass_fields__["loss_type"].metadata["help"]
+    supported = documented.split("Supported values are")[1].split(". ")[0]
+    assert set(TRL_LOSS_TYPES) == set(re.findall(r"'(\w+)'", supported)), supported
+    assert AGGREGATION in TRL_LOSS_TYPES
+    assert not [name for name in TRL_LOSS_ONLY if name not in GRPOConfig.__dataclass_fields__]
