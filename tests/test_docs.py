@@ -34,7 +34,10 @@ MODULES = {f"grpo_exp.{m}": m for m in ("train", "evaluate", "compare", "diagnos
 # config directories that the repository does not hold, cannot compose offline.
 USERS_OWN = "the user's own config directory (their project's configs/, reward/mine.yaml ...), not in the repository"
 PLACEHOLDER = "a placeholder (ARGS, ..., <...>) stands for the reader's own arguments"
+WORKED_EXAMPLE = "docs/adding-a-builtin.md's worked example: the built-in that the page adds, not in the repository"
 SKIPPED: dict[str, str] = {
+    "python -m grpo_exp.train reward=math+brevity reward.components.brevity.max_words=50": WORKED_EXAMPLE,
+    "python -m grpo_exp.train +experiment=gridworld": WORKED_EXAMPLE,
     "grpo-exp train ARGS": PLACEHOLDER,
     "python -m grpo_exp.train ARGS": PLACEHOLDER,
     "grpo-exp train|evaluate|compare ARGS": PLACEHOLDER,
