@@ -17,6 +17,21 @@ def test_builtin_environment_schemes_are_registered_beside_their_code():
     assert scheme_of("my_module:MyEnv") is None
 
 
+@pytest.mark.parametrize("setting", ["foo/bar", "textarena"])
+def test_an_environment_neither_built_in_nor_an_import_path_lists_the_registrys_schemes(setting):
+    from grpo_exp.errors import UserError
+    from grpo_exp.rollout.environment import load_environments
+
+    with pytest.raises(UserError) as refused:
+        load_environments(setting, timeout=5)
+    schemes = ", ".join(f"{prefix}..." for prefix in builtin_schemes())
+    assert str(refused.value) == (
+        f"rollout.environment={setting}: neither a built-in environment ({schemes}) nor your class by import path, "
+        "module:Class"
+    )
+    assert "textarena/..." in schemes and "openenv/..." in schemes
+
+
 def test_a_scheme_registers_once():
     with pytest.raises(ValueError, match="already registered"):
         environment_scheme("textarena/")(lambda rest, invalid_move_credit=False: None)

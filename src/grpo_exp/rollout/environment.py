@@ -123,6 +123,11 @@ def load_environment(
     if scheme is not None:
         factory = builtin_schemes()[scheme](path.removeprefix(scheme), invalid_move_credit)
         name = name or factory.__name__
+    elif ":" not in path:  # neither a built-in's scheme nor an import path: say what each would be
+        built_in = ", ".join(f"{prefix}..." for prefix in builtin_schemes())
+        raise UserError(
+            f"{where}: neither a built-in environment ({built_in}) nor your class by import path, module:Class"
+        )
     else:
         factory = import_callable(path, where.partition("=")[0], "an environment class")
     try:
