@@ -151,3 +151,10 @@ def test_an_unknown_estimator_lists_exactly_the_registrys_names():
     with pytest.raises(UserError) as err:
         estimator("nope")
     assert f"algorithm.name=nope: no such estimator; the registered ones: {', '.join(ESTIMATORS)};" in str(err.value)
+
+
+def test_the_graded_components_are_those_registered_as_graded():
+    from grpo_exp.rewards.components import builtin_components, graded_components
+
+    assert graded_components() == {"judge", "confidence"}
+    assert graded_components() == {name for name, c in builtin_components().items() if c.graded}

@@ -7,6 +7,7 @@ A factory takes the component's settings that it names as parameters, and any sh
 that it names (grpo_exp.rewards.registry), and returns a TRL reward function.
 """
 
+import functools
 import importlib
 import pkgutil
 from collections.abc import Callable
@@ -18,18 +19,22 @@ class Component:
     name: str
     factory: Callable[..., Callable]
     settings: type  # its structured config (a dataclass: weight and the component's own settings)
+    # its score grades an answer (a learned one): logged as <name>/mean, <name>/group_std, <name>/auroc every step, and
+    # watched by validations (its held-out mean and AUROC can drift from the truth)
+    graded: bool = False
 
 
 REGISTERED: dict[str, Component] = {}
 
 
-def reward_component(name: str, settings: type) -> Callable:
-    """Decorator: the factory is the built-in reward component `name` (reward=name), typed by `settings`."""
+def reward_component(name: str, settings: type, graded: bool = False) -> Callable:
+    """Decorator: the factory is the built-in reward component `name` (reward=name), typed by `settings`; `graded`:
+    its score grades an answer (Component.graded)."""
 
     def register(factory: Callable[..., Callable]) -> Callable[..., Callable]:
         if name in REGISTERED:
             raise ValueError(f"a reward component named {name!r} is already registered")
-        REGISTERED[name] = Component(name, factory, settings)
+        REGISTERED[name] = Component(name, factory, settings, graded)
         return factory
 
     return register
@@ -43,3 +48,9 @@ def builtin_components() -> dict[str, Component]:
     for module in pkgutil.iter_modules(grpo_exp.rewards.__path__):
         importlib.import_module(f"grpo_exp.rewards.{module.name}")
     return REGISTERED
+
+
+@functools.cache
+def graded_components() -> frozenset[str]:
+    """The names of the built-in components whose score grades an answer (registered with graded=True)."""
+    return frozenset(name for name, component in builtin_components().items() if component.graded)

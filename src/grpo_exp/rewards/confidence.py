@@ -25,7 +25,7 @@ class ConfidenceReward:
     show: ShownPart = ShownPart.answer
 
 
-@reward_component("confidence", ConfidenceReward)
+@reward_component("confidence", ConfidenceReward, graded=True)
 def make_confidence_reward(p_yes: PYesScorer, show: ShownPart, verifier: Labels):
     def confidence(prompts, completions, question=None, **kwargs) -> list[float]:
         """P(Yes) of the verifier asked whether the completion correctly answers the prompt."""

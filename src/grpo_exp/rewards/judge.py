@@ -295,7 +295,7 @@ class JudgeReward:
     weight: float = MISSING
 
 
-@reward_component("judge", JudgeReward)
+@reward_component("judge", JudgeReward, graded=True)
 def make_judge_reward(judge: RubricJudge):
     """The `judge` component: the run's judge (grpo_exp.run.build), with the judge config group's settings."""
     budget = judge_failure_budget(judge.cfg)

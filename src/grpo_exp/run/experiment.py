@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import PrinterCallback, ProgressCallback, set_seed
 
 from grpo_exp.models import describe, lora_config
-from grpo_exp.rewards import GRADED_COMPONENTS
+from grpo_exp.rewards.components import graded_components
 from grpo_exp.rollout.native import with_system
 from grpo_exp.run.build import RunParts
 from grpo_exp.run.console import ConsoleView
@@ -244,7 +244,7 @@ def add_callbacks(
     validation = None
     if eval_cfg.every:
         kept = KeptModels(run_dir, trainer.save_model_to, eval_cfg.best_metric, eval_cfg.keep_top_k)
-        learned = tuple(func.__name__ for func in parts.reward_funcs if func.__name__ in GRADED_COMPONENTS)
+        learned = tuple(func.__name__ for func in parts.reward_funcs if func.__name__ in graded_components())
         validation = PeriodicValidation(
             Schedule.of(eval_cfg, len(evaluation.problem_rows())),
             validate=on_policy.validate,

@@ -19,7 +19,7 @@ from grpo_exp.answers import lenient_match
 from grpo_exp.data import unseen_problems
 from grpo_exp.data_parallel import from_main_process, map_over_processes
 from grpo_exp.generation import generate_completions, prompt_ids
-from grpo_exp.rewards import GRADED_COMPONENTS
+from grpo_exp.rewards.components import graded_components
 from grpo_exp.rewards.judge import RubricJudge
 from grpo_exp.rollout.environment import environment_statistics
 from grpo_exp.rollout.flow import trajectory_statistics
@@ -253,7 +253,7 @@ def task_accuracies(samples: list[dict]) -> dict[str, float]:
 
 def learned_components(parts: RunParts) -> tuple[str, ...]:
     """The learned components of the reward mix: those whose agreement with the verifier's labels can drift."""
-    return tuple(func.__name__ for func in parts.reward_funcs if func.__name__ in GRADED_COMPONENTS)
+    return tuple(func.__name__ for func in parts.reward_funcs if func.__name__ in graded_components())
 
 
 def _confidence_statistics(reward_func, p_yes: PYesScorer, samples: list[dict]) -> dict[str, float]:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from grpo_exp.errors import UserError
 from grpo_exp.probe.battery import score_texts, weighted_total
-from grpo_exp.rewards import GRADED_COMPONENTS
+from grpo_exp.rewards.components import graded_components
 from grpo_exp.run.diagnosis.evidence import RunEvidence
 from grpo_exp.run.diagnosis.rules import Finding, easier_settings, labels_misread
 from grpo_exp.run.heldout import run_heldout_accuracy
@@ -78,7 +78,7 @@ def _alike(samples: list[dict], evaluation, evidence: RunEvidence) -> Finding | 
     """The run's reward on the answers; not with a learned component in the mix (a judge's or a verifier's graded
     score): its scores rarely tie, and asking it here costs its calls."""
     funcs = evaluation.parts.reward_funcs
-    if not samples or any(f.__name__ in GRADED_COMPONENTS for f in funcs):
+    if not samples or any(f.__name__ in graded_components() for f in funcs):
         return None
     weights = evaluation.spec.reward_weights
     by_question = {row["question"]: row for row in evaluation.heldout}

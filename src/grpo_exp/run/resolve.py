@@ -33,7 +33,7 @@ from grpo_exp.deprecated import renamed_config
 from grpo_exp.errors import UserError
 from grpo_exp.models import check_reachable, load_tokenizer, torch_dtype, trained_dtype
 from grpo_exp.paths import CONF_DIR
-from grpo_exp.rewards import GRADED_COMPONENTS
+from grpo_exp.rewards.components import graded_components
 from grpo_exp.rewards.judge import check_judge
 from grpo_exp.rewards.overlong import cache_size
 from grpo_exp.rewards.registry import reward_weights, typed_components
@@ -153,7 +153,7 @@ def resolve(
         if spec.selfverify.scale_by_pass_rate:
             scaling = "reward.components.selfverify.scale_by_pass_rate=true"
             check_keeps_group_scale(cfg.algorithm.name, ScaleRewards(cfg.trainer.scale_rewards), scaling)
-    learned = tuple(name for name in spec.components if name in GRADED_COMPONENTS)
+    learned = tuple(name for name in spec.components if name in graded_components())
     check_validation(cfg.eval, cfg.trainer, learned, environments)
     check_curriculum(cfg.curriculum)
     if not evaluating:

@@ -19,7 +19,7 @@ from accelerate.utils import gather_object
 
 from grpo_exp.answers import vote_key
 from grpo_exp.generation import generate_completions
-from grpo_exp.rewards import GRADED_COMPONENTS
+from grpo_exp.rewards.components import graded_components
 from grpo_exp.rollout.environment import environment_statistics
 from grpo_exp.rollout.flow import broadcast_to_turns, trajectory_statistics
 from grpo_exp.stats import (
@@ -180,7 +180,7 @@ class GRPOExpTrainer(HookedGRPOTrainer):
         if batch.trajectories is not None:
             stats |= trajectory_statistics(batch.rows, batch.total.tolist(), self.verifier.answer)
         stats |= environment_statistics(batch.rows)  # on either tool-calling loop
-        for name in GRADED_COMPONENTS & set(batch.reward_names):  # is the graded score a signal of correctness?
+        for name in graded_components() & set(batch.reward_names):  # is the graded score a signal of correctness?
             column = batch.reward_names.index(name)
             scored = batch.rewards[:, column].masked_fill(batch.imputed[:, column], math.nan)  # failures: missing
             stats |= score_statistics(batch.grouped(scored), batch.grouped(correct), name)
