@@ -65,13 +65,19 @@ class Source:
 
 def parse_args(argv: list[str]) -> tuple[list[str], list[str]]:
     """(the arguments, the --config-dir directories)."""
+    return command_args(argv, "python -m grpo_exp.evaluate", __doc__, EPILOG, "[RUN_DIR | CHECKPOINT] [KEY=VALUE ...]")
+
+
+def command_args(argv: list[str], prog: str, doc: str, epilog: str, metavar: str) -> tuple[list[str], list[str]]:
+    """A command's (run directory or overrides, --config-dir directories), as evaluate and probe take them; `doc`:
+    the command's module docstring (its first line describes it)."""
     parser = argparse.ArgumentParser(
-        prog="python -m grpo_exp.evaluate",
-        description=__doc__.split("\n\n", 1)[0].strip("`").split(": ", 1)[-1],
-        epilog=EPILOG,
+        prog=prog,
+        description=doc.split("\n\n", 1)[0].strip("`").split(": ", 1)[-1],
+        epilog=epilog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("args", nargs="*", metavar="[RUN_DIR | CHECKPOINT] [KEY=VALUE ...]")
+    parser.add_argument("args", nargs="*", metavar=metavar)
     parser.add_argument(
         "--config-dir",
         "-cd",

@@ -16,7 +16,6 @@ reward that tells right from wrong), or more than the wrong one beyond noise (95
 and probe.json in <outputs_dir>/probe/<time>/.
 """
 
-import argparse
 import logging
 import sys
 import time
@@ -27,7 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 from grpo_exp.errors import UserError, run_command
-from grpo_exp.evaluate import composed, resolve_source
+from grpo_exp.evaluate import command_args, composed, resolve_source
 from grpo_exp.models import load_tokenizer
 from grpo_exp.probe.attacks import RIGHT, WRONG
 from grpo_exp.probe.battery import MIX, ProbeResult, finding_lines, probe_heldout
@@ -78,18 +77,8 @@ def print_result(result: ProbeResult, console: Console | None = None) -> None:
 
 def parse_args(argv: list[str]) -> tuple[list[str], list[str]]:
     """(the arguments, the --config-dir directories)."""
-    parser = argparse.ArgumentParser(
-        prog="python -m grpo_exp.reward_probe",
-        description=__doc__.split("\n\n", 1)[0].strip("`").split(": ", 1)[-1],
-        epilog=__doc__.split("\n\n", 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("args", nargs="*", metavar="[RUN_DIR] [KEY=VALUE ...]")
-    parser.add_argument(
-        "--config-dir", "-cd", action="append", default=[], metavar="DIR", help="a config directory of yours"
-    )
-    parsed = parser.parse_intermixed_args(argv)
-    return parsed.args, parsed.config_dir
+    epilog = __doc__.split("\n\n", 1)[1]
+    return command_args(argv, "python -m grpo_exp.reward_probe", __doc__, epilog, "[RUN_DIR] [KEY=VALUE ...]")
 
 
 def main(argv: list[str] | None = None) -> ProbeResult:
