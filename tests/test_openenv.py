@@ -2,7 +2,6 @@
 started here in a process of its own with uvicorn), driven as an environment by OpenEnv's own client: its action as
 the `step` tool, its step rewards turn by turn, its return as get_reward(); and a tiny run training against it."""
 
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from grpo_exp.errors import UserError
 from grpo_exp.rollout.environment import Episode, load_environments
 from grpo_exp.rollout.multiturn import Trajectory
 from support.config import TINY_RUN
+from support.servers import free_port
 from tests.helpers.cli import run_command
 from tests.helpers.episodes import played, trained_steps
 
@@ -66,12 +66,6 @@ class GuessEnvironment(Environment):
 
 app = create_app(GuessEnvironment, GuessAction, GuessObservation, env_name="guess", max_concurrent_envs=64)
 '''
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
