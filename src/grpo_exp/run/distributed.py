@@ -25,6 +25,7 @@ def shared_run_dir(run_dir: Path, timeout: timedelta) -> Path:
     Each rank composes its own Hydra run directory from the clock, and ranks may start a second apart;
     checkpoints (written by every rank under DeepSpeed ZeRO-3) must all go to one place.
     """
+    no_deepspeed_shm_op_on_cpu()
     if world_size() == 1:
         return run_dir
     import torch
@@ -35,6 +36,31 @@ def shared_run_dir(run_dir: Path, timeout: timedelta) -> Path:
     shared = [str(run_dir)]
     broadcast_object_list(shared, from_process=0)
     return Path(shared[0])
+
+
+# DeepSpeed's name for its shared-memory all-reduce (deepspeed/ops/op_builder/cpu/comm.py: ShareMemCommBuilder)
+SHM_OP = "deepspeed_shm_comm"
+
+
+def no_deepspeed_shm_op_on_cpu() -> None:
+    """DeepSpeed on CPU processes without compiling its shared-memory all-reduce: when its process group starts,
+    DeepSpeed compiles that C++ extension (30-80 s on 2 cores, and a compiler is required), and only tensor-parallel
+    inference uses it, never ZeRO training. DeepSpeed builds it where `deepspeed.ops.__compatible_ops__`, its own
+    cache of which ops this machine can build, says it can: set here before anything asks, which also spares the
+    probe of every other op (a compiler run each). Nothing else in DeepSpeed reads that cache."""
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() != "true":
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    import deepspeed.ops
+
+    cache = vars(deepspeed.ops)
+    if "__compatible_ops__" in cache:
+        cache["__compatible_ops__"][SHM_OP] = False
+    else:
+        cache["__compatible_ops__"] = {SHM_OP: False}
 
 
 def wait_for_everyone() -> None:
