@@ -40,8 +40,12 @@ RUNTIME_VARIABLES = {
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_NAME",
     "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
     "OMP_NUM_THREADS",  # applied with torch.set_num_threads: torch reads it only when its thread pool starts
+    # set by `import deepspeed` (in the tests' own process, after the server started: every later command went
+    # cold); torch reads it when asked whether CUDA is available
+    "PYTORCH_NVML_BASED_CUDA_CHECK",
 }  # fmt: skip
-RUNTIME_PREFIXES = ("ACCELERATE_", "TORCHELASTIC_", "GRPO_EXP_TEST_")
+# FSDP_: what accelerate launch gives each rank of an FSDP config, read when accelerate makes its FSDP plugin
+RUNTIME_PREFIXES = ("ACCELERATE_", "TORCHELASTIC_", "GRPO_EXP_TEST_", "FSDP_")
 SOCKET_VARIABLE = "GRPO_EXP_TEST_WARM_SOCKET"
 # Not grpo_exp.cli (nor any module a command runs): runpy warns when the module it runs is already imported.
 IMPORTS = ("torch", "transformers", "trl", "datasets", "hydra", "grpo_exp.run.experiment")
