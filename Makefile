@@ -5,39 +5,27 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 ARGS ?=
 
-.PHONY: install install-all browser train test test-fast bench learning-curve lint clean
+.PHONY: install browser train test test-fast bench learning-curve lint clean
 
-install: $(VENV)/.installed  ## what training needs
-# what the tests and benchmarks need besides: llama.cpp compiles (both cores) while pip installs the rest (-j2)
-install-all:
-	$(MAKE) -j2 $(VENV)/.llama-server
-
-$(VENV)/bin/python:
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
+install: $(VENV)/.installed
 
 # torch first, pinned: `pip install torch==2.13.0` takes the local CPU build; an unpinned torch pulls CUDA wheels.
-$(VENV)/.installed: pyproject.toml | $(VENV)/bin/python
+$(VENV)/.installed: pyproject.toml $(VENV)/.llama-cpp
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $@
 
-# llama.cpp (llama-cpp-python, the judge tests' OpenAI-compatible server; no prebuilt wheel on PyPI) compiles for
-# this CPU (-march=native) with AMX left out: virtual machines that advertise AMX without enabling it die at its
-# first tile instruction (SIGILL, seen on 2-core Xeon machines here). Built without pip's wheel cache, which may hold
-# an AMX build, and without the multimodal library (LLAVA_BUILD=OFF: mtmd, which nothing here loads).
+# llama.cpp (llama-cpp-python, the judge tests' OpenAI-compatible server) compiles for this CPU (-march=native) with
+# AMX left out: virtual machines that advertise AMX without enabling it die at its first tile instruction (SIGILL,
+# seen on 2-core Xeon machines here). Built once, without pip's wheel cache, which may hold an AMX build. Without
+# the multimodal library (LLAVA_BUILD=OFF: mtmd, which nothing here loads), a shorter compile.
 NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 LLAMA_CMAKE_ARGS := -DLLAVA_BUILD=OFF $(if $(filter x86_64 amd64,$(shell uname -m)),-DCMAKE_C_FLAGS='$(NO_AMX)' -DCMAKE_CXX_FLAGS='$(NO_AMX)')
-LLAMA_WHEELS := $(VENV)/llama-wheel
-$(LLAMA_WHEELS)/.built: | $(VENV)/bin/python
-	rm -rf $(LLAMA_WHEELS)
-	@echo "make: compiling llama.cpp (a few minutes; log: $(VENV)/llama-build.log)"
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip wheel --no-deps --no-cache-dir -w $(LLAMA_WHEELS) \
-		"llama-cpp-python>=0.3.36" > $(VENV)/llama-build.log 2>&1 || { tail -30 $(VENV)/llama-build.log; exit 1; }
-	touch $@
-
-$(VENV)/.llama-server: $(VENV)/.installed $(LLAMA_WHEELS)/.built
-	$(PY) -m pip install --quiet "$$(ls $(LLAMA_WHEELS)/llama_cpp_python-*.whl)[server]"
+$(VENV)/.llama-cpp:
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip install --quiet --no-cache-dir --force-reinstall \
+		"llama-cpp-python>=0.3.36"
 	touch $@
 
 # The trackio dashboard test opens the dashboard in a real headless browser: Debian's Chromium, installed once
@@ -59,7 +47,7 @@ browser:
 train: install  ## the default experiment: GRPO on the embedded SmolLM2-135M, offline arithmetic (~11 min on 2 cores)
 	$(PY) -m grpo_exp.train $(ARGS)
 
-test: install-all browser  ## the whole suite, slow tests included (the CI command)
+test: install browser  ## the whole suite, slow tests included (the CI command)
 	$(PY) -m ruff check src support tests benchmarks
 	$(PY) -m ruff format --check src support tests benchmarks
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet --site-dir site
@@ -68,7 +56,7 @@ test: install-all browser  ## the whole suite, slow tests included (the CI comma
 test-fast: install  ## without the embedded model (slow) and the end-to-end runs through the CLI (e2e)
 	$(PY) -m pytest -m "not slow and not e2e" $(ARGS)
 
-bench: install-all  ## benchmarks (ratios side by side in one run; ~1.5 h, most of it time to accuracy); results in BENCHMARKS.md
+bench: install  ## benchmarks (ratios side by side in one run; ~1.5 h, most of it time to accuracy); results in BENCHMARKS.md
 	$(PY) -m benchmarks.rewards
 	$(PY) -m benchmarks.judge
 	$(PY) -m benchmarks.group_stats
