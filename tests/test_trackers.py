@@ -282,7 +282,9 @@ def test_tensorboard_run_writes_histograms_tables_config_and_summary(tmp_path):
     assert_no_secret(tmp_path)
 
 
-def test_mlflow_run_writes_params_tags_tables_and_summary_to_a_local_store(tmp_path):
+def test_mlflow_run_writes_params_tags_tables_and_summary_to_a_local_store(monkeypatch, tmp_path):
+    # mlflow.set_tracking_uri also sets $MLFLOW_TRACKING_URI: restored after the test, which later configs would read
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     store = tmp_path / "mlflow"
     logger = Logger("mlflow", tracking_uri=str(store))
     tracker = Tracker(logger, tmp_path, "trainer.beta=0.04", None, ["model:tiny"], CONFIG, run_id="earlier")

@@ -7,7 +7,8 @@ SERVER = {"PATH": "/usr/bin", "HOME": "/root"}
 
 
 def test_variables_read_at_runtime_keep_a_command_warm():
-    for variable in ("PYTORCH_NVML_BASED_CUDA_CHECK", "FSDP_SHARDING_STRATEGY", "ACCELERATE_USE_FSDP", "RANK"):
+    set_by_imports = ("PYTORCH_NVML_BASED_CUDA_CHECK", "TORCHINDUCTOR_CACHE_DIR", "_MLFLOW_TELEMETRY_SESSION_ID")
+    for variable in (*set_by_imports, "FSDP_VERSION", "ACCELERATE_USE_FSDP", "RANK"):
         assert same_imports({**SERVER, variable: "1"}, SERVER), variable
 
 

@@ -43,6 +43,8 @@ RUNTIME_VARIABLES = {
     # set by `import deepspeed` (in the tests' own process, after the server started: every later command went
     # cold); torch reads it when asked whether CUDA is available
     "PYTORCH_NVML_BASED_CUDA_CHECK",
+    # set by importing peft (torch's inductor) and mlflow: a cache directory and a telemetry id, read when used
+    "TORCHINDUCTOR_CACHE_DIR", "_MLFLOW_TELEMETRY_SESSION_ID",
 }  # fmt: skip
 # FSDP_: what accelerate launch gives each rank of an FSDP config, read when accelerate makes its FSDP plugin
 RUNTIME_PREFIXES = ("ACCELERATE_", "TORCHELASTIC_", "GRPO_EXP_TEST_", "FSDP_")
