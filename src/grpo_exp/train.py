@@ -24,10 +24,11 @@ def main(cfg: DictConfig) -> float | None:
 
     # The tasks of a Slurm job (hydra/launcher=slurm_multigpu) form one process group; set before anything reads them.
     export_torch_distributed_env()
-    from grpo_exp.run.distributed import destroy_process_group_at_exit, wait_for_everyone
+    from grpo_exp.run.distributed import destroy_process_group_at_exit, no_deepspeed_shm_op_on_cpu, wait_for_everyone
     from grpo_exp.run.experiment import run_experiment
 
     destroy_process_group_at_exit()
+    no_deepspeed_shm_op_on_cpu()  # before accelerate starts DeepSpeed's process group
     summary = run_experiment(cfg, HydraConfig.get())
     wait_for_everyone()  # no rank leaves (and destroys the group) while another is in a collective; on success only
     return summary["heldout_accuracy_after"]
