@@ -508,15 +508,18 @@ def check_only_with(cfg: DictConfig, read_by_caller: tuple[str, ...] = ()) -> No
     naming it, what would read it, and the setting of this run that turns it off. `read_by_caller`: the sections
     the command itself reads or replaces whatever the rest says (grpo_exp.evaluate: `model.`, a checkpoint in place
     of the run's model; grpo-exp probe: `probe.`), whose rules are then not checked."""
+    written = _Written(cfg)
     for rule in ONLY_WITH:
         if rule.keys[0].startswith(read_by_caller):
             continue
-        given = [leaf for key in rule.keys for leaf in _leaves(cfg, key) if leaf not in rule.but and _given(cfg, leaf)]
+        leaves = [leaf for key in rule.keys for leaf in _leaves(cfg, key) if leaf not in rule.but]
+        given = [leaf for leaf in leaves if written.given(leaf)]
         if not given or rule.active(cfg):
             continue
         key, fix = given[0], rule.fix(cfg) if callable(rule.fix) else rule.fix
         raise UserError(
-            f"{key}={_shown(cfg, key)} is read only {rule.when}, but {rule.here(cfg)}: {fix}, or leave {key} out"
+            f"{key}={_shown(written.value(key), key)} is read only {rule.when}, but {rule.here(cfg)}: {fix}, "
+            f"or leave {key} out"
         )
 
 
@@ -543,16 +546,48 @@ def _raw(value: Any) -> Any:
     return value
 
 
-def _value(cfg: DictConfig, key: str) -> Any:
-    """The value at `key` as written: interpolations unresolved, enums by name."""
-    parent, _, name = key.rpartition(".")
-    node = OmegaConf.select(cfg, parent) if parent else cfg
-    return OmegaConf.to_container(node, resolve=False, enum_to_str=True)[name]
+class _Written:
+    """The config as written (interpolations unresolved, enums by name), converted once: a check reads hundreds of
+    its options, and converting a section per option was most of the resolve phase's time."""
+
+    def __init__(self, cfg: DictConfig):
+        self.cfg = cfg
+        self.tree = OmegaConf.to_container(cfg, resolve=False, enum_to_str=True)
+        self.schemas: dict[str, type | None] = {}  # a section's schema dataclass
+        self.chosen: dict[str, Any] = {}
+
+    def value(self, key: str) -> Any:
+        node = self.tree
+        for part in key.split("."):
+            node = node[part]
+        return node
+
+    def given(self, key: str) -> bool:
+        """The user gave `key` its value: neither the schema's default nor (but for a choice) a conf/ option's."""
+        value = self.value(key)
+        parent, _, name = key.rpartition(".")
+        if value == _schema_default(self.schema(parent), name):
+            return False
+        if name in CHOICE_KEYS:
+            return True
+        return value not in _option_values(self, key)
+
+    def schema(self, section: str) -> type | None:
+        if section not in self.schemas:
+            self.schemas[section] = OmegaConf.get_type(OmegaConf.select(self.cfg, section) if section else self.cfg)
+        return self.schemas[section]
+
+    def chosen_option(self, group: str) -> Any:
+        """The option chosen in `group` (CHOSEN_BY)."""
+        if group not in self.chosen:
+            chosen = OmegaConf.select(self.cfg, f"{group}.{CHOSEN_BY[group]}")
+            self.chosen[group] = getattr(chosen, "value", chosen)
+        return self.chosen[group]
 
 
-def _schema_default(cfg: DictConfig, key: str) -> Any:
-    parent, _, name = key.rpartition(".")
-    schema = OmegaConf.get_type(OmegaConf.select(cfg, parent) if parent else cfg)
+@functools.cache
+def _schema_default(schema: type | None, name: str) -> Any:
+    """The default a schema dataclass gives its field `name` (as YAML would write it); _NO_DEFAULT where none."""
     found = {f.name: f for f in dataclasses.fields(schema)}.get(name) if dataclasses.is_dataclass(schema) else None
     if found is None:
         return _NO_DEFAULT
@@ -565,16 +600,6 @@ def _schema_default(cfg: DictConfig, key: str) -> Any:
     if dataclasses.is_dataclass(default):
         return OmegaConf.to_container(OmegaConf.structured(default), enum_to_str=True)
     return _raw(default)
-
-
-def _given(cfg: DictConfig, key: str) -> bool:
-    """The user gave `key` its value: neither the schema's default nor (but for a choice) a conf/ option's."""
-    value = _value(cfg, key)
-    if value == _schema_default(cfg, key):
-        return False
-    if key.rpartition(".")[2] in CHOICE_KEYS:
-        return True
-    return value not in _option_values(cfg, key)
 
 
 _NO_DEFAULT = object()
@@ -613,14 +638,14 @@ def _nest(package: str, values: DictConfig) -> dict:
     return nested
 
 
-def _option_values(cfg: DictConfig, key: str) -> list[Any]:
+def _option_values(written: _Written, key: str) -> list[Any]:
     """The values conf/'s options give `key`: in a group whose chosen option the config names (CHOSEN_BY), that
     option's alone."""
     found = []
     parent, _, name = key.rpartition(".")
     for group, option, values in _option_files():
-        chosen = OmegaConf.select(cfg, f"{group}.{CHOSEN_BY[group]}") if group in CHOSEN_BY else None
-        if chosen is not None and getattr(chosen, "value", chosen) != option:
+        chosen = written.chosen_option(group) if group in CHOSEN_BY else None
+        if chosen is not None and chosen != option:
             continue
         node = OmegaConf.select(values, parent, throw_on_missing=False) if parent else values
         if isinstance(node, DictConfig) and name in node:
@@ -628,9 +653,9 @@ def _option_values(cfg: DictConfig, key: str) -> list[Any]:
     return found
 
 
-def _shown(cfg: DictConfig, key: str) -> str:
+def _shown(written_value: Any, key: str) -> str:
     """The value for the message: a secret's masked, a long one cut."""
     name = key.rpartition(".")[2]
-    value = redact({name: _value(cfg, key)})[name]
+    value = redact({name: written_value})[name]
     text = str(value).lower() if isinstance(value, bool) else str(value)
     return text if len(text) <= 60 else f"{text[:57]}..."
