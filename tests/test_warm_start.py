@@ -1,7 +1,10 @@
 """The tests' warm start (tests/helpers/warm.py) goes cold only for a variable that a library may read at import: a
 variable set at runtime by a library the tests import (deepspeed's) must not send every later command cold."""
 
-from tests.helpers.warm import same_imports
+import os
+import sys
+
+from tests.helpers.warm import _search_path, same_imports
 
 SERVER = {"PATH": "/usr/bin", "HOME": "/root"}
 
@@ -13,6 +16,25 @@ def test_variables_read_at_runtime_keep_a_command_warm():
 
 
 def test_variables_that_change_imports_send_a_command_cold():
-    for variable in ("PYTHONPATH", "HF_HUB_OFFLINE", "CUDA_VISIBLE_DEVICES"):
+    for variable in ("HF_HUB_OFFLINE", "CUDA_VISIBLE_DEVICES"):
         assert not same_imports({**SERVER, variable: "x"}, SERVER), variable
     assert not same_imports({**SERVER, "PATH": "/elsewhere"}, SERVER)
+
+
+def test_a_pythonpath_is_put_on_the_forks_search_path_as_a_new_interpreter_puts_it(tmp_path):
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "my_environment.py").write_text("")
+    assert same_imports({**SERVER, "PYTHONPATH": str(project)}, SERVER)
+    path = _search_path("/here", f"{project}{os.pathsep}", None)
+    assert path[:2] == ["/here", str(project)] and path[2:] == [p for p in sys.path[1:] if p not in path[:2]]
+
+
+def test_a_pythonpath_with_a_startup_hook_or_hiding_an_imported_module_sends_a_command_cold(tmp_path):
+    hook, hiding = tmp_path / "hook", tmp_path / "hiding"
+    hook.mkdir()
+    hiding.mkdir()
+    (hook / "sitecustomize.py").write_text("")
+    (hiding / "pytest.py").write_text("")  # a new interpreter would import this one, not the pytest already loaded
+    for directory in (hook, hiding):
+        assert not same_imports({**SERVER, "PYTHONPATH": str(directory)}, SERVER), directory
