@@ -17,15 +17,33 @@ $(VENV)/.installed: pyproject.toml $(VENV)/.llama-cpp
 
 # llama.cpp (llama-cpp-python, the judge tests' OpenAI-compatible server) compiles for this CPU (-march=native) with
 # AMX left out: virtual machines that advertise AMX without enabling it die at its first tile instruction (SIGILL,
-# seen on 2-core Xeon machines here). Built once, without pip's wheel cache, which may hold an AMX build. Without
-# the multimodal library (LLAVA_BUILD=OFF: mtmd, which nothing here loads), a shorter compile.
+# seen on 2-core Xeon machines here). Without the multimodal library (LLAVA_BUILD=OFF: mtmd, which nothing here
+# loads), a shorter compile. The wheel is built once per CPU and kept outside the clone (about 6 min on 2 cores): a
+# later clone on this machine installs it at once. It is kept under a key of what the build depends on (the flags
+# below, the CPU's features, the compiler, Python), never in pip's wheel cache, which knows none of them and may
+# hold an AMX build.
 NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+LLAMA_CPP := llama-cpp-python>=0.3.36
 LLAMA_CMAKE_ARGS := -DLLAVA_BUILD=OFF $(if $(filter x86_64 amd64,$(shell uname -m)),-DCMAKE_C_FLAGS='$(NO_AMX)' -DCMAKE_CXX_FLAGS='$(NO_AMX)')
+GRPO_EXP_CACHE ?= $(HOME)/.cache/grpo_exp
+LLAMA_BUILD_KEY = $(shell { echo "$(LLAMA_CPP) $(LLAMA_CMAKE_ARGS)"; uname -m; \
+	grep -m1 -E '^(flags|Features)' /proc/cpuinfo 2>/dev/null; cc --version 2>/dev/null | head -1; $(PYTHON) -V; } | cksum | cut -d' ' -f1)
+LLAMA_WHEELS = $(GRPO_EXP_CACHE)/wheels/llama-cpp-$(LLAMA_BUILD_KEY)
 $(VENV)/.llama-cpp:
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip install --quiet --no-cache-dir --force-reinstall \
-		"llama-cpp-python>=0.3.36"
+	@wheels="$(LLAMA_WHEELS)"; \
+	if ls "$$wheels"/llama_cpp_python-*.whl >/dev/null 2>&1; then \
+		echo "llama.cpp: the wheel built for this CPU before, $$wheels"; \
+	else \
+		echo "llama.cpp: compiling for this CPU (about 6 min on 2 cores), once: kept in $$wheels"; \
+		mkdir -p "$$(dirname "$$wheels")" && rm -rf "$$wheels.partial" && \
+		CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip wheel --quiet --no-cache-dir --no-deps \
+			--wheel-dir "$$wheels.partial" "$(LLAMA_CPP)" && \
+		rm -rf "$$wheels" && mv "$$wheels.partial" "$$wheels"; \
+	fi
+	$(PY) -m pip install --quiet --no-cache-dir --force-reinstall --prefer-binary \
+		--find-links "$(LLAMA_WHEELS)" "$(LLAMA_CPP)"
 	touch $@
 
 # The trackio dashboard test opens the dashboard in a real headless browser: Debian's Chromium, installed once
