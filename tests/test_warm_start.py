@@ -11,7 +11,7 @@ SERVER = {"PATH": "/usr/bin", "HOME": "/root"}
 
 def test_variables_read_at_runtime_keep_a_command_warm():
     set_by_imports = ("PYTORCH_NVML_BASED_CUDA_CHECK", "TORCHINDUCTOR_CACHE_DIR", "_MLFLOW_TELEMETRY_SESSION_ID")
-    for variable in (*set_by_imports, "FSDP_VERSION", "ACCELERATE_USE_FSDP", "RANK"):
+    for variable in (*set_by_imports, "FSDP_VERSION", "ACCELERATE_USE_FSDP", "RANK", "TRACKIO_DIR"):
         assert same_imports({**SERVER, variable: "1"}, SERVER), variable
 
 

@@ -48,11 +48,15 @@ RUNTIME_VARIABLES = {
     # set by importing peft (torch's inductor) and mlflow: a cache directory and a telemetry id, read when used
     "TORCHINDUCTOR_CACHE_DIR", "_MLFLOW_TELEMETRY_SESSION_ID",
 }  # fmt: skip
+# Read at import by a library the server does not import (serve() checks): a fork imports it with its own environment.
+READ_BY_UNIMPORTED = {"TRACKIO_DIR": "trackio"}
 # FSDP_: what accelerate launch gives each rank of an FSDP config, read when accelerate makes its FSDP plugin
 RUNTIME_PREFIXES = ("ACCELERATE_", "TORCHELASTIC_", "GRPO_EXP_TEST_", "FSDP_")
 SOCKET_VARIABLE = "GRPO_EXP_TEST_WARM_SOCKET"
 # Not grpo_exp.cli (nor any module a command runs): runpy warns when the module it runs is already imported.
 IMPORTS = ("torch", "transformers", "trl", "datasets", "hydra", "grpo_exp.run.experiment")
+# Where installed (the dev extra): accelerate imports it in every training (extract_model_from_parallel), ~2 s each.
+OPTIONAL_IMPORTS = ("deepspeed",)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -107,7 +111,7 @@ def _search_path(path0: str, pythonpath: str | None, imported_with: str | None) 
 
 
 def _at_runtime(variable: str) -> bool:
-    return variable in RUNTIME_VARIABLES or variable.startswith(RUNTIME_PREFIXES)
+    return variable in RUNTIME_VARIABLES or variable in READ_BY_UNIMPORTED or variable.startswith(RUNTIME_PREFIXES)
 
 
 def _request(argv: list[str], cwd: Path | None, env: dict) -> dict | None:
@@ -271,15 +275,22 @@ class Loop:
 
 def serve() -> None:
     import importlib
+    import importlib.util
 
     imported_with = dict(os.environ)
     for module in IMPORTS:
         importlib.import_module(module)
+    for module in OPTIONAL_IMPORTS:
+        if importlib.util.find_spec(module) is not None:
+            importlib.import_module(module)
     # What the imports made lives as long as the server: out of the collector's sight, a collection in a child (one
     # at every training's start: accelerate's free_memory) walks only the child's own objects, 0.5 s -> 1 ms.
     gc.freeze()
     if threading.active_count() != 1:  # a fork would copy a thread's locks, not the thread: go cold
         print(f"not ready: {threading.active_count()} threads after the imports", flush=True)
+        return
+    if imported := sorted(set(READ_BY_UNIMPORTED.values()) & set(sys.modules)):
+        print(f"not ready: {imported} imported, which read their variables at import", flush=True)
         return
     directory = tempfile.mkdtemp(prefix="warm-ranks-")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
