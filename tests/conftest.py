@@ -1,4 +1,5 @@
 import copy
+import os
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,18 @@ def pytest_configure(config):
     hub_offline()
     without_wandb_key()
     register_schemas()
+
+
+@pytest.fixture(autouse=True)
+def environment_as_found():
+    """Each test leaves the process's environment as it found it: what a library it ran set there (mlflow's
+    tracking URI, W&B's run settings...) would reach every later test's configs, and send every later command cold
+    (tests/helpers/warm.py: a variable the server was not started with)."""
+    found = dict(os.environ)
+    yield
+    if os.environ != found:
+        os.environ.clear()
+        os.environ.update(found)
 
 
 @pytest.fixture
