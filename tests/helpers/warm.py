@@ -48,8 +48,6 @@ RUNTIME_VARIABLES = {
     # set by importing peft (torch's inductor) and mlflow: a cache directory and a telemetry id, read when used
     "TORCHINDUCTOR_CACHE_DIR", "_MLFLOW_TELEMETRY_SESSION_ID",
 }  # fmt: skip
-# Read at import by a library the server does not import (serve() checks): a fork imports it with its own environment.
-READ_BY_UNIMPORTED = {"TRACKIO_DIR": "trackio"}
 # FSDP_: what accelerate launch gives each rank of an FSDP config, read when accelerate makes its FSDP plugin
 RUNTIME_PREFIXES = ("ACCELERATE_", "TORCHELASTIC_", "GRPO_EXP_TEST_", "FSDP_")
 SOCKET_VARIABLE = "GRPO_EXP_TEST_WARM_SOCKET"
@@ -111,7 +109,7 @@ def _search_path(path0: str, pythonpath: str | None, imported_with: str | None) 
 
 
 def _at_runtime(variable: str) -> bool:
-    return variable in RUNTIME_VARIABLES or variable in READ_BY_UNIMPORTED or variable.startswith(RUNTIME_PREFIXES)
+    return variable in RUNTIME_VARIABLES or variable.startswith(RUNTIME_PREFIXES)
 
 
 def _request(argv: list[str], cwd: Path | None, env: dict) -> dict | None:
@@ -288,9 +286,6 @@ def serve() -> None:
     gc.freeze()
     if threading.active_count() != 1:  # a fork would copy a thread's locks, not the thread: go cold
         print(f"not ready: {threading.active_count()} threads after the imports", flush=True)
-        return
-    if imported := sorted(set(READ_BY_UNIMPORTED.values()) & set(sys.modules)):
-        print(f"not ready: {imported} imported, which read their variables at import", flush=True)
         return
     directory = tempfile.mkdtemp(prefix="warm-ranks-")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
