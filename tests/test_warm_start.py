@@ -4,6 +4,9 @@ variable set at runtime by a library the tests import (deepspeed's) must not sen
 import os
 import sys
 
+import pytest
+
+from tests.helpers import warm
 from tests.helpers.warm import _search_path, same_imports
 
 SERVER = {"PATH": "/usr/bin", "HOME": "/root"}
@@ -38,3 +41,15 @@ def test_a_pythonpath_with_a_startup_hook_or_hiding_an_imported_module_sends_a_c
     (hiding / "pytest.py").write_text("")  # a new interpreter would import this one, not the pytest already loaded
     for directory in (hook, hiding):
         assert not same_imports({**SERVER, "PYTHONPATH": str(directory)}, SERVER), directory
+
+
+@pytest.mark.skipif(os.environ.get("GRPO_EXP_TEST_COLD") == "1", reason="GRPO_EXP_TEST_COLD=1: every command cold")
+def test_the_server_starts_and_a_command_is_forked_from_it(tmp_path):
+    """Else every command of the suite starts cold, each ~2 s of imports more, and no test would fail (a library
+    printing at import before the server's "ready" once did that)."""
+    server = warm._server()
+    assert server is not None and server.ready
+    (tmp_path / "parent_of_me.py").write_text("import os\nprint(os.getppid())\n")
+    result = warm.run([sys.executable, "-m", "parent_of_me"], tmp_path, dict(os.environ), timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert int(result.stdout) == server.process.pid

@@ -137,8 +137,15 @@ class Server:
             env=os.environ.copy(),
         )
         self.lock = threading.Lock()
-        self.ready = self.process.stdout.readline().strip() == "ready"
+        self.ready = self._started()
         atexit.register(self.close)
+
+    def _started(self) -> bool:
+        """Whether the server said "ready": lines its imports printed before are passed over (deepspeed's)."""
+        for line in self.process.stdout:
+            if line.strip() == "ready" or line.startswith("not ready"):
+                return line.strip() == "ready"
+        return False
 
     def run(self, request: dict, argv: list[str], timeout: float) -> subprocess.CompletedProcess:
         with self.lock, tempfile.TemporaryDirectory(prefix="warm-") as directory:
