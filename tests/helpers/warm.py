@@ -86,7 +86,7 @@ def _search_path_warm(pythonpath: str | None) -> bool:
     for entry in _entries(pythonpath):
         if not os.path.isdir(entry):
             continue
-        names = {Path(name).stem for name in os.listdir(entry)}
+        names = {path.name.split(".")[0] for path in Path(entry).iterdir() if _importable(path)}
         if names & {"sitecustomize", "usercustomize"}:
             return False
         for name in names & set(sys.modules):
@@ -94,6 +94,11 @@ def _search_path_warm(pythonpath: str | None) -> bool:
             if not where.startswith(entry + os.sep):
                 return False
     return True
+
+
+def _importable(path: Path) -> bool:
+    """A module or package a search path entry would give: a directory, a .py file or an extension."""
+    return path.is_dir() or path.suffix in (".py", ".pyc", ".so")
 
 
 def _entries(pythonpath: str | None) -> list[str]:
