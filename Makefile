@@ -41,9 +41,9 @@ $(VENV)/.llama-cpp:
 		CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip wheel --quiet --no-cache-dir --no-deps \
 			--wheel-dir "$$wheels.partial" "$(LLAMA_CPP)" && \
 		rm -rf "$$wheels" && mv "$$wheels.partial" "$$wheels"; \
-	fi
+	fi && \
 	$(PY) -m pip install --quiet --no-cache-dir --force-reinstall --prefer-binary \
-		--find-links "$(LLAMA_WHEELS)" "$(LLAMA_CPP)"
+		--find-links "$$wheels" "$(LLAMA_CPP)"
 	touch $@
 
 # The trackio dashboard test opens the dashboard in a real headless browser: Debian's Chromium, installed once
