@@ -28,18 +28,24 @@ def test_a_pythonpath_is_put_on_the_forks_search_path_as_a_new_interpreter_puts_
     project = tmp_path / "project"
     project.mkdir()
     (project / "my_environment.py").write_text("")
+    # a directory without __init__.py named as an imported module (mkdocs' site/ beside the code: `site`) is at most
+    # a namespace package, which never wins over a module of that name: every DDP test of a user's project went cold
+    (project / "site").mkdir()
+    (project / "site" / "index.html").write_text("")
     assert same_imports({**SERVER, "PYTHONPATH": str(project)}, SERVER)
     path = _search_path("/here", f"{project}{os.pathsep}", None)
     assert path[:2] == ["/here", str(project)] and path[2:] == [p for p in sys.path[1:] if p not in path[:2]]
 
 
 def test_a_pythonpath_with_a_startup_hook_or_hiding_an_imported_module_sends_a_command_cold(tmp_path):
-    hook, hiding = tmp_path / "hook", tmp_path / "hiding"
+    hook, hiding, hiding_package = tmp_path / "hook", tmp_path / "hiding", tmp_path / "hiding_package"
+    (hiding_package / "json").mkdir(parents=True)
     hook.mkdir()
     hiding.mkdir()
     (hook / "sitecustomize.py").write_text("")
     (hiding / "pytest.py").write_text("")  # a new interpreter would import this one, not the pytest already loaded
-    for directory in (hook, hiding):
+    (hiding_package / "json" / "__init__.py").write_text("")  # a regular package too
+    for directory in (hook, hiding, hiding_package):
         assert not same_imports({**SERVER, "PYTHONPATH": str(directory)}, SERVER), directory
 
 

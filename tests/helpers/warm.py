@@ -97,8 +97,10 @@ def _search_path_warm(pythonpath: str | None) -> bool:
 
 
 def _importable(path: Path) -> bool:
-    """A module or package a search path entry would give: a directory, a .py file or an extension."""
-    return path.is_dir() or path.suffix in (".py", ".pyc", ".so")
+    """A module or regular package a search path entry would give: a .py file, an extension, or a directory with an
+    __init__.py. A directory without one (docs/, or mkdocs' site/ in the repository's root) is at most a namespace
+    package, which loses to a module of its name anywhere on the path: it never hides one already imported."""
+    return (path / "__init__.py").is_file() if path.is_dir() else path.suffix in (".py", ".pyc", ".so")
 
 
 def _entries(pythonpath: str | None) -> list[str]:
