@@ -123,7 +123,9 @@ def test_the_multigpu_preset_runs_one_task_per_gpu():
 
 @pytest.mark.e2e
 def test_a_two_task_submitit_job_trains_as_one_run_with_two_processes(tmp_path):
-    """slurm_multigpu's path with submitit's local executor: 2 tasks of one job (CPU, gloo), as Slurm would start."""
+    """slurm_multigpu's path with submitit's local executor: 2 tasks of one job (CPU, gloo), as Slurm would start.
+    Also the one test of hydra/launcher=submitit_local and submitit_slurm's shared path: the job pickled, submitted,
+    run and its result collected (a sweep of several jobs is Hydra's, tested with the joblib launcher)."""
     result = run_cli(
         "-m",
         "hydra/launcher=submitit_local",

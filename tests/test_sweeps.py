@@ -85,15 +85,6 @@ def _log_span(job: Path) -> tuple[datetime, datetime]:
     return first, last
 
 
-def sweep_over_group_sizes(sweep_dir: Path, *launcher: str):
-    """Two tiny jobs (G = 2 and 3) through the given launcher; asserts the sweep succeeded."""
-    result = run_cli(
-        "-m", *launcher, *QUICK, "logger=none", "trainer.num_generations=2,3", f"hydra.sweep.dir={sweep_dir}"
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result
-
-
 @pytest.mark.e2e
 def test_the_joblib_launcher_runs_jobs_in_parallel(tiny_sweep):
     """tests/conftest.py's tiny_sweep: two jobs through the joblib launcher, two at a time."""
@@ -102,15 +93,6 @@ def test_the_joblib_launcher_runs_jobs_in_parallel(tiny_sweep):
     (start_a, end_a), (start_b, end_b) = _log_span(first), _log_span(second)
     assert start_a < end_b and start_b < end_a, "the two jobs did not overlap in time"
     assert "sweep " in tiny_sweep.result.stdout
-
-
-@pytest.mark.e2e
-def test_the_submitit_local_launcher_runs_the_jobs_as_submitit_jobs(tmp_path):
-    """submitit_local is the code path of submitit_slurm (the job is pickled, submitted, run and collected)."""
-    sweep_over_group_sizes(tmp_path, "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=15")
-    jobs = job_dirs(tmp_path)
-    assert sorted(summary_of(job)["trl_num_generations"] for job in jobs) == [2, 3]
-    assert list((tmp_path / ".submitit").rglob("*_result.pkl")), "no submitit job results"
 
 
 @pytest.mark.e2e
