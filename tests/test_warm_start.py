@@ -39,9 +39,9 @@ def test_a_pythonpath_is_put_on_the_forks_search_path_as_a_new_interpreter_puts_
 
 def test_a_pythonpath_with_a_startup_hook_or_hiding_an_imported_module_sends_a_command_cold(tmp_path):
     hook, hiding, hiding_package = tmp_path / "hook", tmp_path / "hiding", tmp_path / "hiding_package"
-    (hiding_package / "json").mkdir(parents=True)
     hook.mkdir()
     hiding.mkdir()
+    (hiding_package / "json").mkdir(parents=True)
     (hook / "sitecustomize.py").write_text("")
     (hiding / "pytest.py").write_text("")  # a new interpreter would import this one, not the pytest already loaded
     (hiding_package / "json" / "__init__.py").write_text("")  # a regular package too
