@@ -50,7 +50,8 @@ benchmarks/            `make bench`
 support/               what tests and benchmarks share (never imports tests/): config composition and resolve,
                        the tiny model on disk, local servers (llama.cpp, an OpenAI-compatible stub), reward cases,
                        `python -m support.dump_configs DIR` (every composition, to diff before/after a refactor),
-                       `python -m support.code_map` (this page)
+                       `python -m support.code_map` (this page), `python -m support.test_tiers` (make test's
+                       two pytest tiers side by side)
 notebooks/             compare_runs.ipynb: the compare tool, interactively
 examples/              whole example projects of one's own (capitals, guess), each with its README
 docs/                  this documentation (MkDocs: `mkdocs.yml`; `make test` builds it strict)
