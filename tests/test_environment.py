@@ -111,8 +111,8 @@ def test_within_returns_raises_or_times_out():
         within(1.0, lambda: {}["x"])
     started = time.perf_counter()
     with pytest.raises(EnvironmentTimeout, match="rollout.environment_timeout_s=0.2"):
-        within(0.2, lambda: time.sleep(5))
-    assert time.perf_counter() - started < 2
+        within(0.2, lambda: time.sleep(30))
+    assert time.perf_counter() - started < 10  # not the call's 30 s (bounds with room: this tier runs at nice 19)
 
 
 def test_the_environment_statistics_by_hand():
@@ -136,7 +136,9 @@ def test_the_environment_statistics_by_hand():
     assert environment_statistics([{"num_turns": 1}]) == {}
 
 
-def play(environment, timeout: float = 0.3) -> Episode:
+def play(environment, timeout: float = 1.0) -> Episode:
+    """An episode started; its time limit leaves the fine environments time to spare (make test runs this tier at
+    the lowest CPU priority, support/test_tiers.py)."""
     episode = Episode(environment, timeout)
     episode.start({"question": "q", "solution": "42", "prompt": [], "environment": "x"})
     return episode
@@ -144,7 +146,7 @@ def play(environment, timeout: float = 0.3) -> Episode:
 
 def test_each_fault_costs_the_episode_and_says_why(user_module):
     environments = load_environments(
-        {"fine": "envs:Fine", "raising": "envs:Raising", "hanging": "envs:Hanging", "nonsense": "envs:Nonsense"}, 0.3
+        {"fine": "envs:Fine", "raising": "envs:Raising", "hanging": "envs:Hanging", "nonsense": "envs:Nonsense"}, 1.0
     )
     fine = play(environments["fine"])
     assert fine.failure is None and [t.name for t in fine.tools] == ["explode", "peek"]
@@ -158,8 +160,8 @@ def test_each_fault_costs_the_episode_and_says_why(user_module):
     assert raising.failure == "environment raising: reset raised KeyError: 'no such level'"
     started = time.perf_counter()
     hanging = play(environments["hanging"])
-    assert hanging.failure == "environment hanging: reset ran past rollout.environment_timeout_s=0.3"
-    assert time.perf_counter() - started < 3
+    assert hanging.failure == "environment hanging: reset ran past rollout.environment_timeout_s=1"
+    assert time.perf_counter() - started < 10
     nonsense = play(environments["nonsense"])
     nonsense.finish()
     assert nonsense.failure == "environment nonsense: get_reward returned 'lots', not a finite number"

@@ -51,7 +51,7 @@ class Slow(Stepped):
         Args:
             digit: the digit
         """
-        time.sleep(5)
+        time.sleep(30)
         return "late"
 
 
@@ -179,7 +179,7 @@ def test_a_method_past_its_time_limit_or_a_raising_reset_costs_the_episode(user_
     slow.reset(question="q", solution="3")
     started = time.monotonic()
     assert slow.probe(digit=3) == "error: probe timed out"
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < 10  # not the probe's 30 s (bounds with room: this tier runs at nice 19)
     assert "probe ran past rollout.environment_timeout_s=0.2" in slow.episode.failure
     assert slow.probe(digit=3).startswith("error: the episode failed")  # not called again
     broken = guarded_class(environment("Broken"), guards())()

@@ -1,5 +1,7 @@
 """The tools of multi-turn rollouts on good and hostile input: answers, refusals and limits, never a hang."""
 
+import time
+
 import pytest
 
 from grpo_exp.errors import UserError
@@ -63,7 +65,11 @@ def test_numbers_are_shown_as_a_person_would_write_them():
     assert format_number(-1150) == "-1150"
 
 
-FAST = SandboxLimits(timeout_s=1.0, memory_mb=256, max_output_chars=100)
+# A snippet that should finish gets time to spare: make test runs this tier at the lowest CPU priority beside the
+# e2e tier (support/test_tiers.py), where starting the sandbox's interpreter can take over a second. Only the tests
+# of the time limit itself use a short one.
+FAST = SandboxLimits(timeout_s=20.0, memory_mb=256, max_output_chars=100)
+SHORT_TIME = SandboxLimits(timeout_s=1.0, memory_mb=256, max_output_chars=100)
 
 
 def test_python_tool_runs_a_snippet_with_the_standard_math_modules():
@@ -75,8 +81,6 @@ def test_python_tool_runs_a_snippet_with_the_standard_math_modules():
 @pytest.mark.parametrize(
     ("snippet", "message"),
     [
-        ("while True: pass", "time limit of 1 s exceeded"),
-        ("import time\ntime.sleep(30)", "time limit"),  # wall clock, not only CPU time
         ("import os\nos.system('echo pwned')", "import of 'os' is not allowed"),
         ("import socket\nsocket.create_connection(('example.com', 80))", "import of 'socket' is not allowed"),
         ("import subprocess\nsubprocess.run(['ls'])", "import of 'subprocess' is not allowed"),
@@ -103,6 +107,17 @@ def test_python_tool_refuses_or_limits_hostile_snippets(snippet, message):
     assert result.error
     assert message in result.output
     assert "pwned" not in result.output
+
+
+@pytest.mark.parametrize(
+    "snippet",
+    ["while True: pass", "import time\ntime.sleep(30)"],  # wall clock, not only CPU time
+)
+def test_python_tool_stops_a_snippet_at_its_time_limit(snippet):
+    started = time.monotonic()
+    result = run_python(snippet, SHORT_TIME)
+    assert result.error and "time limit of 1 s exceeded" in result.output
+    assert time.monotonic() - started < 15
 
 
 def test_python_tool_caps_huge_output():
