@@ -10,6 +10,7 @@ is what a tier gives when the arguments pick tests of the other tier only).
 """
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -42,6 +43,8 @@ def passed(status: int) -> bool:
 
 def main(args: list[str]) -> int:
     workers = int(os.environ.get("TEST_WORKERS", "2"))
+    # Stopped (a CI job cancelled, `kill`): as on Ctrl-C, both tiers go with it, none is left running behind.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     LOG.parent.mkdir(exist_ok=True)
     print(f"in-process tier: beside the e2e tier at low priority, {workers} workers; its report: {LOG}", flush=True)
     with LOG.open("w") as log:
@@ -56,7 +59,7 @@ def main(args: list[str]) -> int:
         print(f"\n---- the in-process tier ({LOG}) ----", flush=True)
         follow(LOG, in_process)
     finally:
-        if in_process.poll() is None:  # interrupted: the tier behind goes too
+        if in_process.poll() is None:  # interrupted or stopped: the tier behind goes too
             in_process.terminate()
             in_process.wait()
     tiers = {"e2e and slow": e2e, "in-process": in_process.returncode}
