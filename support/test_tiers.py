@@ -20,8 +20,8 @@ LOG = Path("outputs") / "test-in-process.log"
 NO_TESTS_COLLECTED = 5
 
 
-def pytest(marks: str, args: list[str], workers: int | None = None) -> list[str]:
-    parallel = [] if workers is None else ["-n", str(workers)]
+def pytest(marks: str, args: list[str], workers: str | None = None) -> list[str]:
+    parallel = [] if workers is None else ["-n", workers]
     return [sys.executable, "-m", "pytest", "-m", marks, *parallel, *args]
 
 
@@ -42,7 +42,10 @@ def passed(status: int) -> bool:
 
 
 def main(args: list[str]) -> int:
-    workers = int(os.environ.get("TEST_WORKERS", "2"))
+    workers = os.environ.get("TEST_WORKERS", "2")
+    if not workers.isdigit():
+        print(f"TEST_WORKERS={workers}: the in-process tier's number of worker processes, 0 or more", file=sys.stderr)
+        return 2
     # Stopped (a CI job cancelled, `kill`): as on Ctrl-C, both tiers go with it, none is left running behind.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     LOG.parent.mkdir(exist_ok=True)
@@ -62,10 +65,10 @@ def main(args: list[str]) -> int:
         if in_process.poll() is None:  # interrupted or stopped: the tier behind goes too
             in_process.terminate()
             in_process.wait()
-    tiers = {"e2e and slow": e2e, "in-process": in_process.returncode}
+    tiers = {"the e2e and slow tier": e2e, "the in-process tier": in_process.returncode}
     failed = [name for name, status in tiers.items() if not passed(status)]
     if failed:
-        print(f"make test: the {' and the '.join(failed)} tier failed", file=sys.stderr)
+        print(f"make test: failed in {' and in '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0
 
 

@@ -1,0 +1,61 @@
+"""make test's runner (support/test_tiers.py): the two pytest tiers side by side, its status failing when either
+tier fails, and each tier's report printed."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from grpo_exp.paths import REPO_ROOT
+
+PASSES = "def test_passes():\n    pass\n"
+FAILS = "def test_fails():\n    assert False\n"
+E2E_PASSES = "import pytest\n\n\n@pytest.mark.e2e\ndef test_e2e_passes():\n    pass\n"
+E2E_FAILS = "import pytest\n\n\n@pytest.mark.e2e\ndef test_e2e_fails():\n    assert False\n"
+
+
+def run_tiers(directory, *args: str, workers: str = "0") -> subprocess.CompletedProcess:
+    """The runner on the tests in `directory`, run from there (its report goes to the directory's outputs/, never
+    the repository's, where a running make test writes its own), with no configuration file but its own."""
+    environment = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TEST_WORKERS": workers}
+    isolated = ["-c", os.devnull, "--rootdir", ".", "-p", "no:cacheprovider", "-W", "ignore"]
+    return subprocess.run(
+        [sys.executable, "-m", "support.test_tiers", *isolated, *args],
+        cwd=directory,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("files", "failed"),
+    [
+        ({"test_a.py": PASSES, "test_b.py": E2E_PASSES}, []),
+        ({"test_a.py": FAILS, "test_b.py": E2E_PASSES}, ["the in-process tier"]),
+        ({"test_a.py": PASSES, "test_b.py": E2E_FAILS}, ["the e2e and slow tier"]),
+        ({"test_a.py": FAILS, "test_b.py": E2E_FAILS}, ["the e2e and slow tier", "the in-process tier"]),
+        ({"test_a.py": PASSES}, []),  # no e2e test selected (pytest's 5) is not a failure
+    ],
+)
+def test_the_status_fails_when_either_tier_fails_and_both_reports_are_printed(tmp_path, files, failed):
+    for name, body in files.items():
+        (tmp_path / name).write_text(body)
+    completed = run_tiers(tmp_path)
+    assert completed.returncode == (1 if failed else 0), completed.stdout + completed.stderr
+    if failed:
+        assert completed.stderr.strip().endswith(f"make test: failed in {' and in '.join(failed)}")
+    # the in-process tier's report, from its log, after the e2e tier's own
+    report = (tmp_path / "outputs" / "test-in-process.log").read_text()
+    assert report and report in completed.stdout
+    assert completed.stdout.index("---- the in-process tier") < completed.stdout.index(report)
+    assert ("test_a.py::test_fails" in report) == ("test_a.py" in files and files["test_a.py"] == FAILS)
+
+
+def test_a_worker_count_that_is_not_a_number_is_refused_naming_it(tmp_path):
+    completed = run_tiers(tmp_path, workers="two")
+    assert completed.returncode == 2
+    assert completed.stderr.strip() == "TEST_WORKERS=two: the in-process tier's number of worker processes, 0 or more"
