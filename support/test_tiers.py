@@ -73,4 +73,7 @@ def main(args: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except KeyboardInterrupt:  # Ctrl-C: pytest has said where it stopped; both tiers are gone (main's finally)
+        sys.exit(130)
