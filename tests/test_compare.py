@@ -43,6 +43,15 @@ def test_compare_refuses_a_directory_without_runs(tmp_path):
         compare_main([str(tmp_path)])
 
 
+def test_compare_names_each_path_that_is_no_directory(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("not a run")
+    with pytest.raises(SystemExit) as stop:
+        compare_main([str(tmp_path / "notes.txt"), str(tmp_path / "missing")])
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert stop.value.code == 2
+    assert error.endswith(f"{tmp_path / 'notes.txt'}: not a directory; {tmp_path / 'missing'}: no such directory")
+
+
 @pytest.mark.e2e
 def test_the_notebook_runs_on_the_sweep(compared_sweep, monkeypatch):
     monkeypatch.setenv("GRPO_EXP_RUNS", str(compared_sweep))

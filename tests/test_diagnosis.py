@@ -259,9 +259,17 @@ def test_diagnose_reads_any_run_directory_an_older_one_included(tmp_path, capsys
     assert [row["findings"] for row in rows] == ["no_signal", "none"]
 
 
-@pytest.mark.parametrize(("path", "message"), [("missing", "no such directory"), ("empty", "no grpo_exp run")])
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [
+        ("missing", "missing: no such directory"),
+        ("notes.txt", "notes.txt: not a directory"),
+        ("empty", "no grpo_exp run"),
+    ],
+)
 def test_diagnose_refuses_what_is_no_run_in_one_line(tmp_path, capsys, path, message):
     (tmp_path / "empty").mkdir()
+    (tmp_path / "notes.txt").write_text("not a run")
     with pytest.raises(SystemExit) as stop:
         diagnose_main([str(tmp_path / path)])
     assert stop.value.code == 2 and message in capsys.readouterr().err

@@ -26,7 +26,7 @@ from grpo_exp.run.comparison import (
     print_table,
     runs_from_wandb,
 )
-from grpo_exp.run.files import METRICS_FILE
+from grpo_exp.run.files import METRICS_FILE, not_directories
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,9 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.paths and not args.wandb:
         parser.error("give a multirun directory, run directories, or --wandb ENTITY/PROJECT/GROUP")
-    missing = [p for p in args.paths if not p.exists()]
-    if missing:
-        parser.error(f"no such directory: {', '.join(map(str, missing))}")
+    if problem := not_directories(args.paths):
+        parser.error(problem)
     runs = runs_from_wandb(args.wandb) if args.wandb else discover_runs(args.paths)
     if not runs:
         parser.error(f"no grpo_exp runs (directories with {METRICS_FILE}) under {', '.join(map(str, args.paths))}")

@@ -15,6 +15,7 @@ import yaml
 
 from grpo_exp.errors import run_command
 from grpo_exp.run.diagnosis import diagnose, diagnosis_lines, is_run_dir, read_run
+from grpo_exp.run.files import not_directories
 
 
 def run_dirs(paths: list[Path]) -> list[Path]:
@@ -35,9 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("paths", nargs="+", type=Path, help="run directories, or a multirun directory")
     parser.add_argument("--json", action="store_true", help="print the findings as JSON")
     args = parser.parse_args(argv)
-    missing = [str(p) for p in args.paths if not p.is_dir()]
-    if missing:
-        parser.error(f"no such directory: {', '.join(missing)}")
+    if problem := not_directories(args.paths):
+        parser.error(problem)
     directories = run_dirs(args.paths)
     if not directories:
         parser.error(

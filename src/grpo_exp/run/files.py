@@ -15,6 +15,13 @@ EVALUATION_FILE = "evaluation.json"  # python -m grpo_exp.evaluate's results (a 
 BENCHMARK_FILE = "verification_benchmark.json"  # the verification benchmark's examples this run measured on
 
 
+def not_directories(paths: list[Path]) -> str | None:
+    """Why some of `paths` cannot hold runs ("x: no such directory; y.txt: not a directory"), None when all are
+    directories (what grpo-exp compare and diagnose are given)."""
+    problems = [f"{p}: {'not a directory' if p.exists() else 'no such directory'}" for p in paths if not p.is_dir()]
+    return "; ".join(problems) or None
+
+
 def new_evaluation_files(directory: Path) -> tuple[Path, Path]:
     """Where the next `python -m grpo_exp.evaluate` of `directory` writes: evaluation.json, else evaluation_2.json,
     ... (an earlier evaluation is never overwritten), and beside it each problem's answers (.jsonl)."""
