@@ -163,7 +163,10 @@ def test_a_dead_judge_endpoint_stops_every_rank_at_the_same_step_with_the_endpoi
     assert result.returncode != 0
     output = result.stdout + result.stderr
     assert f"the judge at judge.base_url=http://127.0.0.1:{port}/v1 (judge.model=stub) failed to score" in output
-    assert output.count("more than judge.max_failure_rate=0.5") == 2, "each rank stops with the message"
+    # Each rank raises it, but the launcher ends the other rank as soon as one exits, which can be before that one
+    # has printed (seen once in 4 runs of make test): both stopping at the same place is what the recorded calls
+    # show (a rank that went on would have made a collective the other did not).
+    assert output.count("more than judge.max_failure_rate=0.5") >= 1
     assert_same_calls(tmp_path)
     assert not (tmp_path / "run" / "metrics.jsonl").exists() or not logged_steps(tmp_path / "run")
 
