@@ -17,7 +17,7 @@ from tests.helpers.cli import run_command
 
 GRPO_EXP = Path(sys.executable).with_name("grpo-exp")
 EXAMPLE = REPO_ROOT / "examples" / "capitals"
-SMALL = ["trainer.max_steps=1", "logger=none", "judge.model=tiny"]
+SMALL = ["trainer.max_steps=1", "logger=none", "judge.model=tiny", "save_model=false", "trainer.save_steps=0"]
 
 
 @pytest.fixture

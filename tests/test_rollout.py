@@ -20,7 +20,7 @@ from grpo_exp.trainer.trainer import GRPOExpTrainer
 from grpo_exp.trainer.trl_batch import as_rollout_func
 from grpo_exp.verification.labels import built_in_labels
 from support.config import TINY_RUN, compose_config
-from tests.helpers.cli import run_cli
+from tests.helpers.cli import NO_SAVED_WEIGHTS, run_cli
 from tests.helpers.episodes import write_user_module
 from tests.helpers.tiny_trainer import PLAIN_TRL, knob_overrides
 
@@ -260,6 +260,7 @@ def test_the_embedded_model_calls_the_calculator_in_the_preset(tmp_path):
     result = run_cli(
         "+experiment=calculator",
         "trainer.max_steps=1",
+        *NO_SAVED_WEIGHTS,
         "dataset.eval_size=8",
         "eval.after=false",
         "logger=none",

@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 from grpo_exp.models import load_model, load_tokenizer
 from grpo_exp.run.tracking import read_metrics
 from support.config import TINY_RUN, compose_config
-from tests.helpers.cli import run_cli
+from tests.helpers.cli import NO_SAVED_WEIGHTS, run_cli
 
 # ---- the shared tiny run (tests/conftest.py's tiny_cli_run: TINY_CLI_RUN through the command line) ------------
 
@@ -108,7 +108,7 @@ def test_embedded_model_with_the_self_verification_task(tmp_path):
         "trainer.prompts_per_step=3",
         "dataset.eval_size=6",
         "logger=none",
-        "save_model=false",
+        *NO_SAVED_WEIGHTS,
         f"hydra.run.dir={run_dir}",
     )
     assert result.returncode == 0, result.stderr[-3000:]

@@ -43,6 +43,7 @@ EXPERIMENT = """
       num_generations: 4
       prompts_per_step: 2
       max_completion_length: 20
+      save_steps: 0  # no resume checkpoint: 1.5 GB of the embedded model's weights and optimizer state
     eval:
       every: 2
       every_samples: 2

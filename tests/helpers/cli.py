@@ -26,6 +26,10 @@ TINY_CLI_RUN = [
     "trainer.keep_checkpoints=true",
 ]
 
+# For the embedded model where a test reads no weights: its final model (517 MB) and the resume checkpoint that TRL
+# writes at the last step (1.5 GB with the optimizer state) stay off the disk, which both test tiers share.
+NO_SAVED_WEIGHTS = ["save_model=false", "trainer.save_steps=0"]
+
 # What the zero variants are compared against: a reward spread, groups kept, three steps, validation at every step.
 SPREAD = ["reward=math+format+length", "trainer.zero_variance_groups=keep", "trainer.max_steps=3", "eval.every=1"]
 EVAL_SHARES = ["dataset.eval_size=5", "eval.batch_size=2"]  # uneven shares: one process repeats a batch
