@@ -7,17 +7,25 @@ commands leave. On 2 cores: 14 min 6 s, against 17 min 50 s for the two one afte
 The in-process tier's report goes to outputs/test-in-process.log: printed from where it stands when the e2e tier
 ends, then followed until it ends too. The status is 0 only when neither tier failed (pytest's 5, no test selected,
 is what a tier gives when the arguments pick tests of the other tier only).
+
+Where the disk holding the tests' temporary files or the repository has less free than the suite writes at its peak,
+that is said before the tests start and again after a failure: a full disk fails tests far from the cause.
 """
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 LOG = Path("outputs") / "test-in-process.log"
 NO_TESTS_COLLECTED = 5
+# The most the suite holds on disk at once, with room: 1.8 GB of temporary files at its peak and the embedded model's
+# cache (0.6 GB) on a first run (sampled every 10 s through a make test; docs/setup.md).
+DISK_NEEDED_GB = 3.0
 
 
 def pytest(marks: str, args: list[str], workers: str | None = None) -> list[str]:
@@ -37,6 +45,26 @@ def follow(log: Path, process: subprocess.Popen) -> None:
             time.sleep(1)
 
 
+def disk_warnings(places: list[Path], needed_gb: float = DISK_NEEDED_GB) -> list[str]:
+    """A line for each file system among `places` with less than `needed_gb` free (each named once)."""
+    lines, seen = [], set()
+    for place in places:
+        device = place.stat().st_dev
+        free_gb = shutil.disk_usage(place).free / 1e9
+        if device not in seen and free_gb < needed_gb:
+            lines.append(
+                f"make test: {free_gb:.1f} GB free on the disk of {place}; the tests write up to about {needed_gb:.0f} "
+                "GB there at a time, and with less they fail with 'No space left on device'"
+            )
+        seen.add(device)
+    return lines
+
+
+def warn_of_disk() -> None:
+    for line in disk_warnings([Path(tempfile.gettempdir()), Path.cwd()]):
+        print(line, file=sys.stderr, flush=True)
+
+
 def passed(status: int) -> bool:
     return status in (0, NO_TESTS_COLLECTED)
 
@@ -49,6 +77,7 @@ def main(args: list[str]) -> int:
     # Stopped (a CI job cancelled, `kill`): as on Ctrl-C, both tiers go with it, none is left running behind.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     LOG.parent.mkdir(exist_ok=True)
+    warn_of_disk()
     print(f"in-process tier: beside the e2e tier at low priority, {workers} workers; its report: {LOG}", flush=True)
     with LOG.open("w") as log:
         in_process = subprocess.Popen(
@@ -68,6 +97,7 @@ def main(args: list[str]) -> int:
     tiers = {"the e2e and slow tier": e2e, "the in-process tier": in_process.returncode}
     failed = [name for name, status in tiers.items() if not passed(status)]
     if failed:
+        warn_of_disk()
         print(f"make test: failed in {' and in '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0
 

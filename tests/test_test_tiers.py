@@ -59,3 +59,12 @@ def test_a_worker_count_that_is_not_a_number_is_refused_naming_it(tmp_path):
     completed = run_tiers(tmp_path, workers="two")
     assert completed.returncode == 2
     assert completed.stderr.strip() == "TEST_WORKERS=two: the in-process tier's number of worker processes, 0 or more"
+
+
+def test_a_disk_with_less_free_than_the_suite_writes_is_named_once():
+    from support.test_tiers import disk_warnings
+
+    here = REPO_ROOT
+    assert disk_warnings([here, here / "src"], needed_gb=0) == []
+    [line] = disk_warnings([here, here / "src"], needed_gb=1e9)  # one file system, named once
+    assert line.startswith("make test: ") and f"the disk of {here};" in line and "No space left on device" in line
