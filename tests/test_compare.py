@@ -220,6 +220,19 @@ def test_compare_reports_means_over_seeds_and_differences_paired_by_seed(tmp_pat
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_job_cut_short_mid_line_is_compared_and_a_damaged_one_is_named_beside_the_others(tmp_path, capsys):
+    sweep = write_sweep(tmp_path, AFTER)
+    with (sweep / "0" / METRICS_FILE).open("a") as metrics:
+        metrics.write('{"step": 5, "rew')  # the line a stop cut short
+    (sweep / "1" / SUMMARY_FILE).write_text('{"steps": 4,')
+    assert compare_main([str(sweep)]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    assert f"unreadable {sweep / '1'}: {sweep / '1' / SUMMARY_FILE}: not JSON" in printed
+    rows = list(csv.DictReader((sweep / "compare" / "comparison.csv").open()))
+    assert [row["status"] for row in rows] == ["finished", "unreadable", *["finished"] * (len(rows) - 2)]
+    assert rows[0]["steps"] == "4"
+
+
 def test_a_seed_in_one_setting_only_is_left_out_of_the_pairing(tmp_path):
     sweep = write_sweep(tmp_path, {"0.0": AFTER["0.0"], "0.04": {42: 0.55, 43: 0.70}})  # no seed 44 at beta=0.04
     assert compare_main([str(sweep), "--baseline", "trainer.beta=0.0"]) == 0

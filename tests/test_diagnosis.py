@@ -397,5 +397,19 @@ def test_diagnose_says_which_run_it_cannot_read_in_one_line_and_goes_on(tmp_path
     (tmp_path / "runs" / "bad" / "config.yaml").write_text("a: [")
     assert diagnose_main([str(tmp_path / "runs")]) == 1
     captured = capsys.readouterr()
-    assert "bad: cannot read its records (ParserError: while parsing a flow node)\n" in captured.err
+    config = tmp_path / "runs" / "bad" / "config.yaml"
+    assert f"bad: cannot read its records: {config}: not YAML (while parsing a flow node" in captured.err
     assert "Traceback" not in captured.err and f"good:\n  {HEALTHY}" in captured.out
+
+
+def test_a_run_stopped_while_writing_a_line_is_diagnosed_from_the_lines_before_it(tmp_path, capsys):
+    flat = steps(10, frac_reward_zero_std=1.0, **{"groups/frac_all_wrong": 1.0})
+    write_run(tmp_path / "cut", flat)
+    with (tmp_path / "cut" / "metrics.jsonl").open("a") as metrics:
+        metrics.write('{"step": 11, "frac_reward_zero')  # killed mid-line: out of time, memory or disk
+    assert diagnose_main([str(tmp_path / "cut")]) == 0
+    assert "no_signal: 20/20 (100%" in capsys.readouterr().out  # ten whole steps, the cut one left out
+    lines = (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()
+    (tmp_path / "cut" / "metrics.jsonl").write_text("\n".join([*lines[:3], "[1, 2]", *lines[3:]]))
+    assert diagnose_main([str(tmp_path / "cut")]) == 1
+    assert f"{tmp_path / 'cut' / 'metrics.jsonl'}: line 4 is not a JSON object" in capsys.readouterr().err

@@ -140,6 +140,27 @@ def test_history_is_carried_up_to_the_checkpoint(tmp_path):
     assert [m["step"] for m in read_metrics(new / "metrics.jsonl")] == [1, 2]  # step 3 is trained again
 
 
+def test_a_run_killed_while_writing_a_line_resumes_and_a_damaged_history_is_one_message(tmp_path):
+    old = make_run(tmp_path / "outputs", CONFIG, [1, 2, 3], {2: True})
+    with (old / "metrics.jsonl").open("a") as metrics:
+        metrics.write('{"step": 4, "rew')  # the line the kill cut short
+    (tmp_path / "outputs" / "damaged" / ".hydra").mkdir(parents=True)  # another run's config, damaged: not ours
+    (tmp_path / "outputs" / "damaged" / "config.yaml").write_text("trainer: [")
+    wanted = {**CONFIG, "trainer": {**CONFIG["trainer"], "resume": "auto"}}
+    assert find_attempt(tmp_path / "outputs", wanted).run_dir == old
+    new = tmp_path / "new"
+    new.mkdir()
+    carry_history(load_attempt(old), new)
+    assert [m["step"] for m in read_metrics(new / "metrics.jsonl")] == [1, 2]
+    lines = (old / "metrics.jsonl").read_text().splitlines()
+    (old / "metrics.jsonl").write_text("\n".join([lines[0], "{damaged", *lines[1:]]))
+    with pytest.raises(UserError, match=r"trainer.resume: .*metrics.jsonl: line 2 is not JSON"):
+        carry_history(load_attempt(old), new)
+    (old / "attempt.json").write_text("{")
+    with pytest.raises(UserError, match=r"trainer.resume: .*attempt.json: not JSON"):
+        load_attempt(old)
+
+
 def test_an_explicit_resume_path_must_hold_a_checkpoint(tmp_path):
     run_dir = make_run(tmp_path, CONFIG, [1, 2], {2: True})
     assert explicit_attempt(run_dir).step == 2

@@ -11,8 +11,6 @@ import json
 import sys
 from pathlib import Path
 
-import yaml
-
 from grpo_exp.errors import run_command
 from grpo_exp.run.diagnosis import diagnose, diagnosis_lines, is_run_dir, read_run
 from grpo_exp.run.files import not_directories
@@ -47,9 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     for directory in directories:
         try:
             results[directory] = diagnose(read_run(directory))
-        except (OSError, ValueError, yaml.YAMLError) as err:  # a damaged file: say which, go on with the others
-            first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-            print(f"{directory}: cannot read its records ({type(err).__name__}: {first})", file=sys.stderr)
+        except (OSError, ValueError) as err:  # a damaged file (named by the error): say so, go on with the others
+            print(f"{directory}: cannot read its records: {err}", file=sys.stderr)
             unread += 1
     if args.json:
         print(json.dumps({str(d): [f.row() for f in found] for d, found in results.items()}, indent=2))

@@ -1,7 +1,6 @@
 """Comparing runs side by side: load run directories (or a W&B group), tabulate, plot."""
 
 import csv
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from grpo_exp.run.diagnosis import diagnose, read_run
-from grpo_exp.run.files import METRICS_FILE, STATUS_FILE
+from grpo_exp.run.files import METRICS_FILE, STATUS_FILE, SUMMARY_FILE, read_json
 from grpo_exp.run.report import quarter_means
 from grpo_exp.run.tracking import read_metrics
 from grpo_exp.run.validation import METRIC as HELDOUT
@@ -19,6 +18,7 @@ from grpo_exp.stats import mean_interval, paired_differences
 
 CURVES = ["reward", "groups/pass@1", "groups/reward/frac_zero_std", "kl", "advantages/mean_abs", "entropy"]
 SEED = "trainer.seed"
+UNREADABLE = "unreadable"  # a run's status where one of its files is damaged (load_run)
 # The comparison table's columns that are a run's results (numbers), as opposed to its settings: the columns
 # averaged over seeds and compared between settings.
 RESULTS = [
@@ -54,14 +54,29 @@ def _parse_overrides(items: list[str]) -> dict[str, str]:
 
 
 def load_run(directory: Path) -> Run:
-    overrides_file = directory / ".hydra" / "overrides.yaml"
-    overrides = yaml.safe_load(overrides_file.read_text()) if overrides_file.is_file() else []
-    summary_file = directory / "summary.json"
-    summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
-    status_file = directory / STATUS_FILE
-    status = json.loads(status_file.read_text()) if status_file.is_file() else {}
-    metrics = read_metrics(directory / METRICS_FILE)
-    return Run(directory.as_posix(), _parse_overrides(overrides or []), metrics, summary, status)
+    """A run directory's records. One with a damaged file is a run whose status is `unreadable`, with the file and
+    why, so that the others are still compared (a last line cut short by a stop is no damage: read_jsonl)."""
+    run = Run(directory.as_posix(), {})
+    try:
+        run.overrides = _parse_overrides(_read_overrides(directory / ".hydra" / "overrides.yaml"))
+        run.summary = read_json(directory / SUMMARY_FILE)
+        run.status = read_json(directory / STATUS_FILE)
+        run.metrics = read_metrics(directory / METRICS_FILE)
+    except (OSError, ValueError) as err:
+        run.summary, run.metrics, run.status = {}, [], {"status": UNREADABLE, "error": str(err)}
+    return run
+
+
+def _read_overrides(path: Path) -> list[str]:
+    if not path.is_file():
+        return []
+    try:
+        overrides = yaml.safe_load(path.read_text(encoding="utf-8", errors="replace")) or []
+    except yaml.YAMLError as err:
+        raise ValueError(f"{path}: not YAML ({' '.join(str(err).split())})") from None
+    if not isinstance(overrides, list):
+        raise ValueError(f"{path}: not a list of overrides")
+    return [str(item) for item in overrides]
 
 
 def _is_run(directory: Path) -> bool:
@@ -96,7 +111,7 @@ def _is_number(value) -> bool:
 
 
 def _series(run: Run, key: str) -> list[tuple[int, float]]:
-    return [(m["step"], m[key]) for m in run.metrics if _is_number(m.get(key))]
+    return [(m.get("step", 0), m[key]) for m in run.metrics if _is_number(m.get(key))]
 
 
 def _largest_pass_key(run: Run) -> str | None:
@@ -129,7 +144,7 @@ def comparison_rows(runs: list[Run], swept: list[str]) -> list[dict]:
         row |= {key: run.overrides.get(key, "(default)") for key in swept}
         row |= {
             "status": run.state,
-            "steps": max((m["step"] for m in run.metrics), default=0),
+            "steps": max((m.get("step", 0) for m in run.metrics), default=0),
             "final reward": quarter_means(rewards)[1],
             "best reward": max(rewards) if rewards else math.nan,
             "held-out before": run.summary.get("heldout_accuracy_before"),
@@ -153,7 +168,7 @@ def findings_of(run: Run) -> str:
     before the findings existed); `grpo-exp diagnose <run dir>` says each in full."""
     if run.summary.get("diagnosis") is not None:
         names = [finding["name"] for finding in run.summary["diagnosis"]]
-    elif Path(run.name).is_dir():
+    elif Path(run.name).is_dir() and run.state != UNREADABLE:
         names = [finding.name for finding in diagnose(read_run(Path(run.name)))]
     else:
         return "-"
@@ -179,8 +194,8 @@ def print_table(rows: list[dict], console: Console | None = None, title: str = "
 
 def print_failures(runs: list[Run], console: Console | None = None) -> None:
     for run in runs:
-        if run.state == "failed":
-            (console or Console(width=160)).print(f"[red]failed[/red] {run.name}: {run.status.get('error', '?')}")
+        if run.state in ("failed", UNREADABLE):
+            (console or Console(width=160)).print(f"[red]{run.state}[/red] {run.name}: {run.status.get('error', '?')}")
 
 
 def write_tables(rows: list[dict], out_dir: Path, name: str = "comparison") -> list[Path]:

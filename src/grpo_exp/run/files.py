@@ -1,5 +1,7 @@
-"""The names of what a run directory holds, in one place (run lifecycle, resume, sweeps and compare read them)."""
+"""The names of what a run directory holds, in one place (run lifecycle, resume, sweeps and compare read them), and
+the readers of its JSON files."""
 
+import json
 from pathlib import Path
 
 from grpo_exp.paths import FINAL_CHECKPOINT_DIR  # noqa: F401  (in paths: a model setting may name a run dir)
@@ -13,6 +15,46 @@ STATUS_FILE = "job_status.json"  # a sweep job's status (finished / failed, with
 TRAINER_DIR = "trainer"  # TRL's output_dir inside a run directory: its checkpoint-N folders
 EVALUATION_FILE = "evaluation.json"  # python -m grpo_exp.evaluate's results (a later one: evaluation_2.json, ...)
 BENCHMARK_FILE = "verification_benchmark.json"  # the verification benchmark's examples this run measured on
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The records of a JSON-lines file (metrics.jsonl, samples.jsonl, eval_*.jsonl), [] where it is absent. A last
+    line that is not JSON is the one a process was stopped while writing (killed, out of time or disk): left out, so
+    that a run cut short can still be resumed, compared and diagnosed. A damaged line before it, or a line that is
+    not an object, is a ValueError naming the file and the line."""
+    if not path.is_file():
+        return []
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    while lines and not lines[-1].strip():
+        lines.pop()
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as err:
+            if number == len(lines):  # cut short as it was written
+                break
+            raise ValueError(f"{path}: line {number} is not JSON ({err})") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}: line {number} is not a JSON object")
+        records.append(record)
+    return records
+
+
+def read_json(path: Path) -> dict:
+    """A JSON object from a file (summary.json, job_status.json, probe.json), {} where it is absent; a file that is
+    not a JSON object is a ValueError naming it."""
+    if not path.is_file():
+        return {}
+    try:
+        record = json.loads(path.read_text(encoding="utf-8", errors="replace"))
+    except ValueError as err:
+        raise ValueError(f"{path}: not JSON ({err})") from None
+    if not isinstance(record, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return record
 
 
 def not_directories(paths: list[Path]) -> str | None:

@@ -24,6 +24,8 @@ from grpo_exp.run.files import (
     SUMMARY_FILE,
     TRAINER_DIR,
     eval_file,
+    read_json,
+    read_jsonl,
 )
 
 log = logging.getLogger(__name__)
@@ -62,8 +64,10 @@ def last_checkpoint(trainer_dir: Path) -> Path | None:
 
 
 def load_attempt(run_dir: Path) -> Attempt:
-    record_file = run_dir / ATTEMPT_FILE
-    record = json.loads(record_file.read_text()) if record_file.is_file() else {}
+    try:
+        record = read_json(run_dir / ATTEMPT_FILE)
+    except ValueError as err:
+        raise UserError(f"trainer.resume: the earlier attempt in {run_dir} cannot be continued: {err}") from None
     finished = (run_dir / SUMMARY_FILE).is_file()
     return Attempt(run_dir, finished, last_checkpoint(run_dir / TRAINER_DIR), record)
 
@@ -78,14 +82,21 @@ def find_attempt(outputs_dir: Path, config: dict) -> Attempt | None:
     for hydra_dir in outputs_dir.rglob(".hydra"):
         run_dir = hydra_dir.parent
         config_file = run_dir / CONFIG_FILE
-        if not config_file.is_file():
-            continue
-        if without_resume(renamed_config(yaml.safe_load(config_file.read_text()) or {})) != wanted:
+        if not config_file.is_file() or without_resume(_saved_config(config_file)) != wanted:
             continue
         attempt = load_attempt(run_dir)
         if attempt.finished or attempt.checkpoint:
             attempts.append((config_file.stat().st_mtime, attempt))
     return max(attempts, key=lambda pair: pair[0])[1] if attempts else None
+
+
+def _saved_config(config_file: Path) -> dict:
+    """A run directory's saved config; {} (no match) where it is damaged: that directory is another run's."""
+    try:
+        config = yaml.safe_load(config_file.read_text(encoding="utf-8", errors="replace"))
+    except yaml.YAMLError:
+        return {}
+    return renamed_config(config) if isinstance(config, dict) else {}
 
 
 def explicit_attempt(path: Path) -> Attempt:
@@ -118,10 +129,13 @@ def carry_history(attempt: Attempt, run_dir: Path) -> None:
         source = attempt.run_dir / name
         if not source.is_file():
             continue
-        lines = source.read_text(encoding="utf-8").splitlines(keepends=True)
+        try:
+            records = read_jsonl(source)  # a last line cut short by the stop is left out
+        except ValueError as err:
+            raise UserError(f"trainer.resume: the earlier attempt's history cannot be carried over: {err}") from None
         if not attempt.finished:  # steps after the checkpoint will be trained (and logged) again
-            lines = [line for line in lines if line.strip() and json.loads(line).get("step", 0) <= attempt.step]
-        (run_dir / name).write_text("".join(lines), encoding="utf-8")
+            records = [record for record in records if record.get("step", 0) <= attempt.step]
+        (run_dir / name).write_text("".join(json.dumps(record) + "\n" for record in records), encoding="utf-8")
     for name in RUN_FILES:
         source = attempt.run_dir / name
         if source.is_file() and not same_dir and (attempt.finished or name != "eval_after.jsonl"):

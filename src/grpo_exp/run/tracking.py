@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 from transformers import TrainerCallback
 
 from grpo_exp.run import trackers
+from grpo_exp.run.files import read_jsonl
 from grpo_exp.schema import LoggerBackend, WandbMode
 
 log = logging.getLogger(__name__)
@@ -114,9 +115,8 @@ def _is_scalar(value: Any) -> bool:
 
 
 def read_metrics(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    """metrics.jsonl's records (grpo_exp.run.files.read_jsonl: a last line cut short is left out)."""
+    return read_jsonl(path)
 
 
 def report_to(logger_cfg) -> str:

@@ -1,14 +1,13 @@
 """What the findings read: a run's own records, gathered from its directory (any run grpo_exp made, before the
 findings existed too; a file a run did not write is simply absent) or handed over by a live run."""
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from grpo_exp.run.files import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, eval_file
+from grpo_exp.run.files import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, eval_file, read_json
 from grpo_exp.run.tracking import read_metrics
 
 PROBE_FILE = "probe.json"
@@ -58,13 +57,11 @@ def is_run_dir(directory: Path) -> bool:
 
 def read_run(run_dir: Path) -> RunEvidence:
     """Everything a run directory holds that the findings read."""
-    config_path = run_dir / CONFIG_FILE
-    config = yaml.safe_load(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
+    config = _read_config(run_dir / CONFIG_FILE)
     logged = read_metrics(run_dir / METRICS_FILE)
-    summary_path = run_dir / SUMMARY_FILE
-    summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.is_file() else {}
+    summary = read_json(run_dir / SUMMARY_FILE)
     return RunEvidence(
-        config=config if isinstance(config, dict) else {},
+        config=config,
         steps=[line for line in logged if "reward" in line],
         validations=[line for line in logged if isinstance(line.get("heldout/accuracy"), int | float)],
         summary=summary,
@@ -74,11 +71,21 @@ def read_run(run_dir: Path) -> RunEvidence:
     )
 
 
+def _read_config(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    try:
+        config = yaml.safe_load(path.read_text(encoding="utf-8", errors="replace"))
+    except yaml.YAMLError as err:
+        raise ValueError(f"{path}: not YAML ({' '.join(str(err).split())})") from None
+    return config if isinstance(config, dict) else {}
+
+
 def _probe_findings(run_dir: Path, summary: dict) -> list[str] | None:
     if summary.get("probe_findings") is not None:
         return list(summary["probe_findings"])
     path = run_dir / PROBE_FILE
     if not path.is_file():
         return None
-    findings = json.loads(path.read_text(encoding="utf-8")).get("findings", [])
+    findings = read_json(path).get("findings", [])
     return [f"{f.get('reward')}: {f.get('attack')} paid {f.get('kind')}" for f in findings if isinstance(f, dict)]
