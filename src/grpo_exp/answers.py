@@ -40,7 +40,10 @@ BOLD = re.compile(r"\*\*([^*\n]+?)\*\*|__([^_\n]+?)__")  # **slow**
 # letter is an apostrophe, not a quote: "John's").
 QUOTED_AT_END = re.compile(r"""(?:"|“|(?<![\w'])')([^"“”\n]{1,80}?)[.!]?(?:"|”|'(?!\w))\s*[.!]?\s*$""")
 QUOTED_FIRST = re.compile(r"""["“]([^"“”\n]{1,80}?)[.!,]?["”]""")  # a quoted span opening what was said
-# "... is X." / "... are X": X is what follows the last such verb, to the sentence's end.
+# "... is X." / "... are X": X is what follows the first such verb from which at most 80 characters end the sentence.
+# Not the last verb: on the embedded model's answers (benchmarks/answer_rules.py) that read one fewer opposite right
+# ('... is "wife" or "wife" is a double negative.') and none more; "the country that is north of Spain is Paris"
+# is misread instead.
 IS_AT_END = re.compile(r"(?:^|\s)(?:is|are|was|were|would be|will be)\s+(?!not\b)(.{1,80}?)\s*[.!]?\s*$", re.I)
 # What an "is X" answer opens with but is not the answer: "his aunt", "Alice's husband", "the word apple".
 DETERMINER = re.compile(
@@ -79,10 +82,10 @@ def answer_is(text: str) -> str | None:
 
 def stated_in_sentence(text: str) -> str | None:
     """The answer the final sentence states, in the first of these forms it has: a bold **X** (the last), a quoted
-    word or phrase that ends it ('The opposite of "fast" is "slow."'), or what follows its last "is" / "are" / "was"
-    ('The capital of France is Paris.'; a quoted span opening it: 'is "sad" or "somber".'), a leading article or
-    possessive dropped ("his aunt": aunt). None when the
-    sentence has none of them."""
+    word or phrase that ends it ('The opposite of "fast" is "slow."'), or what follows its first "is" / "are" /
+    "was" within 80 characters of its end ('The capital of France is Paris.'; a quoted span opening it: 'is "sad" or
+    "somber".'), a leading article or possessive dropped ("his aunt": aunt). None when the sentence has none of
+    them."""
     sentence = final_sentence(text).strip()
     bold = BOLD.findall(sentence)
     if bold:
