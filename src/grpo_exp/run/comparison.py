@@ -5,12 +5,11 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
 from rich.console import Console
 from rich.table import Table
 
 from grpo_exp.run.diagnosis import diagnose, read_run
-from grpo_exp.run.files import METRICS_FILE, STATUS_FILE, SUMMARY_FILE, read_json
+from grpo_exp.run.files import METRICS_FILE, STATUS_FILE, SUMMARY_FILE, read_json, read_yaml
 from grpo_exp.run.report import quarter_means
 from grpo_exp.run.tracking import read_metrics
 from grpo_exp.run.validation import METRIC as HELDOUT
@@ -68,12 +67,7 @@ def load_run(directory: Path) -> Run:
 
 
 def _read_overrides(path: Path) -> list[str]:
-    if not path.is_file():
-        return []
-    try:
-        overrides = yaml.safe_load(path.read_text(encoding="utf-8", errors="replace")) or []
-    except yaml.YAMLError as err:
-        raise ValueError(f"{path}: not YAML ({' '.join(str(err).split())})") from None
+    overrides = read_yaml(path) or []
     if not isinstance(overrides, list):
         raise ValueError(f"{path}: not a list of overrides")
     return [str(item) for item in overrides]

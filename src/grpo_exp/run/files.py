@@ -1,8 +1,10 @@
 """The names of what a run directory holds, in one place (run lifecycle, resume, sweeps and compare read them), and
-the readers of its JSON files."""
+the readers of its JSON and YAML files."""
 
 import json
 from pathlib import Path
+
+import yaml
 
 from grpo_exp.paths import FINAL_CHECKPOINT_DIR  # noqa: F401  (in paths: a model setting may name a run dir)
 
@@ -55,6 +57,17 @@ def read_json(path: Path) -> dict:
     if not isinstance(record, dict):
         raise ValueError(f"{path}: not a JSON object")
     return record
+
+
+def read_yaml(path: Path):
+    """A YAML file's content (config.yaml, .hydra/overrides.yaml), None where it is absent or empty; a file that is
+    not YAML is a ValueError naming it."""
+    if not path.is_file():
+        return None
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8", errors="replace"))
+    except yaml.YAMLError as err:
+        raise ValueError(f"{path}: not YAML ({' '.join(str(err).split())})") from None
 
 
 def not_directories(paths: list[Path]) -> str | None:

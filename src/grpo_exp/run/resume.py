@@ -12,8 +12,6 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from grpo_exp.deprecated import renamed_config
 from grpo_exp.errors import UserError
 from grpo_exp.run.files import (
@@ -26,6 +24,7 @@ from grpo_exp.run.files import (
     eval_file,
     read_json,
     read_jsonl,
+    read_yaml,
 )
 
 log = logging.getLogger(__name__)
@@ -93,8 +92,8 @@ def find_attempt(outputs_dir: Path, config: dict) -> Attempt | None:
 def _saved_config(config_file: Path) -> dict:
     """A run directory's saved config; {} (no match) where it is damaged: that directory is another run's."""
     try:
-        config = yaml.safe_load(config_file.read_text(encoding="utf-8", errors="replace"))
-    except yaml.YAMLError:
+        config = read_yaml(config_file)
+    except ValueError:
         return {}
     return renamed_config(config) if isinstance(config, dict) else {}
 

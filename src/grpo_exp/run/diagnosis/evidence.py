@@ -5,9 +5,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
-from grpo_exp.run.files import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, eval_file, read_json
+from grpo_exp.run.files import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, eval_file, read_json, read_yaml
 from grpo_exp.run.tracking import read_metrics
 
 PROBE_FILE = "probe.json"
@@ -57,11 +55,11 @@ def is_run_dir(directory: Path) -> bool:
 
 def read_run(run_dir: Path) -> RunEvidence:
     """Everything a run directory holds that the findings read."""
-    config = _read_config(run_dir / CONFIG_FILE)
+    config = read_yaml(run_dir / CONFIG_FILE)
     logged = read_metrics(run_dir / METRICS_FILE)
     summary = read_json(run_dir / SUMMARY_FILE)
     return RunEvidence(
-        config=config,
+        config=config if isinstance(config, dict) else {},
         steps=[line for line in logged if "reward" in line],
         validations=[line for line in logged if isinstance(line.get("heldout/accuracy"), int | float)],
         summary=summary,
@@ -69,16 +67,6 @@ def read_run(run_dir: Path) -> RunEvidence:
         after=read_metrics(run_dir / eval_file("after")),
         probe=_probe_findings(run_dir, summary),
     )
-
-
-def _read_config(path: Path) -> dict:
-    if not path.is_file():
-        return {}
-    try:
-        config = yaml.safe_load(path.read_text(encoding="utf-8", errors="replace"))
-    except yaml.YAMLError as err:
-        raise ValueError(f"{path}: not YAML ({' '.join(str(err).split())})") from None
-    return config if isinstance(config, dict) else {}
 
 
 def _probe_findings(run_dir: Path, summary: dict) -> list[str] | None:
