@@ -186,13 +186,17 @@ def load_model(
     """The policy model, in train-ready (non-quantized) form; in `dtype` (None: model.dtype's)."""
     log.info("Loading model %s", model_cfg.name)
     dtype = dtype or torch_dtype(model_cfg.dtype)
-    if model_cfg.source is ModelSource.tiny:
-        source = materialise_tiny(model_cfg, tokenizer, cache_dir, seed)
-    elif model_cfg.source is ModelSource.embedded:
-        source = materialise_embedded(model_cfg, cache_dir)
-    else:
-        source = model_cfg.name_or_path
+    source = model_source(model_cfg, tokenizer, cache_dir, seed)
     return AutoModelForCausalLM.from_pretrained(source, dtype=dtype, trust_remote_code=model_cfg.trust_remote_code)
+
+
+def model_source(model_cfg: DictConfig, tokenizer: PreTrainedTokenizerBase, cache_dir: str, seed: int) -> str | Path:
+    """Where the model's checkpoint is: its materialised directory (embedded, tiny), else its hub id or path."""
+    if model_cfg.source is ModelSource.tiny:
+        return materialise_tiny(model_cfg, tokenizer, cache_dir, seed)
+    if model_cfg.source is ModelSource.embedded:
+        return materialise_embedded(model_cfg, cache_dir)
+    return model_cfg.name_or_path
 
 
 def check_frozen_copies(model_cfg: DictConfig, key: str, processes: int) -> None:
