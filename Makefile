@@ -13,6 +13,9 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml $(VENV)/.llama-cpp
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e ".[dev]"
+	@# vLLM's CPU build pulls PyPI's torchvision/torchaudio/torchcodec, built for CUDA torch: `import vllm` fails
+	@# beside the CPU build of torch until they go (pyproject.toml, docs/setup.md); grpo_exp uses none of them.
+	$(PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
 	touch $@
 
 # llama.cpp (llama-cpp-python, the judge tests' OpenAI-compatible server) compiles for this CPU (-march=native) with

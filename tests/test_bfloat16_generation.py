@@ -210,7 +210,7 @@ def test_a_policy_already_in_bfloat16_samples_itself(tmp_path):
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["generation=vllm_colocate", "trainer.bfloat16_generation=true"], "use_vllm=true: vLLM samples instead"),
+        (["generation=vllm_colocate", "trainer.fast_generation=true"], "use_vllm=true: vLLM samples instead"),
         (
             ["generation=transformers_bf16", "+trainer.extra.use_transformers_paged=true"],
             "use_transformers_paged=true: continuous batching samples instead",

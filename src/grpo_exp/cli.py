@@ -15,6 +15,7 @@ COMMANDS = {
     "compare": ("grpo_exp.compare", "runs side by side: a multirun directory or run directories"),
     "diagnose": ("grpo_exp.diagnose", "why a run did (not) learn: findings from a run directory's records"),
     "probe": ("grpo_exp.reward_probe", "every reward of a config on adversarial completions, before training"),
+    "serve": ("grpo_exp.serve", "a vLLM server of a model for generation=vllm_server, the judge and the scorer"),
 }
 
 USAGE = "usage: grpo-exp {" + ",".join(COMMANDS) + "} [ARGS ...]"
@@ -40,6 +41,7 @@ def help_text() -> str:
             "  grpo-exp compare outputs/multirun/<date>/<time>",
             "  grpo-exp diagnose outputs/runs/<date>/<time>",
             "  grpo-exp probe reward=math+format+length",
+            "  grpo-exp serve --port 8000   # then: grpo-exp train generation=vllm_server",
         ]
     )
 
