@@ -36,6 +36,7 @@ from grpo_exp.rollout.environment import (
 from grpo_exp.rollout.tools import Tool, build_tools, first_call, tools_message
 from grpo_exp.rollout.tools.python_sandbox import SandboxLimits
 from grpo_exp.rollout.turn_cache import after_turn, first_turn, next_turn, turns_cacheable
+from grpo_exp.rollout.vllm_turns import TurnSampling
 from grpo_exp.sampled_log_probs import SampledLogProbs
 
 log = logging.getLogger(__name__)
@@ -162,14 +163,19 @@ class MultiTurnRollout:
         desc: str | None = None,
         log_probs_at: float | None = None,
         rows: list[dict] | None = None,
+        engine=None,
     ) -> list[Trajectory]:
         """Play every prompt out, batching the trajectories still going at each turn. `log_probs_at` (a
         temperature): also record the sampler's log-probability of each policy token (grpo_exp.sampled_log_probs).
-        `rows`: each prompt's dataset row, which its environment's reset receives (rollout=environment)."""
+        `rows`: each prompt's dataset row, which its environment's reset receives (rollout=environment).
+        `engine`: a vLLM engine (grpo_exp.rollout.vllm_turns) generates the turns, not `model`."""
         trajectories = [
             self._start(tokenizer, prompt, row)
             for prompt, row in zip(prompts, rows or [{}] * len(prompts), strict=True)
         ]
+        if engine is not None:
+            self._play_on_engine(engine, tokenizer, trajectories, generation, desc, log_probs_at)
+            return self._finished(trajectories)
         cached = self.cfg.get("cache_turns", True)
         uncacheable = turns_cacheable(model.config) if cached else None
         if uncacheable is not None and not self._told_uncached:
@@ -178,10 +184,47 @@ class MultiTurnRollout:
         play = self._play_cached if cached and uncacheable is None else self._play_each_turn_whole
         with left_padded_eval(model, tokenizer), torch.no_grad():
             play(model, tokenizer, trajectories, generation, batch_size, desc, log_probs_at)
+        return self._finished(trajectories)
+
+    @staticmethod
+    def _finished(trajectories: list["Trajectory"]) -> list["Trajectory"]:
         for trajectory in trajectories:
             if trajectory.episode is not None:
                 trajectory.episode.finish()
         return trajectories
+
+    def _play_on_engine(self, engine, tokenizer, trajectories, generation, desc, log_probs_at) -> None:
+        """Every trajectory played out on a vLLM engine (grpo_exp.rollout.vllm_turns): each turn submitted as soon as
+        the trajectory is ready for it, the engine batching whatever is in flight. A turn ends at EOS, at a tool
+        call's closing text (the trajectory's tools' stop strings) or at max_tokens_per_turn, and is cut where its
+        first call completes, as on generate()."""
+        eos, last = _eos_ids(tokenizer), self.cfg.max_turns - 1
+        temperature = generation.get("temperature") if generation.get("do_sample", True) else 0.0
+        top_p = generation.get("top_p") or 1.0
+        samplings = [
+            TurnSampling(
+                temperature=float(temperature or 0.0),
+                top_p=float(top_p),
+                max_tokens=self.cfg.max_tokens_per_turn,
+                stop=tuple(sorted({tool.stop for tool in t.tools if tool.stop})),
+                log_probs=log_probs_at is not None,
+            )
+            for t in trajectories
+        ]
+        for key, trajectory in enumerate(trajectories):
+            engine.submit(key, trajectory.prompt_ids, samplings[key])
+        with tqdm(total=len(trajectories), desc=desc, unit="trajectory", disable=desc is None) as progress:
+            while engine.busy():
+                for turn in engine.finished():
+                    trajectory = trajectories[turn.key]
+                    ids = self._turn_tokens(turn.token_ids, eos, tokenizer, trajectory.tools)
+                    log_probs = None if turn.log_probs is None else turn.log_probs[: len(ids)]
+                    self._advance(trajectory, ids, tokenizer, len(trajectory.turns) == last, log_probs)
+                    if trajectory.done:
+                        progress.update()
+                    else:
+                        context = trajectory.prompt_ids + trajectory.completion_ids
+                        engine.submit(turn.key, context, samplings[turn.key])
 
     def _play_cached(self, model, tokenizer, trajectories, generation, batch_size, desc, log_probs_at) -> None:
         """Each batch of trajectories played out turn by turn, its KV cache kept between turns
@@ -328,12 +371,20 @@ class MultiTurnRollout:
         generation_kwargs: dict,
         log_probs_at: float | None = None,
         rows: list[dict] | None = None,
+        engine=None,
     ) -> dict:
         """What TRL's rollout_func returns (grpo_exp.trainer.trl_batch.as_rollout_func): this process's prompts, one
         per trajectory (groups already repeated), and their dataset rows; with the sampler's log-probabilities where
         `log_probs_at`. Failed episodes are spent from the failure budget (every process together)."""
         trajectories = self.run(
-            model, tokenizer, prompts, generation_kwargs, len(prompts), log_probs_at=log_probs_at, rows=rows
+            model,
+            tokenizer,
+            prompts,
+            generation_kwargs,
+            len(prompts),
+            log_probs_at=log_probs_at,
+            rows=rows,
+            engine=engine,
         )
         if self.budget is not None:
             spend_failures([t.episode for t in trajectories], self.budget)

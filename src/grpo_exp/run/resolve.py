@@ -247,8 +247,6 @@ def check_rollout(spec: RunSpec) -> tuple[tuple[str, ...], bool]:
         return (), False
     if spec.selfverify is not None:
         raise UserError("reward=...selfverify with rollout=multiturn is not supported: use rollout=single")
-    if spec.cfg.trainer.extra.get("use_vllm"):
-        raise UserError("rollout=multiturn generates with transformers; use generation=transformers")
     if environment is None or list(rollout.tools):
         check_tool_names(list(rollout.tools))
     if rollout.turn_credit is TurnCredit.discounted_return:

@@ -33,6 +33,9 @@ class Tool:
     observation: str  # how the output is shown to the policy ({output})
     run: Callable[[str], ToolResult]
     description: str | None = None  # a user's tool: what the system message tells the policy of it
+    # the text that completes a call, where a string can tell (vLLM ends a turn there; a python block's closing
+    # fence cannot be told from its opening one: its turn runs on and is cut where the call completes)
+    stop: str | None = None
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,9 @@ OBSERVATION = "\n<result>{output}</result>\n"
 def build_tools(names: list[str], python_limits: SandboxLimits) -> list[Tool]:
     """The named tools, built-in or the user's by import path (check_tool_names first: the resolve phase)."""
     available = {
-        "calculator": Tool("calculator", re.compile(r"<calc>(.*?)</calc>", re.S), OBSERVATION, run_calculator),
+        "calculator": Tool(
+            "calculator", re.compile(r"<calc>(.*?)</calc>", re.S), OBSERVATION, run_calculator, stop="</calc>"
+        ),
         "python": Tool(
             "python",
             re.compile(r"```python\n(.*?)```", re.S),
@@ -71,7 +76,7 @@ def build_tools(names: list[str], python_limits: SandboxLimits) -> list[Tool]:
 def user_tool(tool: UserTool) -> Tool:
     """A user's function as a tool: called as <name>argument</name>, answered in <result> like the calculator."""
     call = re.compile(rf"<{tool.name}>(.*?)</{tool.name}>", re.S)
-    return Tool(tool.name, call, OBSERVATION, tool.run, tool.system_text())
+    return Tool(tool.name, call, OBSERVATION, tool.run, tool.system_text(), stop=f"</{tool.name}>")
 
 
 def user_tool_paths(names: list[str]) -> dict[str, str]:
