@@ -7,6 +7,8 @@ carried from turn to turn: the engine is given the trajectory's own ids, never r
 Two engines, one interface (`submit`, `finished`, `busy`): the colocated engine in this process (vLLM's LLMEngine:
 requests added, the engine stepped), and a server (each request in its own thread; the server batches them)."""
 
+import contextlib
+import contextvars
 import itertools
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -108,3 +110,48 @@ def _log_probs(sample) -> list[float] | None:
     if sample.logprobs is None:
         return None
     return [position[token].logprob for token, position in zip(sample.token_ids, sample.logprobs, strict=True)]
+
+
+# The engine that answers held-out problems while it is set (the trainer sets it when the run generates with vLLM:
+# grpo_exp.trainer.trl_surface.policy_for_generation), so that evaluation samples as training does.
+ANSWERING_ENGINE: contextvars.ContextVar = contextvars.ContextVar("answering_engine", default=None)
+
+
+@contextlib.contextmanager
+def answered_by(engine):
+    token = ANSWERING_ENGINE.set(engine)
+    try:
+        yield
+    finally:
+        ANSWERING_ENGINE.reset(token)
+
+
+def engine_completions(engine, prompts: list[list[int]], max_tokens: int, temperature: float) -> list[list[int]]:
+    """Each prompt's completion (token ids) from `engine`, all in flight together."""
+    sampling = TurnSampling(temperature=temperature, top_p=1.0, max_tokens=max_tokens, stop=(), log_probs=False)
+    for key, ids in enumerate(prompts):
+        engine.submit(key, ids, sampling)
+    completions: dict[int, list[int]] = {}
+    while engine.busy():
+        completions |= {turn.key: turn.token_ids for turn in engine.finished()}
+    return [completions[key] for key in range(len(prompts))]
+
+
+@contextlib.contextmanager
+def turn_engine(vllm_generation, requests: int):
+    """The engine a multi-turn rollout submits its turns to: TRL's colocated vLLM, or its client of a vLLM server
+    (grpo_exp.rollout.vllm_turns), `requests` at a time."""
+    if vllm_generation.mode == "colocate":
+        yield ColocatedTurns(vllm_generation.llm)
+        return
+    client = getattr(vllm_generation, "vllm_client", None)  # TRL's main process has one; the others a client here
+    if client is None:
+        from trl.generation.vllm_client import VLLMClient
+
+        url = vllm_generation.server_base_url or f"http://{vllm_generation.server_host}:{vllm_generation.server_port}"
+        client = VLLMClient(base_url=url, connection_timeout=vllm_generation.server_timeout)
+    engine = ServedTurns(client, requests)
+    try:
+        yield engine
+    finally:
+        engine.close()

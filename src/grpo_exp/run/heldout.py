@@ -24,6 +24,7 @@ from grpo_exp.rewards.judge import RubricJudge
 from grpo_exp.rollout.environment import environment_statistics
 from grpo_exp.rollout.flow import trajectory_statistics
 from grpo_exp.rollout.multiturn import MultiTurnRollout, greedy_generation
+from grpo_exp.rollout.vllm_turns import ANSWERING_ENGINE, engine_completions
 from grpo_exp.run.build import RunParts
 from grpo_exp.run.distributed import is_main_process
 from grpo_exp.run.files import BENCHMARK_FILE
@@ -98,9 +99,14 @@ def answer(
     answers from the policy's prepacked copy where it can serve (grpo_exp.run.prepacked_eval). rows: the prompts'
     dataset rows, which a rollout's environments are reset with."""
 
+    engine = ANSWERING_ENGINE.get()  # the run generates with vLLM (grpo_exp.rollout.vllm_turns)
+
     def work(share: list, main: bool) -> list[tuple[str, dict]]:
         shown = desc if main else None
         share, share_rows = [prompt for prompt, _ in share], [row for _, row in share]
+        if rollout is None and engine is not None:
+            ids = engine_completions(engine, [prompt_ids(tokenizer, p) for p in share], max_new_tokens, temperature)
+            return [(tokenizer.decode(row, skip_special_tokens=True), {}) for row in ids]
         if rollout is None:
             texts = None
             if prepacked and temperature == 0:
@@ -112,10 +118,13 @@ def answer(
         if temperature > 0:
             generation |= {"do_sample": True, "temperature": temperature}
         player = model
-        if prepacked and temperature == 0 and share:  # the same trajectories, from the copy (turn_cache's tests)
+        # the same trajectories, from the copy (turn_cache's tests)
+        if prepacked and temperature == 0 and share and engine is None:
             sampling_copy = prepacked_copy(model, prompt_ids(tokenizer, share[0]))
             player = model if sampling_copy is None else sampling_copy.copy
-        trajectories = rollout.run(player, tokenizer, share, generation, batch_size, shown, rows=share_rows)
+        trajectories = rollout.run(
+            player, tokenizer, share, generation, batch_size, shown, rows=share_rows, engine=engine
+        )
         return [
             (t.final_turn, {"trajectory": tokenizer.decode(t.completion_ids, skip_special_tokens=True), **t.fields()})
             for t in trajectories

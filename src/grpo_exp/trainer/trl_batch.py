@@ -4,13 +4,11 @@ Part of the seam (grpo_exp.trainer.seam): it knows TRL 1.16's keys and how each 
 tests/test_trl_contract.py checks that knowledge against TRL.
 """
 
-from contextlib import contextmanager
-
 import torch
 from trl.models.utils import unwrap_model_for_generation
 
 from grpo_exp.generation import prompt_ids
-from grpo_exp.rollout.vllm_turns import ColocatedTurns, ServedTurns
+from grpo_exp.rollout.vllm_turns import turn_engine
 
 # Per-row keys, [B, T_completion], right-padded: the value padding takes.
 COMPLETION_PADDING = {
@@ -130,23 +128,3 @@ def as_rollout_func(rollout):
             return rollout.trl_batch(sampler, tokenizer, prompts, trainer.generation_kwargs, log_probs_at, rows)
 
     return rollout_func
-
-
-@contextmanager
-def turn_engine(vllm_generation, requests: int):
-    """The engine a multi-turn rollout submits its turns to: TRL's colocated vLLM, or its client of a vLLM server
-    (grpo_exp.rollout.vllm_turns), `requests` at a time."""
-    if vllm_generation.mode == "colocate":
-        yield ColocatedTurns(vllm_generation.llm)
-        return
-    client = getattr(vllm_generation, "vllm_client", None)  # TRL's main process has one; the others a client here
-    if client is None:
-        from trl.generation.vllm_client import VLLMClient
-
-        url = vllm_generation.server_base_url or f"http://{vllm_generation.server_host}:{vllm_generation.server_port}"
-        client = VLLMClient(base_url=url, connection_timeout=vllm_generation.server_timeout)
-    engine = ServedTurns(client, requests)
-    try:
-        yield engine
-    finally:
-        engine.close()

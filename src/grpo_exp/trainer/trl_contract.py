@@ -27,6 +27,7 @@ TRL_ATTRIBUTES = tuple(
     num_generations generation_config generation_kwargs max_completion_length temperature epsilon_low
     epsilon_high args.ds3_gather_for_generation model_wrapped is_deepspeed_enabled is_fsdp_enabled
     callback_handler.callbacks environments scale_rewards vllm_importance_sampling_correction
+    vllm_generation _last_loaded_step top_p
     """.split()
 )
 # transformers' Trainer's public surface the seam reads (tests/test_trl_contract.py derives every name the seam and

@@ -11,6 +11,7 @@ import torch
 from accelerate.utils import gather_object
 from trl.models.utils import disable_gradient_checkpointing, unwrap_model_for_generation
 
+from grpo_exp.rollout.vllm_turns import answered_by, turn_engine
 from grpo_exp.trainer.sampler_mismatch import completion_sequences, sampler_against_trainer
 from grpo_exp.trainer.scored_batch import ROW_KEYS, ScoredBatch, aggregated_reward
 from grpo_exp.trainer.zero_variance import fresh_inputs
@@ -73,7 +74,15 @@ class TRLSurface:
         with unwrap_model_for_generation(
             self.model_wrapped, self.accelerator, gather_deepspeed3_params=gather
         ) as model:
-            yield model
+            if not self.use_vllm:
+                yield model
+                return
+            # the run generates with vLLM: so do its evaluations, from the engine synced to the policy as it is now
+            if self.state.global_step != self._last_loaded_step:
+                self.vllm_generation.sync_weights()
+                self._last_loaded_step = self.state.global_step
+            with turn_engine(self.vllm_generation, 64) as engine, answered_by(engine):
+                yield model
 
     def last_rewards(self, name: str) -> list[float]:
         """Reward component `name` of every completion of the last generation batch (gathered), as TRL logged it."""
