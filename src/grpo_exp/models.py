@@ -73,12 +73,18 @@ def materialise_embedded(model_cfg: DictConfig, cache_dir: str, with_weights: bo
     directory, file = gguf_location(model_cfg)
     kind = "models" if with_weights else "tokenizers"
     target = Path(cache_dir).expanduser() / kind / Path(file).stem
+    special = gguf_special_tokens(directory / file)
     if (target / "tokenizer_config.json").is_file() and (not with_weights or (target / "config.json").is_file()):
-        return target
+        if saved_special_tokens(target) == special:
+            return target
+        log.info("Materialising %s again: its special tokens are not the GGUF's %s", target, special)
+        shutil.rmtree(target, ignore_errors=True)
     log.info("Materialising %s from %s into %s (once)", kind[:-1], directory / file, target)
 
     def build(build_dir: Path) -> None:
         tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=file)
+        # transformers 5.17 reads SmolLM2's EOS as <|im_start|> and no padding token; the GGUF says <|im_end|>
+        tokenizer.add_special_tokens(special)
         tokenizer.save_pretrained(build_dir)
         if with_weights:
             quantized = AutoModelForCausalLM.from_pretrained(directory, gguf_file=file, dtype=torch.float32)
@@ -91,6 +97,27 @@ def materialise_embedded(model_cfg: DictConfig, cache_dir: str, with_weights: bo
 
     _build_once(target, build)
     return target
+
+
+def gguf_special_tokens(path: Path) -> dict[str, str]:
+    """The GGUF's own end, start and padding tokens (its tokenizer.ggml.*_token_id), as token strings."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(path))
+    tokens = reader.fields["tokenizer.ggml.tokens"]
+    special = {}
+    for name, key in (("eos_token", "eos_token_id"), ("bos_token", "bos_token_id"), ("pad_token", "padding_token_id")):
+        field = reader.fields.get(f"tokenizer.ggml.{key}")
+        if field is not None:
+            token_id = int(field.parts[field.data[0]][0])
+            special[name] = bytes(tokens.parts[tokens.data[token_id]]).decode("utf-8")
+    return special
+
+
+def saved_special_tokens(directory: Path) -> dict[str, str]:
+    """The special tokens a materialised tokenizer was saved with."""
+    saved = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
+    return {name: saved.get(name) for name in ("eos_token", "bos_token", "pad_token") if name in saved}
 
 
 def check_reachable(model_cfg: DictConfig) -> None:
