@@ -89,3 +89,22 @@ def llama_cpp_server(port: int):
         "False",
     ]
     return serving(args, port)
+
+
+@contextlib.contextmanager
+def vllm_server(port: int, timeout: float = 420):
+    """`grpo-exp serve` (vLLM's OpenAI-compatible server, the embedded model as `smollm2_135m`), until it answers."""
+    import requests
+
+    with serving([sys.executable, "-m", "grpo_exp.serve", "--port", str(port)], port, timeout=timeout) as process:
+        deadline = time.monotonic() + timeout
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"grpo-exp serve exited with {process.returncode}")
+            with contextlib.suppress(requests.RequestException):
+                if requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"vLLM's server on port {port} did not answer in {timeout} s")
+            time.sleep(1)
+        yield process

@@ -6,7 +6,7 @@ log-probabilities after temperature (TRL's importance-sampling correction reads 
 weight reload and the prefix-cache reset) and, on CPU, grpo_exp.trainer.vllm_worker's reload; on GPUs, TRL's NCCL
 weight transfer.
 
-    grpo-exp serve                                  # the embedded model on 127.0.0.1:8000
+    grpo-exp serve                                  # the embedded model on 127.0.0.1:8000, named smollm2_135m
     grpo-exp serve --model Qwen/Qwen2.5-1.5B-Instruct --host 0.0.0.0 --port 8001 -- --tensor-parallel-size 2
 """
 
@@ -75,12 +75,17 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 < args.port < 65536:
         raise UserError(f"--port={args.port} is not a port (1 to 65535)")
     model_cfg = model_option_config(args.model, key="--model")
-    check_reachable(model_cfg)
+    try:
+        check_reachable(model_cfg)
+    except UserError as err:
+        raise UserError(f"--model={args.model}: {err}") from None
     cuda = torch.cuda.is_available()
     dtype = args.dtype or str(torch_dtype(model_cfg.dtype)).removeprefix("torch.")
     tokenizer = load_tokenizer(model_cfg, args.cache_dir)
     source = str(model_source(model_cfg, tokenizer, os.path.expanduser(args.cache_dir), seed=0))
-    command = serve_command(source, args.host, args.port, dtype, cuda, args.vllm_args)
+    named = any(arg.startswith("--served-model-name") for arg in args.vllm_args)
+    extra = args.vllm_args if named else ["--served-model-name", args.model, *args.vllm_args]
+    command = serve_command(source, args.host, args.port, dtype, cuda, extra)
     if args.print:
         print(shlex.join(command))
         return 0

@@ -1,0 +1,277 @@
+"""vLLM, the engine users generate with at scale, run for real (vLLM's CPU build here: `pip install 'grpo-exp[vllm]'`).
+
+One server (`grpo-exp serve`, the embedded model) serves the tests of this module that need one: training against it
+(generation=vllm_server), its weight reload, greedy multi-turn trajectories against generate()'s, a TextArena game,
+the judge and the P(Yes) scorer. The colocated engine (generation=vllm_colocate) is started by its own training run.
+Nothing is mocked: TRL's GRPOTrainer trains, vLLM generates.
+"""
+
+import importlib.util
+import json
+
+import pytest
+import torch
+
+from grpo_exp.errors import UserError
+from support.config import compose_config
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (pip install 'grpo-exp[vllm]')"
+)
+
+EMBEDDED = "smollm2_135m"
+QUIET_RUN = ["save_model=false", "trainer.save_steps=0", "logger=none"]
+
+
+# ---- the rules, before any engine starts ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("setting", "named"),
+    [("trainer.top_p=0.9", "trainer.top_p=0.9"), ("+trainer.extra.top_k=20", "trainer.extra.top_k=20")],
+)
+def test_truncated_sampling_with_the_correction_is_refused_naming_both_keys(setting, named):
+    from grpo_exp.trainer.config import check_trainer
+
+    cfg = compose_config(["generation=vllm_colocate", setting])
+    with pytest.raises(UserError, match="renormalised") as refused:
+        check_trainer(cfg.trainer, 1, multiturn=False, policy_dtype=torch.float32)
+    assert named in str(refused.value) and "trainer.mismatch_correction=none" in str(refused.value)
+    # without the correction, nothing is biased: accepted
+    cfg = compose_config(["generation=vllm_colocate", setting, "trainer.mismatch_correction=none"])
+    check_trainer(cfg.trainer, 1, multiturn=False, policy_dtype=torch.float32)
+
+
+def test_serve_prints_vllms_command_with_what_the_trainer_needs(capsys):
+    from grpo_exp.serve import main
+
+    assert main(["--print", "--port", "8123"]) == 0
+    command = capsys.readouterr().out
+    for part in (
+        "--port 8123",
+        "--dtype float32",  # the policy's dtype: vLLM's auto would sample a float32 model in bfloat16
+        "--logprobs-mode processed_logprobs",
+        "--worker-extension-cls grpo_exp.trainer.vllm_worker.PolicyReload",
+        f"--served-model-name {EMBEDDED}",
+    ):
+        assert part in command, (part, command)
+
+
+@pytest.mark.parametrize(("argv", "message"), [(["--port", "0"], "--port=0"), (["--model", "no/such_dir"], "--model")])
+def test_serve_refuses_bad_arguments_naming_them(argv, message):
+    from grpo_exp.serve import main
+
+    with pytest.raises(UserError, match=message):
+        main([*argv, "--print"])
+
+
+def test_tool_calls_end_a_turn_at_their_closing_tag():
+    from grpo_exp.rollout.tools import build_tools
+    from grpo_exp.rollout.tools.python_sandbox import SandboxLimits
+
+    calculator, python = build_tools(["calculator", "python"], SandboxLimits())
+    assert calculator.stop == "</calc>"
+    assert python.stop is None  # its closing fence is its opening one's prefix: the turn is cut after the call
+
+
+# ---- the colocated engine ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.e2e
+def test_colocate_trains_multi_turn_and_evaluates_through_vllm(tmp_path):
+    """generation=vllm_colocate on the embedded model: the calculator preset's multi-turn rollouts, each turn from vLLM,
+    the weights synced through vLLM's reload each step, the held-out evaluation from the engine, the summary written."""
+    from tests.helpers.cli import run_cli
+
+    run_dir = tmp_path / "run"
+    result = run_cli(
+        "+experiment=calculator",
+        "generation=vllm_colocate",
+        "trainer.max_steps=2",
+        "dataset.eval_size=6",
+        *QUIET_RUN,
+        f"hydra.run.dir={run_dir}",
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["heldout_accuracy_after"] is not None
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in steps if "sampling/sampling_logp_difference/mean" in m]
+    assert len(steps) == 2
+    # vLLM in the policy's float32, synced each step: its log-probabilities are the trainer's (the bfloat16 that
+    # vLLM's auto dtype picks, or a stale tied head after a reload, measured 0.016 to 0.027 a token)
+    assert all(m["sampling/sampling_logp_difference/mean"] < 1e-3 for m in steps), steps
+    assert any(m["rollout/tool_calls_mean"] > 0 for m in steps)  # turns went on after a tool answered
+
+
+# ---- one server for the rest ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server():
+    from support.servers import free_port, vllm_server
+
+    port = free_port()
+    with vllm_server(port):
+        yield f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="module")
+def embedded():
+    from grpo_exp.models import load_model, load_tokenizer
+
+    cfg = compose_config()
+    tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
+    return load_model(cfg.model, tokenizer, cfg.cache_dir, seed=0).eval(), tokenizer
+
+
+@pytest.mark.e2e
+def test_server_trains_the_embedded_model_reloading_the_weights_the_trainer_writes(server, tmp_path):
+    from tests.helpers.cli import run_cli
+
+    port = server.rsplit(":", 1)[1]
+    run_dir = tmp_path / "run"
+    result = run_cli(
+        "generation=vllm_server",
+        f"trainer.extra.vllm_server_port={port}",
+        "trainer.max_steps=3",
+        "dataset.eval_size=6",
+        *QUIET_RUN,
+        f"hydra.run.dir={run_dir}",
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 3 and summary["heldout_accuracy_before"] is not None
+    assert (run_dir / "trainer" / "vllm_weights" / "model.safetensors").is_file()  # what the server reloaded from
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    differences = [
+        m["sampling/sampling_logp_difference/mean"] for m in steps if "sampling/sampling_logp_difference/mean" in m
+    ]
+    assert len(differences) == 3 and max(differences) < 1e-3, differences
+
+
+def served_log_probs(server: str, prompt: list[int], completion: list[int]) -> torch.Tensor:
+    """The server's log-probability of each token of `completion` after `prompt` (its prompt_logprobs)."""
+    import requests
+
+    reply = requests.post(
+        f"{server}/v1/completions",
+        json={"model": EMBEDDED, "prompt": prompt + completion, "max_tokens": 1, "prompt_logprobs": 0},
+        timeout=120,
+    ).json()
+    positions = reply["choices"][0]["prompt_logprobs"][len(prompt) :]
+    return torch.tensor(
+        [position[str(token)]["logprob"] for token, position in zip(completion, positions, strict=True)]
+    )
+
+
+def policy_log_probs(model, prompt: list[int], completion: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1].float()
+    return logits.log_softmax(-1).gather(1, torch.tensor(completion)[:, None])[:, 0]
+
+
+@pytest.mark.e2e
+def test_the_servers_reload_keeps_every_layer_with_the_policy_the_tied_head_included(server, embedded, tmp_path):
+    """Weights changed everywhere (the embedding that SmolLM2's output layer shares among them) and written as the
+    trainer writes them: after grpo_exp's reload the server's log-probabilities are the changed model's. vLLM's own
+    reload_weights leaves the tied head's prepacked GEMM as it was (the control), which is why grpo_exp's exists."""
+    import copy
+
+    from safetensors.torch import save_file
+
+    from grpo_exp.trainer.vllm_reload import post
+
+    model, tokenizer = embedded
+    changed = copy.deepcopy(model)
+    with torch.no_grad():
+        generator = torch.Generator().manual_seed(0)
+        for parameter in changed.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=generator) * 2e-3)
+    prompt = tokenizer("What is 12 + 35? The answer is", add_special_tokens=False)["input_ids"]
+    completion = tokenizer(" 47, because 12 + 35 = 47.", add_special_tokens=False)["input_ids"]
+
+    def reload(method: str, parameters) -> float:
+        save_file(
+            {name: p.detach().contiguous() for name, p in parameters.named_parameters()},
+            str(tmp_path / "model.safetensors"),
+        )
+        post(server, "/collective_rpc", {"method": method, "kwargs": {"weights_path": str(tmp_path)}})
+        post(server, "/reset_prefix_cache", {})
+        return (
+            (served_log_probs(server, prompt, completion) - policy_log_probs(changed, prompt, completion)).abs().max()
+        )
+
+    try:
+        assert reload("reload_weights", changed) > 1e-3  # vLLM's own: the head still the old embedding's
+        assert reload("reload_policy", changed) < 1e-4  # grpo_exp's: every layer the changed model's
+    finally:
+        reload("reload_policy", model)  # the server back on the embedded model for the other tests
+
+
+def greedy_trajectories(overrides: list[str], problems: int, model, tokenizer, engine=None):
+    from grpo_exp.data import load_splits
+    from grpo_exp.rollout.multiturn import MultiTurnRollout, greedy_generation
+
+    cfg = compose_config(overrides)
+    _, heldout = load_splits(cfg.dataset)
+    rows = heldout.select(range(problems)).to_list()
+    rollout = MultiTurnRollout(cfg.rollout)
+    return rollout.run(
+        model,
+        tokenizer,
+        [row["prompt"] for row in rows],
+        greedy_generation(tokenizer),
+        problems,
+        rows=rows,
+        engine=engine,
+    )
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    "preset", ["+experiment=calculator", "+experiment=textarena_guess"], ids=["calculator", "textarena"]
+)
+def test_greedy_multi_turn_trajectories_through_vllm_are_generates(server, embedded, preset):
+    """On the untrained model, greedy: each trajectory played on vLLM's server (each turn submitted as its tool
+    answers, token ids carried) is the one generate() plays, token for token, tools and game moves included."""
+    from trl.generation.vllm_client import VLLMClient
+
+    from grpo_exp.rollout.vllm_turns import ServedTurns
+
+    model, tokenizer = embedded
+    problems = 4
+    engine = ServedTurns(VLLMClient(base_url=server), problems)
+    try:
+        served = greedy_trajectories([preset], problems, None, tokenizer, engine)
+    finally:
+        engine.close()
+    generated = greedy_trajectories([preset], problems, model, tokenizer)
+    assert sum(t.tool_calls for t in served) > 0  # the tools (the game) answered between turns
+    for on_vllm, on_generate in zip(served, generated, strict=True):
+        assert on_vllm.completion_ids == on_generate.completion_ids, (on_vllm.turns, on_generate.turns)
+        assert on_vllm.fields() == on_generate.fields()
+
+
+@pytest.mark.e2e
+def test_the_judge_and_the_p_yes_scorer_read_their_score_tokens_from_vllms_server(server):
+    from grpo_exp.rewards.judge import build_judge
+    from grpo_exp.verification.p_yes import build_p_yes
+    from tests.test_judge_scores import PAIRS, run_judge
+
+    base = f"{server}/v1"
+    cfg = compose_config(
+        [
+            "reward=judge",
+            "judge=openai",
+            f"judge.model={EMBEDDED}",
+            f"judge.tokenizer={EMBEDDED}",
+            f"judge.base_url={base}",
+        ]
+    )
+    scores, counters = run_judge(build_judge(cfg.judge, cfg.cache_dir), PAIRS)
+    assert counters["judge/failures"] == 0.0
+    assert all(0.0 <= s <= 1.0 for s in scores) and len(set(scores)) > 1, scores
+    cfg = compose_config(["scorer=genrm", f"scorer.model={EMBEDDED}", f"scorer.base_url={base}"])
+    p_yes = build_p_yes(cfg.scorer, cfg.model, cfg.cache_dir)(["What is 2 + 2?", "What is 2 + 2?"], ["4", "5"])
+    assert all(0.0 <= p <= 1.0 for p in p_yes) and p_yes[0] != p_yes[1], p_yes
