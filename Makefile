@@ -94,6 +94,7 @@ bench: install  ## benchmarks (ratios side by side in one run; ~1.5 h, most of i
 	$(PY) -m benchmarks.multiturn_speed
 	$(PY) -m benchmarks.overhead
 	$(PY) -m benchmarks.decode
+	$(PY) -m benchmarks.vllm
 	$(PY) -m benchmarks.heldout_eval
 	$(PY) -m benchmarks.time_to_accuracy
 

@@ -28,7 +28,8 @@ from support.config import register_schemas
 PAGES = [REPO_ROOT / "README.md", *sorted(p for p in (REPO_ROOT / "docs").glob("*.md") if p.name != "code-map.md")]
 COMMANDS = {"train": "train", "evaluate": "evaluate", "compare": "compare", "diagnose": "diagnose"}
 COMMANDS["probe"] = "reward_probe"
-MODULES = {f"grpo_exp.{m}": m for m in ("train", "evaluate", "compare", "diagnose", "reward_probe")}
+COMMANDS["serve"] = "serve"
+MODULES = {f"grpo_exp.{m}": m for m in ("train", "evaluate", "compare", "diagnose", "reward_probe", "serve")}
 
 # A command line (as written, whitespace collapsed) -> why it is not checked. Placeholders, and the user's own
 # config directories that the repository does not hold, cannot compose offline.
@@ -223,6 +224,16 @@ def check_flags(module: str, args: list[str]) -> None:
     assert not unknown, f"flags {module}'s parser does not define: {unknown} (it defines {sorted(defined)})"
 
 
+def check_serve(args: list[str]) -> None:
+    """grpo-exp serve's arguments through its own argparse (an unknown flag before `--` exits)."""
+    from grpo_exp.serve import parse
+
+    try:
+        parse(args)
+    except SystemExit as exit_:
+        raise AssertionError(f"grpo-exp serve does not take {args}") from exit_
+
+
 def check(command: Command) -> None:
     module, args = _tokens(command)
     if module == "train":
@@ -231,6 +242,8 @@ def check(command: Command) -> None:
         check_evaluate_or_probe(module, args, command.cwd)
     elif module in ("compare", "diagnose"):
         check_flags(module, args)
+    elif module == "serve":
+        check_serve([arg for arg in args if arg != "&"])
     else:
         raise AssertionError(f"no such command: {module} (grpo-exp's are {', '.join(COMMANDS)})")
 
