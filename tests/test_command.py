@@ -26,14 +26,14 @@ def test_help_lists_the_commands():
     assert result.returncode == 0
     for name, (module, _) in COMMANDS.items():
         assert f"  {name} " in result.stdout and f"python -m {module}" in result.stdout
-    assert set(COMMANDS) == {"train", "evaluate", "compare", "diagnose", "probe"}
+    assert set(COMMANDS) == {"train", "evaluate", "compare", "diagnose", "probe", "serve"}
 
 
 @pytest.mark.parametrize("args,code", [((), 2), (("bogus",), 2)])
 def test_no_or_an_unknown_command_is_a_usage_error(args, code):
     result = grpo_exp(*args)
     assert result.returncode == code
-    assert "usage: grpo-exp {train,evaluate,compare,diagnose,probe}" in result.stdout + result.stderr
+    assert "usage: grpo-exp {train,evaluate,compare,diagnose,probe,serve}" in result.stdout + result.stderr
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,7 @@ mocked. And no module but the seam reads TRL's private state.
 """
 
 import ast
+import importlib
 import importlib.metadata
 import inspect
 import math
@@ -24,7 +25,14 @@ from grpo_exp.trainer import seam, trl_surface
 from grpo_exp.trainer.config import grpo_exp_config
 from grpo_exp.trainer.scored_batch import ScoredBatch, aggregated_reward
 from grpo_exp.trainer.seam import HookedGRPOTrainer
-from grpo_exp.trainer.trl_contract import TRL_ATTRIBUTES, TRL_METHODS, TRL_PUBLIC
+from grpo_exp.trainer.trl_contract import (
+    TRL_ATTRIBUTES,
+    TRL_METHODS,
+    TRL_PUBLIC,
+    TRL_VLLM_ATTRIBUTES,
+    TRL_VLLM_GENERATION,
+    VLLM_GENERATION_METHODS,
+)
 from support.config import TINY_RUN, compose_config
 from tests.helpers.tiny_trainer import PLAIN_TRL, Recording, knob_overrides
 
@@ -273,9 +281,10 @@ def test_every_trl_name_the_seam_and_the_surface_read_exists_and_is_declared(trl
     ours = set().union(*(definitions(node) for node in classes))
     theirs = set().union(*(own for own, _ in reads)) - ours - {"args"}
     assert {"vllm_importance_sampling_correction", "_logs", "accelerator"} <= theirs  # what this test looks for
-    missing = sorted(name for name in theirs if not hasattr(trl_trainer, name))
+    missing = sorted(name for name in theirs if not hasattr(trl_trainer, name) and name not in TRL_VLLM_ATTRIBUTES)
     assert not missing, f"TRL's GRPOTrainer no longer has {missing}: update grpo_exp.trainer.seam / trl_surface"
     declared = {name.split(".")[0] for name in TRL_ATTRIBUTES} | set(TRL_METHODS) | set(TRL_PUBLIC)
+    declared |= set(TRL_VLLM_ATTRIBUTES)
     undeclared = sorted(theirs - declared)
     assert not undeclared, f"the seam reads {undeclared} of TRL's trainer: declare them in trainer.trl_contract"
 
@@ -314,3 +323,22 @@ def test_the_loss_types_grpo_exp_passes_through_are_trls():
     assert set(TRL_LOSS_TYPES) == set(re.findall(r"'(\w+)'", supported)), supported
     assert AGGREGATION in TRL_LOSS_TYPES
     assert not [name for name in TRL_LOSS_ONLY if name not in GRPOConfig.__dataclass_fields__]
+
+
+@pytest.mark.parametrize("name", TRL_VLLM_ATTRIBUTES)
+def test_grpo_trainer_still_sets_what_the_seam_reads_of_its_vllm_generation(name):
+    """Set only with use_vllm (no engine starts here): TRL's __init__ still assigns it."""
+    assert f"self.{name} =" in inspect.getsource(GRPOTrainer.__init__), f"GRPOTrainer.{name} is gone"
+
+
+def test_trls_vllm_generation_is_where_grpo_exp_adjusts_it():
+    """grpo_exp.trainer.vllm_reload subclasses TRL's VLLMGeneration, overriding and calling these methods, and builds
+    it (and its engine) through these module names: an upgrade that moves them fails here, not in a vLLM run."""
+    for module, names in TRL_VLLM_GENERATION.items():
+        imported = importlib.import_module(module)
+        for name in names:
+            assert hasattr(imported, name), f"{module}.{name} is gone: update grpo_exp.trainer.vllm_reload"
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    for method in VLLM_GENERATION_METHODS:
+        assert callable(getattr(VLLMGeneration, method, None)), f"VLLMGeneration.{method} is gone"

@@ -27,9 +27,17 @@ TRL_ATTRIBUTES = tuple(
     num_generations generation_config generation_kwargs max_completion_length temperature epsilon_low
     epsilon_high args.ds3_gather_for_generation model_wrapped is_deepspeed_enabled is_fsdp_enabled
     callback_handler.callbacks environments scale_rewards vllm_importance_sampling_correction
-    vllm_generation _last_loaded_step top_p
+    top_p
     """.split()
 )
+# What TRL's __init__ sets only with use_vllm (generation=vllm_*): checked in its source, not on a trainer.
+TRL_VLLM_ATTRIBUTES = ("vllm_generation", "_last_loaded_step")
+# TRL's vLLM generation, which grpo_exp.trainer.vllm_reload subclasses and builds by these module names.
+TRL_VLLM_GENERATION = {
+    "trl.trainer.grpo_trainer": ("VLLMGeneration",),
+    "trl.generation.vllm_generation": ("LLM", "VLLMGeneration"),
+}
+VLLM_GENERATION_METHODS = ("_init_vllm", "sync_weights", "_iter_named_params", "generate")
 # transformers' Trainer's public surface the seam reads (tests/test_trl_contract.py derives every name the seam and
 # trl_surface read from their source, and fails on one declared nowhere here)
 TRL_PUBLIC = ("accelerator", "model", "processing_class", "save_model", "state", "train_dataset")
