@@ -83,6 +83,13 @@ class GRPOExpConfig(GRPOConfig, OwnKnobs):
     )
     turn_discount: float = field(default=1.0, metadata={"help": "The discount of rollout.turn_credit's returns."})
 
+    @property
+    def device(self) -> torch.device:
+        """TrainingArguments' device, a CPU one without an index: transformers 5.17 resumes several CPU processes by
+        loading the optimizer's state onto args.device, and torch cannot place tensors on "cpu:0"."""
+        device = super().device
+        return torch.device("cpu") if device.type == "cpu" else device
+
     def __post_init__(self):
         super().__post_init__()
         # A str from the config or a saved JSON (to_dict writes the value), as TrainingArguments reads its own enums.
