@@ -20,7 +20,21 @@ pytestmark = pytest.mark.skipif(
 )
 
 EMBEDDED = "smollm2_135m"
-QUIET_RUN = ["save_model=false", "trainer.save_steps=0", "logger=none"]
+QUIET_RUN = ["save_model=false", "trainer.save_steps=0", "logger=none", "dataset.eval_size=6"]
+MISMATCH = "sampling/sampling_logp_difference/mean"  # TRL's: the sampler's log-probabilities against the trainer's
+
+
+def trained_through_vllm(tmp_path, *overrides: str):
+    """`python -m grpo_exp.train <overrides>` run to its end: its directory, summary and the steps TRL logged the
+    sampler's mismatch at."""
+    from grpo_exp.run.tracking import read_metrics
+    from tests.helpers.cli import run_cli
+
+    run_dir = tmp_path / "run"
+    result = run_cli(*overrides, *QUIET_RUN, f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    steps = [m for m in read_metrics(run_dir / "metrics.jsonl") if MISMATCH in m]
+    return run_dir, json.loads((run_dir / "summary.json").read_text()), steps
 
 
 # ---- the rules, before any engine starts ------------------------------------------------------------------------
@@ -81,26 +95,14 @@ def test_tool_calls_end_a_turn_at_their_closing_tag():
 def test_colocate_trains_multi_turn_and_evaluates_through_vllm(tmp_path):
     """generation=vllm_colocate on the embedded model: the calculator preset's multi-turn rollouts, each turn from vLLM,
     the weights synced through vLLM's reload each step, the held-out evaluation from the engine, the summary written."""
-    from tests.helpers.cli import run_cli
-
-    run_dir = tmp_path / "run"
-    result = run_cli(
-        "+experiment=calculator",
-        "generation=vllm_colocate",
-        "trainer.max_steps=2",
-        "dataset.eval_size=6",
-        *QUIET_RUN,
-        f"hydra.run.dir={run_dir}",
+    _, summary, steps = trained_through_vllm(
+        tmp_path, "+experiment=calculator", "generation=vllm_colocate", "trainer.max_steps=2"
     )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 2 and summary["heldout_accuracy_after"] is not None
-    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    steps = [m for m in steps if "sampling/sampling_logp_difference/mean" in m]
     assert len(steps) == 2
     # vLLM in the policy's float32, synced each step: its log-probabilities are the trainer's (the bfloat16 that
     # vLLM's auto dtype picks, or a stale tied head after a reload, measured 0.016 to 0.027 a token)
-    assert all(m["sampling/sampling_logp_difference/mean"] < 1e-3 for m in steps), steps
+    assert all(m[MISMATCH] < 1e-3 for m in steps), steps
     assert any(m["rollout/tool_calls_mean"] > 0 for m in steps)  # turns went on after a tool answered
 
 
@@ -127,26 +129,13 @@ def embedded():
 
 @pytest.mark.e2e
 def test_server_trains_the_embedded_model_reloading_the_weights_the_trainer_writes(server, tmp_path):
-    from tests.helpers.cli import run_cli
-
     port = server.rsplit(":", 1)[1]
-    run_dir = tmp_path / "run"
-    result = run_cli(
-        "generation=vllm_server",
-        f"trainer.extra.vllm_server_port={port}",
-        "trainer.max_steps=3",
-        "dataset.eval_size=6",
-        *QUIET_RUN,
-        f"hydra.run.dir={run_dir}",
+    run_dir, summary, steps = trained_through_vllm(
+        tmp_path, "generation=vllm_server", f"trainer.extra.vllm_server_port={port}", "trainer.max_steps=3"
     )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 3 and summary["heldout_accuracy_before"] is not None
     assert (run_dir / "trainer" / "vllm_weights" / "model.safetensors").is_file()  # what the server reloaded from
-    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    differences = [
-        m["sampling/sampling_logp_difference/mean"] for m in steps if "sampling/sampling_logp_difference/mean" in m
-    ]
+    differences = [m[MISMATCH] for m in steps]
     assert len(differences) == 3 and max(differences) < 1e-3, differences
 
 

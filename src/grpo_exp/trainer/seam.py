@@ -5,7 +5,6 @@ class), both declared in trl_contract and checked by tests/test_trl_contract.py 
 """
 
 import functools
-from pathlib import Path
 
 import torch
 from accelerate.utils import gather_object
@@ -21,7 +20,7 @@ from grpo_exp.trainer.imputation import impute_failures
 from grpo_exp.trainer.losses import policy_loss
 from grpo_exp.trainer.mismatch import weighted_advantages
 from grpo_exp.trainer.mismatch_watch import MismatchWatch
-from grpo_exp.trainer.sampling import Sampler, fast_generation_pays, training_device
+from grpo_exp.trainer.sampling import Sampler, fast_generation_pays
 from grpo_exp.trainer.shared_prompt import shared_prompt_forward
 from grpo_exp.trainer.trl_surface import TRLSurface
 from grpo_exp.trainer.turn_credit import (
@@ -30,7 +29,7 @@ from grpo_exp.trainer.turn_credit import (
     groups_with_turn_signal,
     turn_advantage_means,
 )
-from grpo_exp.trainer.vllm_engine import VLLM_WEIGHTS_DIR, engine_adjusted, prepare_engine_environment
+from grpo_exp.trainer.vllm_engine import vllm_generation_for
 from grpo_exp.trainer.zero_variance import informative_loss, leaves_groups_out, no_spread_groups, settle
 
 
@@ -39,14 +38,8 @@ class HookedGRPOTrainer(TrainingHooks, TRLSurface, GRPOTrainer):
     grpo_exp's trainer knobs read from `args` (a GRPOExpConfig)."""
 
     def __init__(self, *args, **kwargs):
-        run_args, device = kwargs["args"], training_device(kwargs["args"].use_cpu)
-        if not run_args.use_vllm:
+        with vllm_generation_for(kwargs["args"], kwargs["model"]):  # generation=vllm_*: grpo_exp.trainer.vllm_engine
             super().__init__(*args, **kwargs)
-        else:  # the engine in the policy's dtype, or bfloat16 (trainer.bfloat16_generation); synced where TRL cannot
-            prepare_engine_environment(device)
-            dtype = "bfloat16" if run_args.bfloat16_generation else str(kwargs["model"].dtype).removeprefix("torch.")
-            with engine_adjusted(device, dtype, Path(run_args.output_dir) / VLLM_WEIGHTS_DIR):
-                super().__init__(*args, **kwargs)
         sharded = self.is_deepspeed_enabled or self.is_fsdp_enabled
         fast_pays = fast_generation_pays(
             device=self.accelerator.device.type,

@@ -96,3 +96,20 @@ def engine_adjusted(device: str, dtype: str, weights_dir: Path):
         yield
     finally:
         grpo_trainer.VLLMGeneration = trl_class
+
+
+@contextmanager
+def vllm_generation_for(args, model):
+    """Around TRL's GRPOTrainer.__init__ with `args` (a GRPOExpConfig): for generation=vllm_*, the engine's settings
+    for this machine, the engine in the policy's dtype (bfloat16 with trainer.bfloat16_generation) and, where TRL
+    cannot, the sync through vLLM's reload (engine_adjusted); nothing otherwise."""
+    if not args.use_vllm:
+        yield
+        return
+    from grpo_exp.trainer.sampling import training_device
+
+    device = training_device(args.use_cpu)
+    prepare_engine_environment(device)
+    dtype = "bfloat16" if args.bfloat16_generation else str(model.dtype).removeprefix("torch.")
+    with engine_adjusted(device, dtype, Path(args.output_dir) / VLLM_WEIGHTS_DIR):
+        yield
