@@ -89,6 +89,9 @@ ARMS = {
     # today's defaults, and the same with the curriculum over prompts' difficulty (curriculum.*, its defaults)
     "defaults": [],
     "curriculum": ["curriculum.enabled=true"],
+    # vLLM's engine in this process (its CPU build): the policy's float32, and bfloat16 with TRL's correction
+    "vllm": ["generation=vllm_colocate"],
+    "vllm_bf16": ["generation=vllm_colocate", "trainer.bfloat16_generation=true"],
 }
 COMMON = ["trainer.save_steps=0", "save_model=false"]
 

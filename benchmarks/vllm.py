@@ -4,8 +4,9 @@
    in this process, alternating over repeats: the prepacked copy (generation=transformers_fast, the CPU default),
    vLLM in float32 (generation=vllm_colocate) and vLLM in bfloat16 (trainer.bfloat16_generation=true with it).
 2. Whole training steps through the command line (fresh processes, no evaluation, the median of TRL's step_time
-   after the first step): the default single-turn run and the calculator preset (multi-turn), each on the CPU
-   default and through vLLM (float32), and the ratio multi-turn / single-turn on each.
+   after the first step): the default single-turn run, the calculator preset (multi-turn tools) and TextArena's
+   GuessTheNumber (an environment), each on the CPU default, through vLLM in float32 and in bfloat16 (with the
+   correction), and the ratio multi-turn / single-turn on each.
 
     python -m benchmarks.vllm [--repeats 5] [--steps 5]
 """
@@ -91,14 +92,31 @@ def timed(paths: dict, repeats: int) -> dict[str, list[float]]:
     return times
 
 
+PATHS = {
+    "CPU default (prepacked copy)": [],
+    "vLLM, float32": ["generation=vllm_colocate"],
+    "vLLM, bfloat16 (corrected)": ["generation=vllm_colocate", "trainer.bfloat16_generation=true"],
+}
+PRESETS = {"default (single-turn)": None, "calculator (multi-turn)": "calculator", "TextArena": "textarena_guess"}
+
+
 def training_steps(steps: int) -> None:
+    """Each preset on each generation path, one command line at a time; the presets' order within a path is fixed
+    and the paths run one after the other (a step's time is TRL's own step_time, so start-up is not counted)."""
     print(f"\ntraining steps through the command line ({steps} steps, median step_time after the first)")
-    print("| generation | single-turn (s/step) | calculator, multi-turn (s/step) | multi-turn / single-turn |")
-    print("|---|---|---|---|")
-    for name, overrides in (("CPU default (prepacked copy)", []), ("vllm_colocate", ["generation=vllm_colocate"])):
-        single = training_seconds_per_step(None, steps, overrides)
-        multi = training_seconds_per_step("calculator", steps, overrides)
-        print(f"| {name} | {single:.2f} | {multi:.2f} | {multi / single:.2f}x |", flush=True)
+    seconds = {(path, preset): 0.0 for path in PATHS for preset in PRESETS}
+    for path, overrides in PATHS.items():
+        for preset, name in PRESETS.items():
+            seconds[path, preset] = training_seconds_per_step(name, steps, overrides)
+    print(f"| generation | {' | '.join(f'{p} (s/step)' for p in PRESETS)} | calculator / single-turn |")
+    print("|---|" + "---|" * (len(PRESETS) + 1))
+    for path in PATHS:
+        row = [seconds[path, preset] for preset in PRESETS]
+        print(f"| {path} | {' | '.join(f'{s:.2f}' for s in row)} | {row[1] / row[0]:.2f}x |")
+    copy = "CPU default (prepacked copy)"
+    for path in list(PATHS)[1:]:
+        against = ", ".join(f"{p} {seconds[path, p] / seconds[copy, p]:.2f}x" for p in PRESETS)
+        print(f"{path} against the copy, step for step: {against}")
 
 
 if __name__ == "__main__":

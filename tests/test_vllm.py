@@ -106,6 +106,27 @@ def test_colocate_trains_multi_turn_and_evaluates_through_vllm(tmp_path):
     assert any(m["rollout/tool_calls_mean"] > 0 for m in steps)  # turns went on after a tool answered
 
 
+@pytest.mark.e2e
+def test_evaluate_answers_through_vllm_as_generate_does(tmp_path):
+    """`grpo-exp evaluate` of a configuration that generates with vLLM answers from an engine of its own; greedy, its
+    answers are transformers' own, problem by problem."""
+    from tests.helpers.cli import run_cli
+
+    answers = {}
+    for name, overrides in (("vllm", ["generation=vllm_colocate"]), ("transformers", [])):
+        out = tmp_path / name
+        evaluated = run_cli(
+            "dataset.eval_size=8", "eval.samples=0", f"outputs_dir={out}", *overrides, module="grpo_exp.evaluate"
+        )
+        assert evaluated.returncode == 0, evaluated.stdout[-3000:] + evaluated.stderr[-3000:]
+        (results,) = out.glob("eval/*/evaluation.json")
+        recorded = json.loads(results.read_text())
+        assert recorded["answered by"] == ("vLLM (float32)" if name == "vllm" else "transformers")
+        lines = results.with_suffix(".jsonl").read_text().splitlines()
+        answers[name] = [json.loads(line)["greedy"]["completion"] for line in lines]
+    assert len(answers["vllm"]) == 8 and answers["vllm"] == answers["transformers"]
+
+
 # ---- one server for the rest ---------------------------------------------------------------------------------------
 
 

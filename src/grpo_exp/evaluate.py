@@ -32,6 +32,7 @@ from grpo_exp.run.kept_models import BEST_CHECKPOINT_DIR, TOP_CHECKPOINTS_DIR
 from grpo_exp.run.resolve import resolve, saved_path_overrides
 from grpo_exp.run.setup import HELDOUT, load_policy, set_up
 from grpo_exp.run.tracking import Tracker, masked_override
+from grpo_exp.run.vllm_evaluation import answered_through_vllm
 from grpo_exp.schema import register_schemas
 
 EPILOG = """\
@@ -212,18 +213,19 @@ def main(argv: list[str] | None = None) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     evaluation = HeldoutEval(spec, parts, tokenizer, heldout, out_dir, train)
     results_file, answers_file = new_evaluation_files(out_dir)  # an earlier evaluation is kept
-    greedy = evaluation.greedy(model)
-    results = {
-        "model": cfg.model.name_or_path or cfg.model.name,
-        "dataset": cfg.dataset.name,
-        "problems": greedy.scored,
-        "greedy accuracy": greedy.accuracy,
-    }
-    sampled = None
-    if cfg.eval.samples > 0:
-        torch.manual_seed(cfg.trainer.seed)
-        sampled = evaluation.sampled(model, heldout, cfg.eval.samples)
-        results |= sampled.metrics
+    with answered_through_vllm(cfg, model, tokenizer) as engine:
+        greedy = evaluation.greedy(model)
+        results = {
+            "model": cfg.model.name_or_path or cfg.model.name,
+            "dataset": cfg.dataset.name,
+            "problems": greedy.scored,
+            "greedy accuracy": greedy.accuracy,
+        }
+        sampled = None
+        if cfg.eval.samples > 0:
+            torch.manual_seed(cfg.trainer.seed)
+            sampled = evaluation.sampled(model, heldout, cfg.eval.samples)
+            results |= sampled.metrics
     results |= {f"greedy {key}": value for key, value in greedy.rollout.items()}
     if cfg.eval.verification_benchmark.enabled:
         evaluation.prepare_benchmark(model)
@@ -234,6 +236,7 @@ def main(argv: list[str] | None = None) -> dict:
         "answer": parts.verifier.answer_rule,
         "overrides": [masked_override(o) for o in overrides],
         "answers_file": answers_file.name,
+        "answered by": engine or "transformers",
     }
     as_json = {k: None if isinstance(v, float) and v != v else v for k, v in results.items()}  # NaN -> null
     results_file.write_text(json.dumps(as_json | recorded, indent=2) + "\n", encoding="utf-8")
@@ -241,6 +244,7 @@ def main(argv: list[str] | None = None) -> dict:
     for key, value in results.items():
         table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
     table.add_row("labels / answer", f"{recorded['labels']} / {recorded['answer']}")
+    table.add_row("answered by", recorded["answered by"])
     Console(width=120).print(table)
     print(f"Written to {results_file} (each problem's answers: {answers_file.name})")
     if cfg.eval.log_to_wandb:
