@@ -107,6 +107,24 @@ def test_colocate_trains_multi_turn_and_evaluates_through_vllm(tmp_path):
 
 
 @pytest.mark.e2e
+def test_colocate_under_two_processes_makes_the_same_calls_on_every_rank_and_exits_cleanly(tmp_path):
+    """`accelerate launch` with 2 processes: an engine in each (TRL's external launcher), each rank synced through
+    vLLM's reload, the same torch.distributed calls on both, and no traceback when the engines shut down at exit."""
+    from tests.helpers.cli import recorded_launch
+    from tests.test_collectives import assert_same_calls
+
+    overrides = ("model=smollm2_135m", "generation=vllm_colocate", "trainer.max_steps=2", *QUIET_RUN[:2])
+    launched = recorded_launch(tmp_path, *overrides, launch_args=("--num_processes", "2"))
+    assert launched.returncode == 0, launched.stderr[-4000:]
+    assert "Traceback" not in launched.stdout + launched.stderr, launched.stderr[-4000:]
+    assert_same_calls(tmp_path)
+    run_dir = tmp_path / "run"
+    assert json.loads((run_dir / "summary.json").read_text())["processes"] == 2
+    steps = [m for m in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if MISMATCH in m]
+    assert len(steps) == 2 and all(m[MISMATCH] < 1e-3 for m in steps), steps
+
+
+@pytest.mark.e2e
 def test_evaluate_answers_through_vllm_as_generate_does(tmp_path):
     """`grpo-exp evaluate` of a configuration that generates with vLLM answers from an engine of its own; greedy, its
     answers are transformers' own, problem by problem."""

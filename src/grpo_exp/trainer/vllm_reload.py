@@ -6,6 +6,7 @@
   (its dev mode, with grpo_exp.trainer.vllm_worker's extension), with no NCCL group.
 Generation, the parameters' gathering (PEFT merged, DeepSpeed gathered) and the prefix-cache reset stay TRL's."""
 
+import atexit
 import functools
 import logging
 import os
@@ -32,7 +33,13 @@ def adjusted_generation(trl_class: type, *, dtype: str, reload: bool, weights_di
         def _init_vllm(self):
             if self.mode == "colocate":
                 with engine_dtype(dtype):
-                    return super()._init_vllm()
+                    super()._init_vllm()
+                if self.accelerator.num_processes > 1:
+                    # vLLM shuts its engine down at exit, tearing down its groups in the process group: after
+                    # grpo_exp destroys that (run.distributed, at exit) it fails with a traceback. Registered later,
+                    # this runs first (atexit is last in, first out).
+                    atexit.register(self.llm.llm_engine.engine_core.shutdown)
+                return None
             if not reload:
                 return super()._init_vllm()
             # TRL's server init, less its NCCL group (init_communicator): the server reloads from weights_dir.
