@@ -10,6 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 import yaml
 
 from grpo_exp.data import check_data_files, load_splits
@@ -58,6 +59,18 @@ IGNORED = [  # (overrides, the key typed, the key that turns it off)
     (["trainer.mismatch_clip_max=2.0"], "trainer.mismatch_clip_max", "mismatch_correction=null (the path's own)"),
     (["trainer.mismatch_correction=none", "trainer.mismatch_clip_min=0.5"], "mismatch_clip_min", "correction=none"),
     (["trainer.float64_reference_completions=8"], "float64_reference_completions", "float64_reference_every=0"),
+    pytest.param(
+        ["generation=vllm_colocate", "trainer.extra.vllm_gpu_memory_utilization=0.5"],
+        "trainer.extra.vllm_gpu_memory_utilization",
+        "VLLM_CPU_KVCACHE_SPACE",
+        marks=pytest.mark.skipif(torch.cuda.is_available(), reason="read on a CUDA GPU"),
+    ),
+    pytest.param(
+        ["generation=vllm_colocate", "trainer.extra.vllm_enable_sleep_mode=true"],
+        "trainer.extra.vllm_enable_sleep_mode",
+        "no sleep mode",
+        marks=pytest.mark.skipif(torch.cuda.is_available(), reason="read on a CUDA GPU"),
+    ),
     (["dataset.path=train.jsonl"], "dataset.path", "dataset.source=reasoning_gym"),
     (["dataset.hub_config=main"], "dataset.hub_config", "dataset.source=reasoning_gym"),
     (["dataset=gsm8k", "dataset.seed=3"], "dataset.seed", "dataset=gsm8k"),

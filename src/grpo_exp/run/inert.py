@@ -65,6 +65,12 @@ def _plays_textarena(cfg: DictConfig) -> bool:
     return any(str(path).startswith("textarena/") for path in paths)
 
 
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def _correction(cfg: DictConfig) -> str:
     correction = cfg.trainer.mismatch_correction
     return "null (the path's own)" if correction is None else correction.value
@@ -330,6 +336,16 @@ ONLY_WITH: tuple[OnlyWith, ...] = (
         "by the float64 reference",
         lambda cfg: "trainer.float64_reference_every=0 takes none",
         "set trainer.float64_reference_every to a number of steps",
+    ),
+    OnlyWith(
+        ("trainer.extra.vllm_gpu_memory_utilization", "trainer.extra.vllm_enable_sleep_mode"),
+        lambda cfg: _has_cuda(),
+        "by vLLM on a CUDA GPU",
+        lambda cfg: (
+            "this machine has none (vLLM's CPU build sizes its KV cache by VLLM_CPU_KVCACHE_SPACE and has no "
+            "sleep mode)"
+        ),
+        "on CPU set the environment variable VLLM_CPU_KVCACHE_SPACE (GiB; grpo_exp's default 1)",
     ),
     # ---- the rollout
     OnlyWith(
