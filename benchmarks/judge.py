@@ -2,9 +2,9 @@
 
 On real training-step inputs (the embedded SmolLM2 policy samples one default step: 2 arithmetic prompts x 4
 completions of up to 64 tokens, at temperature 1), with the embedded SmolLM2 as the stand-in judge:
-1. failures: score-token mode vs free-text mode, locally, and score-token mode through llama.cpp's server;
+1. failures: score-token mode vs free-text mode, locally, and score-token mode through vLLM's server (grpo-exp serve);
 2. cost: the local judge's seconds per step in each mode over the generation seconds of the same step;
-3. agreement: the same pairs scored locally and by llama.cpp serving the same model's GGUF (largest difference).
+3. agreement: the same pairs scored locally and by vLLM serving the same model (largest difference).
 """
 
 import asyncio
@@ -21,7 +21,7 @@ from grpo_exp.run.setup import load_policy
 from grpo_exp.text import prompt_text
 from support.config import resolved_config
 from support.environment import hub_offline
-from support.servers import free_port, llama_cpp_server, llama_judge_overrides
+from support.servers import free_port, served_judge_overrides, vllm_server
 
 STEPS, PROMPTS, GROUP, TOKENS = 3, 2, 4, 64
 
@@ -42,7 +42,7 @@ def judge_seconds(judge, pairs) -> tuple[list[float | None], float]:
 
 
 def main() -> None:
-    hub_offline()  # every model here is local: the llama.cpp server it starts must not look anything up
+    hub_offline()  # every model here is local: the vLLM server it starts must not look anything up
     torch.manual_seed(0)
     spec = resolved_config([])
     cfg = spec.cfg
@@ -80,10 +80,10 @@ def main() -> None:
             "the step's generation time"
         )
     port = free_port()
-    endpoint = resolved_config(llama_judge_overrides(port))
-    with llama_cpp_server(port):
+    endpoint = resolved_config(served_judge_overrides(f"http://127.0.0.1:{port}"))
+    with vllm_server(port):
         served, spent = judge_seconds(build_judge(endpoint.cfg.judge, endpoint.cfg.cache_dir), all_pairs)
-    print(f"llama.cpp server, scores mode: {sum(s is None for s in served)}/{n} failures ({spent:.1f} s for {n} pairs)")
+    print(f"vLLM server, scores mode: {sum(s is None for s in served)}/{n} failures ({spent:.1f} s for {n} pairs)")
     for mode in ("scores", "scores, bfloat16"):
         gaps = [abs(a - b) for a, b in zip(local[mode], served, strict=True) if a is not None and b is not None]
         print(

@@ -2,8 +2,8 @@
 
 1. math reward throughput (completions/s) on realistic completions, and its worst case on the adversarial set;
 2. the judge's `openai` backend in free-text mode at concurrency 1 vs 8, measured side by side in one run, against
-   (a) llama.cpp's OpenAI-compatible server on the embedded SmolLM2 GGUF (a real model on these 2 cores), and
-   (b) a stub endpoint with a fixed 0.2 s latency per request (a remote, network-bound judge such as vLLM).
+   (a) vLLM's OpenAI-compatible server on the embedded SmolLM2 (grpo-exp serve: a real model on these 2 cores), and
+   (b) a stub endpoint with a fixed 0.2 s latency per request (a remote, network-bound judge).
 """
 
 import asyncio
@@ -18,7 +18,7 @@ from grpo_exp.verification.labels import built_in_labels
 from support.config import resolved_config
 from support.environment import hub_offline
 from support.reward_cases import ADVERSARIAL
-from support.servers import LLAMA_ALIAS, free_port, llama_cpp_server, stub_server
+from support.servers import SERVED_EMBEDDED, free_port, stub_server, vllm_server
 
 PAIRS = 32
 STUB_LATENCY = 0.2
@@ -115,7 +115,7 @@ def main() -> None:
     print(f"machine: {os.cpu_count()} CPUs")
     bench_math()
     port = free_port()
-    bench_judge("llama.cpp server, SmolLM2-135M GGUF", llama_cpp_server(port), port, LLAMA_ALIAS, 48)
+    bench_judge("vLLM server, SmolLM2-135M", vllm_server(port), port, SERVED_EMBEDDED, 48)
     port = free_port()
     stub = stub_server("good", port, env={**os.environ, "latency": str(STUB_LATENCY)})
     bench_judge(f"stub endpoint with {STUB_LATENCY} s latency", stub, port, "stub", 48)

@@ -48,7 +48,7 @@ src/hydra_plugins/     reward mixes (reward=a+b) and experiments/ presets as Hyd
 accelerate_configs/    accelerate configs: DDP (CPU or GPU), DeepSpeed ZeRO-2/3, FSDP2
 benchmarks/            `make bench`
 support/               what tests and benchmarks share (never imports tests/): config composition and resolve,
-                       the tiny model on disk, local servers (llama.cpp, an OpenAI-compatible stub), reward cases,
+                       the tiny model on disk, local servers (vLLM's, an OpenAI-compatible stub), reward cases,
                        `python -m support.dump_configs DIR` (every composition, to diff before/after a refactor),
                        `python -m support.code_map` (this page), `python -m support.test_tiers` (make test's
                        two pytest tiers side by side)

@@ -7,9 +7,6 @@ import sys
 import time
 from pathlib import Path
 
-from grpo_exp.models import gguf_location
-from support.config import compose_config
-
 STUB = Path(__file__).with_name("openai_stub_server.py")
 
 
@@ -46,49 +43,25 @@ def stub_server(mode: str, port: int, env: dict | None = None):
     return serving([sys.executable, str(STUB), mode, str(port)], port, env=env)
 
 
-LLAMA_ALIAS = "smollm2"
+SERVED_EMBEDDED = "smollm2_135m"  # the name `grpo-exp serve` serves the embedded model under
 
 
-def llama_judge_overrides(port: int) -> list[str]:
-    """The judge in scores mode at llama_cpp_server(port), the embedded tokenizer rendering its chat template."""
+def served_judge_overrides(base_url: str) -> list[str]:
+    """The judge in scores mode at vllm_server's `base_url` (http://host:port), the embedded tokenizer rendering its
+    chat template."""
     return [
         "reward=judge",
         "judge=openai",
-        f"judge.model={LLAMA_ALIAS}",
+        f"judge.model={SERVED_EMBEDDED}",
         "judge.timeout=120",
-        "judge.tokenizer=smollm2_135m",
-        f"judge.base_url=http://127.0.0.1:{port}/v1",
+        f"judge.tokenizer={SERVED_EMBEDDED}",
+        f"judge.base_url={base_url}/v1",
     ]
 
 
 def stub_judge_overrides(port: int) -> list[str]:
     """judge=openai pointed at stub_server(mode, port), the tiny model's tokenizer rendering its chat template."""
     return ["judge=openai", "judge.model=stub", "judge.tokenizer=tiny", f"judge.base_url=http://127.0.0.1:{port}/v1"]
-
-
-def llama_cpp_server(port: int):
-    """llama.cpp's OpenAI-compatible server (llama-cpp-python[server]) on the embedded SmolLM2 GGUF."""
-    directory, file = gguf_location(compose_config().model)
-    args = [
-        sys.executable,
-        "-m",
-        "llama_cpp.server",
-        "--model",
-        str(directory / file),
-        "--model_alias",
-        LLAMA_ALIAS,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--n_ctx",
-        "4096",
-        "--n_threads",
-        "2",
-        "--verbose",
-        "False",
-    ]
-    return serving(args, port)
 
 
 @contextlib.contextmanager

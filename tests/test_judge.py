@@ -1,5 +1,5 @@
-"""The LLM judge: the score-token protocol (local, and against real servers on 127.0.0.1: llama.cpp serving the
-embedded GGUF, a stub that fails on purpose), the free-text mode (rubric parsing, retry, then None), the cache,
+"""The LLM judge: the score-token protocol (local, and against a stub server on 127.0.0.1 that fails on purpose;
+vLLM serving the embedded model: tests/test_vllm.py), the free-text mode (rubric parsing, retry, then None), the cache,
 and what a failure does to the advantages."""
 
 import asyncio
@@ -17,7 +17,7 @@ from grpo_exp.run.resolve import resolve
 from grpo_exp.run.tracking import read_metrics
 from grpo_exp.text import prompt_text
 from support.config import TINY_RUN, compose_config
-from support.servers import LLAMA_ALIAS, free_port, llama_cpp_server, stub_judge_overrides, stub_server
+from support.servers import free_port, stub_judge_overrides, stub_server
 from tests.helpers.cli import run_cli
 
 
@@ -158,33 +158,6 @@ def test_the_api_key_is_sent_but_never_stored(monkeypatch):
     monkeypatch.setenv("GRPO_EXP_TEST_KEY", "sk-secret-123")
     settings = judge_settings("judge=openai", "judge.model=stub", "judge.api_key_env=GRPO_EXP_TEST_KEY")
     assert "sk-secret-123" not in json.dumps(settings)
-
-
-@pytest.mark.slow
-def test_openai_backend_against_llama_cpp_serving_the_embedded_model_survives_a_killed_server():
-    port = free_port()
-    overrides = (
-        f"judge.model={LLAMA_ALIAS}",
-        "judge.max_new_tokens=64",
-        "judge.retries=0",
-        "judge.timeout=60",
-        TEXT,
-        "judge.response_format=json_object",
-        "judge.cache_size=0",
-    )
-    reward = openai_reward(port, *overrides)
-    prompts, responses = ["What is 2 + 3?", "What is 7 * 6?"], ["2 + 3 = 5", "7 * 6 = 41"]
-    with llama_cpp_server(port) as server:
-        rewards, metrics = score(reward, prompts, responses)
-        # A real model answered: each reply either parsed to a rubric score or was counted as a failure.
-        assert metrics["judge/requests"] == 2.0
-        assert metrics["judge/failures"] == sum(r is None for r in rewards)
-        assert all(r is None or 0.2 <= r <= 1.0 for r in rewards)
-        assert metrics["judge/failures"] == 0  # llama.cpp's structured output (json_object + schema) always parses
-        server.kill()
-        server.wait()
-        rewards, metrics = score(reward, prompts, responses)
-    assert rewards == [None, None] and metrics["judge/failures"] == 2.0
 
 
 def test_local_backend_in_text_mode_fails_where_the_model_writes_no_json():

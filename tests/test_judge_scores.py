@@ -1,6 +1,6 @@
 """The judge's score-token protocol and failure semantics: hand-computed values, the cached local scorer against a
-plain one, a real OpenAI-compatible server (stub; llama.cpp serving the embedded GGUF in `slow`), and what a judge
-failure does to TRL's advantages in a real training step."""
+plain one, an OpenAI-compatible server (a stub here; vLLM serving the embedded model: tests/test_vllm.py), and what
+a judge failure does to TRL's advantages in a real training step."""
 
 import asyncio
 import math
@@ -19,7 +19,7 @@ from grpo_exp.stats import impute_group_means, score_statistics
 from grpo_exp.trainer.config import grpo_exp_config
 from grpo_exp.trainer.scored_batch import aggregated_reward
 from support.config import TINY_RUN, compose_config
-from support.servers import free_port, llama_cpp_server, llama_judge_overrides, stub_judge_overrides, stub_server
+from support.servers import free_port, stub_judge_overrides, stub_server
 from tests.helpers.tiny_trainer import PLAIN_TRL, Recording, knob_overrides
 
 
@@ -202,27 +202,6 @@ def test_in_a_real_step_the_failed_member_gets_the_advantage_of_its_other_reward
     expected = group_advantages(batch.grouped(batch.rewards[:, 0]))
     assert batch.grouped(batch.advantages).flatten().tolist() == pytest.approx(expected.flatten().tolist(), abs=1e-4)
     assert trainer.state.log_history[0]["rewards/judge_like/imputed"] == 1.0
-
-
-@pytest.mark.slow
-def test_local_and_llama_cpp_endpoint_give_the_same_scores_and_never_fail():
-    pairs = [
-        *PAIRS,
-        ("What is 12 + 30?", "42"),
-        ("What is 9 - 4?", "The answer is 13."),
-        ("Calculate 3 * 3.", "3 * 3 = 9, so \\boxed{9}."),
-        ("What is 50 + 50?", "100"),
-        ("What is 8 - 15?", "I do not know."),
-    ]
-    cfg = compose_config(["reward=judge"])  # the embedded SmolLM2 as judge, locally
-    local, _ = run_judge(build_judge(cfg.judge, cfg.cache_dir), pairs)
-    port = free_port()
-    endpoint_cfg = compose_config(llama_judge_overrides(port))
-    with llama_cpp_server(port):
-        served, counters = run_judge(build_judge(endpoint_cfg.judge, endpoint_cfg.cache_dir), pairs)
-    assert counters["judge/failures"] == 0.0 and None not in local
-    # Local: the de-quantised float32 weights; llama.cpp: the Q4_1 weights themselves.
-    assert max(abs(a - b) for a, b in zip(local, served, strict=True)) <= 0.02, (local, served)
 
 
 def test_the_cache_keeps_the_most_recently_used_pairs():

@@ -337,22 +337,6 @@ def test_confidence_reward_from_a_frozen_genrm_trains_end_to_end(confidence_run)
     assert any(m["grad_norm"] > 0 for m in steps)
 
 
-@pytest.mark.slow
-def test_genrm_p_yes_from_an_openai_compatible_endpoint_with_logprobs():
-    from omegaconf import OmegaConf
-
-    from grpo_exp.verification.p_yes import build_p_yes
-    from support.servers import LLAMA_ALIAS, free_port, llama_cpp_server
-
-    port = free_port()
-    cfg = compose_config(["scorer=genrm", f"scorer.model={LLAMA_ALIAS}", f"scorer.base_url=http://127.0.0.1:{port}/v1"])
-    scorer = build_p_yes(cfg.scorer, cfg.model, cfg.cache_dir)
-    with llama_cpp_server(port):
-        scores = scorer(["What is 2 + 2?", "What is 2 + 2?"], ["4", "5"])
-    assert all(0.0 <= s <= 1.0 for s in scores), scores  # both Yes and No among the top logprobs
-    assert OmegaConf.select(cfg, "scorer.api_key_env") is None
-
-
 def test_candidates_from_groups():
     from grpo_exp.text import stated_answer
     from grpo_exp.verification.selfverify import candidates_from_groups

