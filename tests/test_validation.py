@@ -230,6 +230,20 @@ def test_validation_every_step_is_logged_at_its_step_and_the_best_checkpoint_kep
 
 
 @pytest.mark.e2e
+def test_validations_do_not_count_as_training_time(validated_run):
+    """summary.json splits trainer.train()'s wall time: the validations (each logged with its own timing) and the
+    best checkpoints they keep go to validation_seconds; train_seconds is the rest, at least the steps' own time."""
+    summary = json.loads((validated_run.run_dir / "summary.json").read_text())
+    metrics = read_metrics(validated_run.run_dir / "metrics.jsonl")
+    validating = sum(m.get("timing/validation_s", 0.0) for m in metrics)
+    stepping = sum(m.get("step_time", 0.0) for m in metrics)
+    assert validating > 0 and summary["validation_seconds"] >= validating
+    assert summary["train_seconds"] == pytest.approx(summary["wall_seconds"] - summary["validation_seconds"])
+    assert stepping * 0.9 <= summary["train_seconds"] < summary["wall_seconds"] - validating
+    assert summary["seconds_per_step"] == pytest.approx(summary["train_seconds"] / summary["steps"])
+
+
+@pytest.mark.e2e
 def test_evaluate_takes_the_best_checkpoint_with_its_runs_config(validated_run, tmp_path):
     """`evaluate` on checkpoint-best (a copy of the run: it writes beside the checkpoint) reads the run's config."""
     run_dir = copied_run(validated_run, tmp_path / "run")

@@ -80,13 +80,13 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
         started = time.perf_counter()
         with interruptible(trainer):
             trainer.train(resume_from_checkpoint=str(attempt.checkpoint) if attempt else None)
-        train_seconds = time.perf_counter() - started - evaluation.seconds  # evaluating is not training
+        times = RunTimes.of(time.perf_counter() - started, evaluation.seconds, watchers.validation_seconds)
         if cfg.eval.after:  # every process, on the model where it trained
             OnPolicy(trainer, evaluation).after_training()
         checkpoint = save_final_model(trainer, spec, run_dir)
         if is_main_process():
             paths = run_paths(run_dir, hydra_cfg, checkpoint, tracked.tracker)
-            summary = summarise(spec, trainer, evaluation, watchers, tracked, paths, train_seconds)
+            summary = summarise(spec, trainer, evaluation, watchers, tracked, paths, times)
         failed = False
     finally:
         tracked.tracker.finish(failed)
@@ -214,6 +214,23 @@ def difficulty_pool(spec: RunSpec, train_set) -> DifficultyPool | None:
     return pool
 
 
+@dataclass(frozen=True)
+class RunTimes:
+    """trainer.train()'s wall time, split: `validation` (the evaluation before training, the verification benchmark
+    then, and every validation with the best models it keeps) and `train` (the rest: the steps)."""
+
+    wall: float
+    validation: float
+
+    @property
+    def train(self) -> float:
+        return self.wall - self.validation
+
+    @classmethod
+    def of(cls, wall: float, *validating: float) -> "RunTimes":
+        return cls(wall, sum(validating))
+
+
 @dataclass
 class Watchers:
     """What watched the run and goes in its summary: validations (eval.every), the policy's health, the reward probe's
@@ -222,6 +239,10 @@ class Watchers:
     validation: PeriodicValidation | None
     health: PolicyHealth
     probe_findings: list[str] | None
+
+    @property
+    def validation_seconds(self) -> float:
+        return self.validation.seconds if self.validation else 0.0
 
     def summary(self) -> dict:
         validated = self.validation.summary() if self.validation else {}
@@ -293,14 +314,16 @@ def summarise(
     watchers: Watchers,
     tracked: TrackedRun,
     paths: dict,
-    train_seconds: float,
+    times: RunTimes,
 ) -> dict:
     """summary.json and the tracker's summary: what was trained, how it went, where everything is (main process)."""
     cfg, attempt, steps = spec.cfg, spec.attempt, trainer.state.global_step
     sizes = (len(trainer.train_dataset), len(evaluation.heldout))
+    train_seconds = times.train
     summary = build_summary(
         cfg, tracked.name, describe(cfg.model, trainer.model), sizes, steps, train_seconds, paths, tracked.sync_command
     )
+    summary |= {"validation_seconds": times.validation, "wall_seconds": times.wall}
     summary |= tracked.tracker.identity() | trainer.batch_layout() | evaluation.summary()
     summary |= watchers.summary()
     if attempt:  # this attempt trained the steps after the checkpoint only

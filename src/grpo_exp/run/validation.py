@@ -132,6 +132,7 @@ class PeriodicValidation(TrainerCallback):
         self.validations: list[tuple[int, dict[str, float]]] = []
         self.stopped: str | None = None  # why it stopped training early, if it did
         self.alarm: str | None = None  # the reward-hacking alarm, once it fired
+        self.seconds = 0.0  # spent validating (and keeping the best models) inside trainer.train(): not training
 
     @property
     def metric(self) -> str:
@@ -157,10 +158,12 @@ class PeriodicValidation(TrainerCallback):
         if self.validations:
             self.kept.resume(state.global_step, self.validations)
         else:
+            started = time.perf_counter()
             with untouched_rng():
                 metrics = self.initial()
             self.log_now(metrics)
             self.keep(state.global_step, metrics)
+            self.seconds += time.perf_counter() - started
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step % self.schedule.every:
@@ -177,6 +180,7 @@ class PeriodicValidation(TrainerCallback):
         values = [metrics.get(self.metric, math.nan) for _, metrics in self.validations]
         errors = [self.standard_error(metrics) for _, metrics in self.validations]
         reason = stop_reason(values, errors, self.schedule.patience, self.schedule.stop_at, self.metric)
+        self.seconds += time.perf_counter() - started
         if reason:  # the same on every process: the accuracy is gathered
             self.stopped = f"step {state.global_step}: {reason}"
             control.should_training_stop = True
