@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 import yaml
+from omegaconf import OmegaConf
 
 from grpo_exp.data import check_data_files, load_splits
 from grpo_exp.errors import UserError
@@ -59,6 +60,7 @@ IGNORED = [  # (overrides, the key typed, the key that turns it off)
     (["trainer.mismatch_clip_max=2.0"], "trainer.mismatch_clip_max", "mismatch_correction=null (the path's own)"),
     (["trainer.mismatch_correction=none", "trainer.mismatch_clip_min=0.5"], "mismatch_clip_min", "correction=none"),
     (["trainer.float64_reference_completions=8"], "float64_reference_completions", "float64_reference_every=0"),
+    (["+experiment=textarena_guess", "probe.labels_check=stop"], "probe.labels_check", "rollout.environment"),
     pytest.param(
         ["generation=vllm_colocate", "trainer.extra.vllm_gpu_memory_utilization=0.5"],
         "trainer.extra.vllm_gpu_memory_utilization",
@@ -365,3 +367,100 @@ def test_the_command_line_refuses_an_ignored_setting_without_a_traceback(tmp_pat
     assert result.returncode != 0
     assert "eval.patience=3 is read only by validations while training" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr and "Loading model" not in result.stderr + result.stdout
+
+
+# ---- 8. a file a run directory holds, damaged: one message naming the file ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("file", "content", "expected"),
+    [
+        ("overrides.yaml", "- a=1\n  b: [", "not YAML"),
+        ("overrides.yaml", "trainer: {beta: 0.1}\n", "not a list"),
+        ("overrides.yaml", "- {beta: 0.1}\n", "not a list of overrides"),
+        ("hydra.yaml", "hydra: [unclosed\n", "not YAML"),
+        ("hydra.yaml", "hydra:\n  runtime: 3\n", "not a Hydra run's hydra.yaml"),
+    ],
+)
+def test_a_damaged_file_of_a_run_directory_is_named_with_what_is_wrong(tmp_path, file, content, expected):
+    from grpo_exp.errors import DamagedFile
+    from grpo_exp.evaluate import resolve_source
+
+    run_dir = tmp_path / "run"
+    (run_dir / ".hydra").mkdir(parents=True)
+    (run_dir / "checkpoint-final").mkdir()
+    (run_dir / ".hydra" / "overrides.yaml").write_text("- trainer.beta=0.1\n")
+    (run_dir / ".hydra" / file).write_text(content)
+    with pytest.raises(DamagedFile, match=expected) as refused:
+        resolve_source([str(run_dir)])
+    assert str(run_dir / ".hydra" / file) in str(refused.value)
+
+
+def test_a_damaged_run_file_reaches_the_user_as_a_message_not_a_traceback(tmp_path):
+    run_dir = tmp_path / "run"
+    (run_dir / ".hydra").mkdir(parents=True)
+    (run_dir / "checkpoint-final").mkdir()
+    (run_dir / ".hydra" / "overrides.yaml").write_text("- a=1\n  b: [")
+    for command in ("evaluate", "probe"):
+        result = run_command([GRPO_EXP, command, str(run_dir)], timeout=300)
+        assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-2000:]
+        assert "overrides.yaml: not YAML" in result.stderr
+
+
+# ---- 9. an output or source argument of a command, checked before any work ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--out", "{file}"], "a file is there, not a directory"),
+        (["--out", "{file}/compare"], "cannot be created"),
+        (["--wandb", "my-team/grpo"], "--wandb: 'my-team/grpo' is not ENTITY/PROJECT/GROUP"),
+        (["--wandb", "my-team//sweep"], "is not ENTITY/PROJECT/GROUP"),
+    ],
+)
+def test_compare_refuses_an_output_or_source_it_cannot_use_before_reading_runs(tmp_path, capsys, argv, expected):
+    from grpo_exp.compare import main
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (tmp_path / "a_file").write_text("")
+    argv = [arg.format(file=tmp_path / "a_file") for arg in argv]
+    with pytest.raises(SystemExit) as stopped:
+        main([str(runs), *argv])
+    assert stopped.value.code == 2
+    assert expected in capsys.readouterr().err
+
+
+# ---- 10. what a library raises on the user's task settings: the key named, in the library's words -----------------
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (  # a range of word lengths with no word in it: reasoning-gym draws from an empty list
+            ["+dataset.task_config.min_word_len=30", "+dataset.task_config.max_word_len=40"],
+            "dataset.task_config for 'spell_backward': reasoning-gym could not make its problems (IndexError",
+        ),
+        (["+dataset.task_config.data_file=no_such_words.txt"], "where the command runs"),
+        (["dataset.task=null", "+dataset.tasks.spell_backward={config: {data_file: nowhere.txt}}"], "dataset.tasks"),
+    ],
+)
+def test_what_reasoning_gym_raises_on_the_task_settings_names_the_key(overrides, expected):
+    from grpo_exp.data import check_data_files
+
+    cfg = compose_config(["dataset=reasoning_gym", "dataset.task=spell_backward", *overrides])
+    with pytest.raises(UserError) as refused:
+        check_data_files(cfg.dataset)
+    assert expected in str(refused.value), str(refused.value)
+
+
+def test_a_relative_task_file_is_read_from_where_the_command_runs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my_words.txt").write_text("\n".join(["apple", "banana", "cherry", "damson", "elder"]) + "\n")
+    cfg = compose_config(
+        ["dataset=reasoning_gym", "dataset.task=spell_backward", "+dataset.task_config.data_file=my_words.txt"]
+    )
+    train, heldout = load_splits(OmegaConf.merge(cfg.dataset, {"eval_size": 2}))
+    words = {question.rsplit(" ", 1)[-1] for question in [*train["question"], *heldout["question"]]}
+    assert words <= {"apple", "banana", "cherry", "damson", "elder"} and len(words) >= 3

@@ -25,8 +25,9 @@ from grpo_exp.run.comparison import (
     print_failures,
     print_table,
     runs_from_wandb,
+    wandb_group,
 )
-from grpo_exp.run.files import METRICS_FILE, not_directories
+from grpo_exp.run.files import METRICS_FILE, not_directories, output_directory_problem
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,10 +45,17 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give a multirun directory, run directories, or --wandb ENTITY/PROJECT/GROUP")
     if problem := not_directories(args.paths):
         parser.error(problem)
+    if args.wandb:
+        try:
+            wandb_group(args.wandb)
+        except ValueError as err:
+            parser.error(f"--wandb: {err}")
+    out_dir = args.out or (args.paths[0] / "compare" if args.paths else Path("compare"))
+    if problem := output_directory_problem(out_dir):  # before any run is read
+        parser.error(f"{'--out ' if args.out else 'the output directory '}{out_dir}: {problem}")
     runs = runs_from_wandb(args.wandb) if args.wandb else discover_runs(args.paths)
     if not runs:
         parser.error(f"no grpo_exp runs (directories with {METRICS_FILE}) under {', '.join(map(str, args.paths))}")
-    out_dir = args.out or (args.paths[0] / "compare" if args.paths else Path("compare"))
     try:
         result = compare_runs(runs, out_dir, args.baseline)
     except UnknownSetting as err:  # nothing was written

@@ -10,6 +10,7 @@ import inspect
 import json
 import logging
 from collections.abc import Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 import pyarrow as pa
@@ -96,12 +97,42 @@ def _reasoning_gym_task(data_cfg: DictConfig, size: int | None = None, seed: int
         return _reasoning_gym_mix(data_cfg, size, seed)
     task = data_cfg.task
     _check_task_name(task)
-    task_config = OmegaConf.to_container(data_cfg.task_config)
+    task_config = _with_local_files(OmegaConf.to_container(data_cfg.task_config))
     try:
         return reasoning_gym.create_dataset(task, size=size, seed=seed, **task_config)
     except (TypeError, AssertionError, ValueError) as err:
         allowed = [p for p in inspect.signature(DATASETS[task][1]).parameters if p not in ("seed", "size")]
         raise UserError(f"dataset.task_config for '{task}' is invalid ({err}); its settings are: {allowed}") from err
+
+
+def _with_local_files(task_config: dict) -> dict:
+    """A task's settings with each file it names (a setting ending in _file or _path) that exists relative to the
+    directory the command runs in made absolute: reasoning-gym reads a relative one from its own data folder."""
+    found = {}
+    for name, value in task_config.items():
+        local = Path(value) if isinstance(value, str) and name.endswith(("_file", "_path")) else None
+        found[name] = str(local.resolve()) if local and not local.is_absolute() and local.is_file() else value
+    return found
+
+
+@contextmanager
+def reasoning_gym_raising(data_cfg: DictConfig):
+    """Whatever reasoning-gym raises while it builds or generates the task's problems (a setting range with nothing
+    in it, a file it cannot find...) becomes one message naming the key the user set, in the library's own words."""
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as err:
+        key = "dataset.tasks" if data_cfg.tasks else f"dataset.task_config for '{data_cfg.task}'"
+        hint = ""
+        if isinstance(err, FileNotFoundError):
+            hint = (
+                f"; a relative file is looked for in {Path.cwd()} (where the command runs), then in reasoning-gym's "
+                "own data folder: give a path that exists"
+            )
+        why = f"{type(err).__name__}: {err}"
+        raise UserError(f"{key}: reasoning-gym could not make its problems ({why}){hint}") from err
 
 
 def _reasoning_gym_mix(data_cfg: DictConfig, size: int, seed: int):
@@ -121,7 +152,7 @@ def _reasoning_gym_mix(data_cfg: DictConfig, size: int, seed: int):
             raise UserError(
                 f"dataset.tasks.{name}: {{weight: a number > 0, config: {{the task's settings}}}}, got {spec!r}"
             )
-        config = spec.get("config") or {}
+        config = _with_local_files(spec.get("config") or {})
         try:
             reasoning_gym.create_dataset(name, size=1, seed=seed, **config)
         except (TypeError, AssertionError, ValueError) as err:
@@ -315,9 +346,10 @@ def check_data_files(data_cfg: DictConfig) -> None:
             f"{data_cfg.source.value}): add dataset=function, or leave {key} out"
         )
     if data_cfg.source is DataSource.reasoning_gym:
-        _reasoning_gym_task(data_cfg, size=1)  # its name and task_config, with one generated problem
-        if data_cfg.levels.enabled:
-            level_ranges(data_cfg)  # each task's curriculum, the range of levels, the user's settings
+        with reasoning_gym_raising(data_cfg):
+            next(iter(_reasoning_gym_task(data_cfg, size=1)))  # its name and task_config, one problem generated
+            if data_cfg.levels.enabled:
+                level_ranges(data_cfg)  # each task's curriculum, the range of levels, the user's settings
         return
     if data_cfg.source is DataSource.function:
         check_data_function(data_cfg)  # what it returns is checked when it is called, before any model loads
@@ -430,7 +462,8 @@ def _check_scorable(rows: list[dict], data_cfg: DictConfig, split: str) -> None:
 
 def load_splits(data_cfg: DictConfig) -> tuple[Dataset, Dataset]:
     if data_cfg.source is DataSource.reasoning_gym:
-        train, held_out = _reasoning_gym_splits(data_cfg)
+        with reasoning_gym_raising(data_cfg):
+            train, held_out = _reasoning_gym_splits(data_cfg)
     else:
         train, held_out = _table_splits(data_cfg)
         _check_scorable(train, data_cfg, "training")
@@ -451,8 +484,9 @@ def unseen_problems(data_cfg: DictConfig, count: int, train: Dataset, held_out: 
     if data_cfg.source is not DataSource.reasoning_gym:
         return held_out.select(range(min(count, len(held_out))))
     seen, found = set(train["question"]), {}
-    items = _reasoning_gym_task(data_cfg, size=3 * count, seed=data_cfg.seed + BENCHMARK_SEED_OFFSET)
-    for item in items:
-        if item["question"] not in seen and len(found) < count:
-            found.setdefault(item["question"], item)
+    with reasoning_gym_raising(data_cfg):
+        items = _reasoning_gym_task(data_cfg, size=3 * count, seed=data_cfg.seed + BENCHMARK_SEED_OFFSET)
+        for item in items:
+            if item["question"] not in seen and len(found) < count:
+                found.setdefault(item["question"], item)
     return Dataset.from_list(_task_rows(list(found.values()), data_cfg))

@@ -13,6 +13,11 @@ class UserError(CompactHydraException):
     """
 
 
+class DamagedFile(UserError, ValueError):
+    """A file a user or a run directory provides that cannot be read as what it should be: its message names the file
+    and what is wrong. A ValueError too, for the readers that skip a damaged file and go on (compare, diagnose)."""
+
+
 def run_command(main: Callable[[], object]) -> None:
     """A command's `__main__`: runs `main`; a UserError or Hydra error (a bad override or input) exits with
     "Error: <its message>", not a traceback; an int that `main` returns is the exit code (others: 0)."""

@@ -16,17 +16,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import yaml
 from hydra import compose, initialize_config_dir
 from rich.console import Console
 from rich.table import Table
 
 from grpo_exp.deprecated import translate_overrides
-from grpo_exp.errors import UserError, run_command
+from grpo_exp.errors import DamagedFile, UserError, run_command
 from grpo_exp.paths import CONF_DIR
 from grpo_exp.plugins import ensure_cwd_importable
 from grpo_exp.run.evaluation import HeldoutEval
-from grpo_exp.run.files import FINAL_CHECKPOINT_DIR, new_evaluation_files
+from grpo_exp.run.files import FINAL_CHECKPOINT_DIR, new_evaluation_files, read_yaml
 from grpo_exp.run.heldout import SampledResult
 from grpo_exp.run.kept_models import BEST_CHECKPOINT_DIR, TOP_CHECKPOINTS_DIR
 from grpo_exp.run.resolve import resolve, saved_path_overrides
@@ -106,7 +105,10 @@ def resolve_source(argv: list[str], config_dirs: list[str] | None = None) -> Sou
     if (run_dir / ".hydra" / "overrides.yaml").is_file() and checkpoint.is_dir():
         # Re-compose the run's own config (its overrides, its config directories), then point the model at the
         # checkpoint.
-        run_overrides = yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text()) or []
+        overrides_file = run_dir / ".hydra" / "overrides.yaml"
+        run_overrides = read_yaml(overrides_file, list) or []
+        if not all(isinstance(o, str) for o in run_overrides):
+            raise DamagedFile(f"{overrides_file}: not a list of overrides (key=value strings)")
         kept = [o for o in run_overrides if not o.lstrip("+~").startswith("hydra.")]
         kept = translate_overrides(kept, f"{run_dir / '.hydra' / 'overrides.yaml'}")  # an older run's names
         kept += saved_path_overrides(run_dir)  # its relative paths were read against the run's directory
@@ -142,7 +144,7 @@ def run_config_sources(run_dir: Path) -> tuple[list[tuple[str, str]], str | None
     saved = run_dir / ".hydra" / "hydra.yaml"
     if not saved.is_file():
         return [], None
-    runtime = (yaml.safe_load(saved.read_text(encoding="utf-8")) or {}).get("hydra", {}).get("runtime", {})
+    runtime = hydra_runtime(saved)
     cwd = runtime.get("cwd")
     sources = []
     for entry in runtime.get("config_sources") or []:
@@ -157,6 +159,17 @@ def run_config_sources(run_dir: Path) -> tuple[list[tuple[str, str]], str | None
         if source not in sources:
             sources.append(source)
     return sources, cwd
+
+
+def hydra_runtime(saved: Path) -> dict:
+    """hydra.runtime of a run's .hydra/hydra.yaml ({} where the file is empty); a file that is YAML but not Hydra's
+    is a DamagedFile naming it."""
+    hydra = (read_yaml(saved, dict) or {}).get("hydra", {})
+    runtime = hydra.get("runtime", {}) if isinstance(hydra, dict) else None
+    sources = runtime.get("config_sources") or [] if isinstance(runtime, dict) else None
+    if not isinstance(sources, list) or not all(isinstance(entry, dict) for entry in sources):
+        raise DamagedFile(f"{saved}: not a Hydra run's hydra.yaml (no mapping hydra.runtime.config_sources)")
+    return runtime
 
 
 def composed(source: Source):

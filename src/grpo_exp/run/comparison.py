@@ -251,11 +251,19 @@ def plot_curves(runs: list[Run], swept: list[str], out_dir: Path) -> list[Path]:
     return written
 
 
+def wandb_group(path: str) -> tuple[str, str, str]:
+    """(entity, project, group) of `--wandb ENTITY/PROJECT/GROUP`; any other shape is a ValueError saying so."""
+    parts = path.split("/", 2)
+    if len(parts) != 3 or not all(part.strip() for part in parts):
+        raise ValueError(f"{path!r} is not ENTITY/PROJECT/GROUP (three names, e.g. my-team/grpo/sweep-1)")
+    return parts[0], parts[1], parts[2]
+
+
 def runs_from_wandb(path: str) -> list[Run]:
     """Runs of one W&B group (ENTITY/PROJECT/GROUP), via the W&B API (needs network and an API key)."""
     import wandb
 
-    entity, project, group = path.split("/", 2)
+    entity, project, group = wandb_group(path)
     runs = []
     for run in wandb.Api().runs(f"{entity}/{project}", filters={"group": group}):
         # HF's W&B callback logs "train/<key>" against "train/global_step".

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import yaml
 
+from grpo_exp.errors import DamagedFile
 from grpo_exp.paths import FINAL_CHECKPOINT_DIR  # noqa: F401  (in paths: a model setting may name a run dir)
 
 CONFIG_FILE = "config.yaml"  # the resolved config, secrets redacted
@@ -23,10 +24,10 @@ def read_jsonl(path: Path) -> list[dict]:
     """The records of a JSON-lines file (metrics.jsonl, samples.jsonl, eval_*.jsonl), [] where it is absent. A last
     line that is not JSON is the one a process was stopped while writing (killed, out of time or disk): left out, so
     that a run cut short can still be resumed, compared and diagnosed. A damaged line before it, or a line that is
-    not an object, is a ValueError naming the file and the line."""
+    not an object, is a DamagedFile naming the file and the line."""
     if not path.is_file():
         return []
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    lines = read_text(path).splitlines()
     while lines and not lines[-1].strip():
         lines.pop()
     records = []
@@ -38,36 +39,49 @@ def read_jsonl(path: Path) -> list[dict]:
         except ValueError as err:
             if number == len(lines):  # cut short as it was written
                 break
-            raise ValueError(f"{path}: line {number} is not JSON ({err})") from None
+            raise DamagedFile(f"{path}: line {number} is not JSON ({err})") from None
         if not isinstance(record, dict):
-            raise ValueError(f"{path}: line {number} is not a JSON object")
+            raise DamagedFile(f"{path}: line {number} is not a JSON object")
         records.append(record)
     return records
 
 
 def read_json(path: Path) -> dict:
     """A JSON object from a file (summary.json, job_status.json, probe.json), {} where it is absent; a file that is
-    not a JSON object is a ValueError naming it."""
+    not a JSON object is a DamagedFile naming it."""
     if not path.is_file():
         return {}
     try:
-        record = json.loads(path.read_text(encoding="utf-8", errors="replace"))
+        record = json.loads(read_text(path))
     except ValueError as err:
-        raise ValueError(f"{path}: not JSON ({err})") from None
+        raise DamagedFile(f"{path}: not JSON ({err})") from None
     if not isinstance(record, dict):
-        raise ValueError(f"{path}: not a JSON object")
+        raise DamagedFile(f"{path}: not a JSON object")
     return record
 
 
-def read_yaml(path: Path):
+def read_yaml(path: Path, expected: type | None = None):
     """A YAML file's content (config.yaml, .hydra/overrides.yaml), None where it is absent or empty; a file that is
-    not YAML is a ValueError naming it."""
+    not YAML, or whose content is not of the `expected` type (a dict, a list), is a DamagedFile naming it."""
     if not path.is_file():
         return None
     try:
-        return yaml.safe_load(path.read_text(encoding="utf-8", errors="replace"))
+        content = yaml.safe_load(read_text(path))
     except yaml.YAMLError as err:
-        raise ValueError(f"{path}: not YAML ({' '.join(str(err).split())})") from None
+        raise DamagedFile(f"{path}: not YAML ({' '.join(str(err).split())})") from None
+    if expected is not None and content is not None and not isinstance(content, expected):
+        what = {dict: "a mapping", list: "a list"}.get(expected, expected.__name__)
+        raise DamagedFile(f"{path}: not {what} (it holds a {type(content).__name__})")
+    return content
+
+
+def read_text(path: Path) -> str:
+    """A text file a user or a run directory provides; one that cannot be read is a DamagedFile naming it and why
+    (bytes that are not UTF-8 are replaced, not refused: the parsers say what they make of them)."""
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError as err:
+        raise DamagedFile(f"{path}: cannot be read ({err.strerror or err})") from None
 
 
 def not_directories(paths: list[Path]) -> str | None:
@@ -75,6 +89,18 @@ def not_directories(paths: list[Path]) -> str | None:
     directories (what grpo-exp compare and diagnose are given)."""
     problems = [f"{p}: {'not a directory' if p.exists() else 'no such directory'}" for p in paths if not p.is_dir()]
     return "; ".join(problems) or None
+
+
+def output_directory_problem(path: Path) -> str | None:
+    """Why `path` cannot take a command's output (a file is there, a parent is a file, it cannot be created), None
+    once it exists as a directory: made here, before any work, so that nothing is computed and then lost."""
+    if path.exists() and not path.is_dir():
+        return "a file is there, not a directory"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        return f"cannot be created ({err.strerror or err})"
+    return None
 
 
 def new_evaluation_files(directory: Path) -> tuple[Path, Path]:

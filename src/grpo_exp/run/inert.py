@@ -458,6 +458,13 @@ ONLY_WITH: tuple[OnlyWith, ...] = (
         "set probe.before_training=warn or stop (or run grpo-exp probe)",
     ),
     OnlyWith(
+        ("probe.labels_check",),
+        lambda cfg: cfg.rollout.environment is None or cfg.probe.labels_check is not AlarmAction.stop,
+        "where answers are read by labels (an environment scores its episodes itself)",
+        lambda cfg: "this run's rollout.environment scores them",
+        "leave the default (warn), which an environment skips",
+    ),
+    OnlyWith(
         ("probe.attacks",),
         lambda cfg: cfg.probe.before_training is not AlarmAction.off,
         "by the reward probe: `grpo-exp probe`, or before a run with probe.before_training",

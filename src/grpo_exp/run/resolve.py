@@ -24,7 +24,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
-import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from grpo_exp.answers import check_answer
@@ -43,7 +42,7 @@ from grpo_exp.rollout.native import WHY_NOT_NATIVE, why_not_native
 from grpo_exp.rollout.tools import TOOL_NAMES, check_tool_names
 from grpo_exp.rollout.tools.user import tool_name
 from grpo_exp.run.distributed import world_size
-from grpo_exp.run.files import CONFIG_FILE
+from grpo_exp.run.files import CONFIG_FILE, read_yaml
 from grpo_exp.run.inert import check_only_with
 from grpo_exp.run.resume import Attempt, resolve_attempt
 from grpo_exp.run.tracking import redact, report_to
@@ -438,7 +437,7 @@ def saved_path_overrides(run_dir: Path) -> list[str]:
     they still exist), in place of the relative ones of its overrides and config files, which were read against the
     directory the run was started in."""
     saved_file = run_dir / CONFIG_FILE
-    saved = (yaml.safe_load(saved_file.read_text(encoding="utf-8")) or {}) if saved_file.is_file() else {}
+    saved = read_yaml(saved_file, dict) or {}
     saved = renamed_config(saved)  # an older run's config: its verifier.model is scorer.model
     overrides = []
     for key in EVALUATION_PATHS:
