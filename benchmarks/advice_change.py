@@ -9,18 +9,18 @@ Used for experiments/README.md's "advice that works".
 """
 
 import argparse
-import json
 from pathlib import Path
 
+from benchmarks.arguments import run_directory_with
 from grpo_exp.answers import BUILT_IN, normalise_answer
+from grpo_exp.run.files import read_jsonl
 from grpo_exp.stats import paired_change, wilson_interval
 
 
 def outcomes(run_dir: Path, when: str, rule: str | None) -> dict[str, float]:
     """Each held-out question's outcome (1/0; unjudged left out), relabelled by `rule` when given."""
     result = {}
-    for line in (run_dir / f"eval_{when}.jsonl").read_text(encoding="utf-8").splitlines():
-        sample = json.loads(line)
+    for sample in read_jsonl(run_dir / f"eval_{when}.jsonl"):
         if rule is not None:
             answer = BUILT_IN[rule](sample["completion"])
             label = answer is not None and normalise_answer(answer) == normalise_answer(str(sample["solution"]))
@@ -47,8 +47,9 @@ def change(first: dict[str, float], second: dict[str, float]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.advice_change")
-    parser.add_argument("failed", type=Path)
-    parser.add_argument("advised", type=Path)
+    run_directory = run_directory_with("eval_before.jsonl", "eval_after.jsonl")
+    parser.add_argument("failed", type=run_directory)
+    parser.add_argument("advised", type=run_directory)
     parser.add_argument("--answer", choices=sorted(BUILT_IN), help="relabel both runs' answers with this rule")
     args = parser.parse_args(argv)
     after = {}

@@ -116,6 +116,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--answers", type=Path, default=REPO / "experiments" / "answer_rules.json")
     parser.add_argument("--score-only", action="store_true", help="score the saved answers again")
     args = parser.parse_args(argv)
+    if args.score_only and not args.answers.is_file():
+        parser.error(f"--answers {args.answers}: no such file (run without --score-only to generate it)")
     if args.score_only:
         answers = json.loads(args.answers.read_text())
     else:

@@ -6,20 +6,20 @@ training, the same seeds) and prints, per environment and over all: the episodes
 same games, so their difficulty cancels). Used for experiments/README.md's environment results.
 """
 
-import json
-import sys
+import argparse
 from pathlib import Path
 
 from scipy.stats import binomtest
 
+from benchmarks.arguments import run_directory_with
+from grpo_exp.run.files import read_jsonl
 from grpo_exp.stats import mean_interval
 
 
 def won(path: Path) -> dict[str, list[bool]]:
     """Per environment, whether each episode (in file order) succeeded."""
     by_environment: dict[str, list[bool]] = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        sample = json.loads(line)
+    for sample in read_jsonl(path):
         by_environment.setdefault(sample["environment"], []).append(bool(sample["env_success"]))
     return by_environment
 
@@ -38,8 +38,11 @@ def report(name: str, before: list[bool], after: list[bool]) -> str:
     )
 
 
-def main(run_dir: str) -> None:
-    before, after = won(Path(run_dir) / "eval_before.jsonl"), won(Path(run_dir) / "eval_after.jsonl")
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.episodes_change", description=__doc__)
+    parser.add_argument("run_dir", type=run_directory_with("eval_before.jsonl", "eval_after.jsonl"))
+    run_dir = parser.parse_args(argv).run_dir
+    before, after = won(run_dir / "eval_before.jsonl"), won(run_dir / "eval_after.jsonl")
     for name in sorted(before):
         print(report(name, before[name], after[name]))
     if len(before) > 1:
@@ -48,4 +51,4 @@ def main(run_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main()

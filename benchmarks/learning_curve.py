@@ -10,6 +10,7 @@ import argparse
 import statistics
 from pathlib import Path
 
+from benchmarks.arguments import existing_directory
 from grpo_exp.run.comparison import discover_runs
 
 
@@ -20,7 +21,7 @@ def spread(values: list[float]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.learning_curve")
-    parser.add_argument("sweep", type=Path)
+    parser.add_argument("sweep", type=existing_directory)
     parser.add_argument("--out", type=Path, help="the PNG (default: <sweep>/learning_curve.png)")
     args = parser.parse_args(argv)
     runs = [run for run in discover_runs([args.sweep]) if run.summary]

@@ -464,3 +464,21 @@ def test_a_relative_task_file_is_read_from_where_the_command_runs(tmp_path, monk
     train, heldout = load_splits(OmegaConf.merge(cfg.dataset, {"eval_size": 2}))
     words = {question.rsplit(" ", 1)[-1] for question in [*train["question"], *heldout["question"]]}
     assert words <= {"apple", "banana", "cherry", "damson", "elder"} and len(words) >= 3
+
+
+@pytest.mark.parametrize(
+    ("module", "argv", "expected"),
+    [
+        ("advice_change", ["{missing}", "{missing}"], "no such directory"),
+        ("episodes_change", ["{empty}"], "a run directory without eval_before.jsonl"),
+        ("answer_rules", ["--score-only", "--answers", "{missing}"], "no such file"),
+        ("learning_curve", ["{missing}"], "no such directory"),
+    ],
+)
+def test_the_benchmarks_commands_name_a_missing_run_file_before_any_work(tmp_path, capsys, module, argv, expected):
+    import importlib
+
+    main = importlib.import_module(f"benchmarks.{module}").main
+    with pytest.raises(SystemExit) as stopped:
+        main([arg.format(missing=tmp_path / "nowhere", empty=tmp_path) for arg in argv])
+    assert stopped.value.code == 2 and expected in capsys.readouterr().err
