@@ -173,6 +173,11 @@ def test_no_measurable_change_says_how_many_problems_would_show_it_and_a_flat_re
     assert "0.000 -> 0.100 (+0.100, paired 95% [-0.044, +0.244], 20 problems)" in found.seen
     assert "would need about 37 problems" in found.seen  # sd 0.3078: (1.96 * 0.3078 / 0.1)^2 = 36.4
     assert found.tries[:2] == ("trainer.learning_rate=3e-05", "trainer.max_steps=80")
+    # a rate far below the default: advice starts from the default, not from 3x the rate that failed
+    slow = evidence(before=before, after=after, steps=flat)
+    slow.config["trainer"]["learning_rate"] = 1e-9
+    advice = no_change(slow).tries[0]
+    assert advice.startswith("trainer.learning_rate=1e-05   # the default") and "10,000x below" in advice, advice
     rising = [{"reward": 0.01 * i} for i in range(20)]
     assert no_change(evidence(before=before, after=after, steps=rising)).tries == ("dataset.eval_size=37",)
     gained = paired_runs([(False, "x")] * 20, [(True, "r")] * 20)

@@ -2,6 +2,7 @@
 with its 95% interval where it is a rate or a change), why it matters, and the settings to try, as overrides to
 paste. A rule stays silent where its evidence is missing or within noise."""
 
+import dataclasses
 import math
 import statistics
 from collections import Counter
@@ -10,6 +11,7 @@ from dataclasses import asdict, dataclass
 from grpo_exp.answers import BUILT_IN, final_sentence, lenient_match, normalise_answer, vote_key
 from grpo_exp.run.alarms import MAX_COMPLETION, MAX_TURN, TURN_CUT, entropy_alarm, truncation_warning
 from grpo_exp.run.diagnosis.evidence import RunEvidence
+from grpo_exp.schema import TrainerSchema
 from grpo_exp.stats import paired_change, problems_to_resolve, slope_interval, wilson_interval
 
 ZERO_STD = "frac_reward_zero_std"  # TRL's: the share of groups whose rewards have no spread
@@ -299,9 +301,8 @@ def no_change(evidence: RunEvidence, explained: bool = False) -> Finding | None:
     why = "a result within noise is no result either way: it can neither show that the setting works nor that it fails"
     if not explained and slope is not None and slope[1] <= 0 <= slope[2]:
         seen += f"; the training reward was flat too ({slope[0]:+.4f} a step, 95% [{slope[1]:+.4f}, {slope[2]:+.4f}])"
-        rate = float(evidence.setting("trainer.learning_rate", 1e-6) or 1e-6)
         steps = int(evidence.setting("trainer.max_steps", len(evidence.steps)) or len(evidence.steps))
-        tries = [f"trainer.learning_rate={rate * 3:.2g}", f"trainer.max_steps={max(steps * 2, 1)}"] + tries[
+        tries = [learning_rate_advice(evidence, slower=False), f"trainer.max_steps={max(steps * 2, 1)}"] + tries[
             : bool(needed)
         ]
         why = "nothing else is wrong that the run can see: learning may be too slow to show in this many steps"
@@ -314,6 +315,23 @@ def reward_slope(evidence: RunEvidence) -> tuple[float, float, float] | None:
         return None
     slope = slope_interval([float(i) for i, _ in rewards], [v for _, v in rewards])
     return None if math.isnan(slope[0]) else slope
+
+
+# The learning rate known to train: the default, with which the default run learns (held-out 0.25 -> 0.41).
+KNOWN_RATE = next(f.default for f in dataclasses.fields(TrainerSchema) if f.name == "learning_rate")
+
+
+def learning_rate_advice(evidence: RunEvidence, slower: bool) -> str:
+    """trainer.learning_rate to try, starting from a value known to work, never a small step from the one that
+    failed: the default where the run's rate was on the wrong side of it (below it for a run too slow, above it for
+    one too fast), else a third (slower) or three times (faster) the run's own."""
+    rate = float(evidence.setting("trainer.learning_rate", KNOWN_RATE) or KNOWN_RATE)
+    if (rate > KNOWN_RATE) if slower else (rate < KNOWN_RATE):
+        ratio = rate / KNOWN_RATE if slower else KNOWN_RATE / rate
+        side = "above" if slower else "below"
+        why = f"the default, which trains; this run's {rate:g} is {ratio:,.0f}x {side} it"
+        return f"trainer.learning_rate={KNOWN_RATE:g}   # {why}"
+    return f"trainer.learning_rate={rate / 3 if slower else rate * 3:.2g}"
 
 
 SHARPENED_ENTROPY = 0.5  # the last steps' entropy at most this share of the first steps'
@@ -403,8 +421,7 @@ def heldout_fell(evidence: RunEvidence) -> Finding | None:
         return None
     if not paired_change(before, after)[2] < 0:
         return None
-    rate = float(evidence.setting("trainer.learning_rate", 1e-6) or 1e-6)
-    tries = [f"trainer.learning_rate={rate / 3:.2g}"]
+    tries = [learning_rate_advice(evidence, slower=True)]
     if not evidence.setting("eval.every"):
         tries.insert(
             0, "eval.every=5   # validations; checkpoint-best keeps the best model, never worse than the start"
@@ -444,13 +461,12 @@ def entropy(evidence: RunEvidence) -> Finding | None:
     if found is None:
         return None
     collapsed = "collapsed" in found
-    rate = float(evidence.setting("trainer.learning_rate", 1e-6) or 1e-6)
     return Finding(
         "entropy",
         found,
         "a collapsed policy samples the same completion in every group (no spread, nothing to learn); a blown-up one "
         "writes noise",
-        ("trainer.beta=0.04", f"trainer.learning_rate={rate / 3:.2g}")
+        ("trainer.beta=0.04", learning_rate_advice(evidence, slower=True))
         + (("trainer.temperature=1.2",) if collapsed else ()),
     )
 
@@ -464,13 +480,12 @@ def gradient_spikes(evidence: RunEvidence) -> Finding | None:
     spikes = [n for n in norms if median > 0 and n > 10 * median]
     if not spikes:
         return None
-    rate = float(evidence.setting("trainer.learning_rate", 1e-6) or 1e-6)
     return Finding(
         "gradient_spikes",
         f"{len(spikes)} of {len(norms)} steps had a gradient norm above 10x the median {median:.3g} (largest "
         f"{max(spikes):.3g})",
         "a spike moves the policy far in one step; clipping bounds it, but frequent spikes mean unstable training",
-        (f"trainer.learning_rate={rate / 3:.2g}", "trainer.max_grad_norm=0.5"),
+        (learning_rate_advice(evidence, slower=True), "trainer.max_grad_norm=0.5"),
     )
 
 
