@@ -19,10 +19,12 @@ from grpo_exp.run.diagnosis.rules import (
     labels_misread,
     no_change,
     no_signal,
+    no_tool_use,
     reward_not_truth,
     sampler_mismatch,
     sharpened,
     truncated,
+    turns_exhausted,
 )
 from grpo_exp.run.labels_check import answers_alike
 from grpo_exp.stats import paired_change, problems_to_resolve, wilson_interval
@@ -174,9 +176,8 @@ def test_no_measurable_change_says_how_many_problems_would_show_it_and_a_flat_re
     assert "would need about 37 problems" in found.seen  # sd 0.3078: (1.96 * 0.3078 / 0.1)^2 = 36.4
     assert found.tries[:2] == ("trainer.learning_rate=3e-05", "trainer.max_steps=80")
     # a rate far below the default: advice starts from the default, not from 3x the rate that failed
-    slow = evidence(before=before, after=after, steps=flat)
-    slow.config["trainer"]["learning_rate"] = 1e-9
-    advice = no_change(slow).tries[0]
+    config = {**CONFIG, "trainer": {**CONFIG["trainer"], "learning_rate": 1e-9}}
+    advice = no_change(RunEvidence(config=config, before=before, after=after, steps=flat)).tries[0]
     assert advice.startswith("trainer.learning_rate=1e-05   # the default") and "10,000x below" in advice, advice
     rising = [{"reward": 0.01 * i} for i in range(20)]
     assert no_change(evidence(before=before, after=after, steps=rising)).tries == ("dataset.eval_size=37",)
@@ -418,3 +419,30 @@ def test_a_run_stopped_while_writing_a_line_is_diagnosed_from_the_lines_before_i
     (tmp_path / "cut" / "metrics.jsonl").write_text("\n".join([*lines[:3], "[1, 2]", *lines[3:]]))
     assert diagnose_main([str(tmp_path / "cut")]) == 1
     assert f"{tmp_path / 'cut' / 'metrics.jsonl'}: line 4 is not a JSON object" in capsys.readouterr().err
+
+
+# ---- multi-turn rollouts and environments ----------------------------------------------------------------------
+
+
+def multiturn(environment: str | None = None, max_turns: int = 4) -> dict:
+    return {**CONFIG, "rollout": {"demo": None, "environment": environment, "max_turns": max_turns}}
+
+
+def test_a_policy_that_never_acts_is_told_to_see_a_demonstration():
+    idle = [{"rollout/used_tool_frac": 0.0, "reward": 0.0} for _ in range(8)]
+    found = no_tool_use(RunEvidence(config=multiturn("textarena/Mastermind-v0"), steps=idle))
+    assert found.seen == "the policy never made a move: rollout/used_tool_frac was 0 in all 8 logged steps"
+    assert found.tries[0].startswith("rollout.demo=") and "textarena_guess" in found.tries[0]
+    assert "called a tool" in no_tool_use(RunEvidence(config=multiturn(), steps=idle)).seen
+    once = idle[:7] + [{"rollout/used_tool_frac": 0.125}]
+    assert no_tool_use(RunEvidence(config=multiturn(), steps=once)) is None
+
+
+def test_trajectories_that_run_out_of_turns_are_told_to_get_more():
+    spent = [{"rollout/turns_mean": 3.9, "rollout/final_answer_frac": 0.2} for _ in range(8)]
+    found = turns_exhausted(RunEvidence(config=multiturn(max_turns=4), steps=spent))
+    assert "3.9 of rollout.max_turns=4" in found.seen and "20% ended with a final answer" in found.seen
+    assert found.tries[0] == "rollout.max_turns=8"
+    answered = [{"rollout/turns_mean": 3.9, "rollout/final_answer_frac": 0.8} for _ in range(8)]
+    assert turns_exhausted(RunEvidence(config=multiturn(max_turns=4), steps=answered)) is None
+    assert turns_exhausted(RunEvidence(config=multiturn("textarena/Mastermind-v0"), steps=spent)) is None

@@ -228,6 +228,9 @@ def test_the_example_environment_trains_from_outside_the_repository(tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     assert summary["reward"] == "1*environment" and summary["best_metric"] == metric
     assert "heldout_environment_GuessTheNumber_success_before" in summary
+    # scored by the environment, not by labels: the summary says so
+    assert summary["scored_by"].startswith("the environment (") and "held-out episodes won" in result.stdout
+    assert "answers read by" not in result.stdout
     assert (run / "checkpoint-best").is_dir()
     evaluated = run_command([GRPO_EXP, "evaluate", str(run), "eval.samples=0"], cwd=project)
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]

@@ -233,6 +233,10 @@ class HeldoutEval:
         """For summary.json: the accuracy and every other held-out measure, before and after."""
         summary = {"heldout_accuracy_before": _accuracy(self.before), "heldout_accuracy_after": _accuracy(self.after)}
         summary |= {"labels": self.spec.cfg.verifier.labels, "answer": self.parts.verifier.answer_rule}
+        environment = self.spec.cfg.rollout.environment
+        if environment is not None:  # its episodes are scored by the environment, not by labels
+            shown = environment if isinstance(environment, str) else ", ".join(map(str, environment.values()))
+            summary["scored_by"] = f"the environment ({shown}): episodes won"
         if self.labels_check is not None:
             summary["labels_check"] = self.labels_check
         for when, result in (("before", self.before), ("after", self.after)):

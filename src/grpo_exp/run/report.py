@@ -84,9 +84,15 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
     )
     before, after = summary.get("heldout_accuracy_before"), summary.get("heldout_accuracy_after")
     judged = f"labels {summary['labels']}, answers read by {summary['answer']}" if "answer" in summary else ""
+    if summary.get("scored_by"):  # environments: episodes won, scored by the environment itself
+        won = (summary.get(f"heldout_environment_success_{when}") for when in ("before", "after"))
+        before, after, judged = *won, f"scored by {summary['scored_by']}"
+    name, what = (
+        ("held-out episodes won", "episodes") if summary.get("scored_by") else ("held-out accuracy", "problems")
+    )
     table.add_row(
-        "held-out accuracy",
-        f"{_fmt(before)} -> {_fmt(after)} (greedy, {summary['eval_size']} problems{', ' if judged else ''}{judged})",
+        name,
+        f"{_fmt(before)} -> {_fmt(after)} (greedy, {summary['eval_size']} {what}{', ' if judged else ''}{judged})",
     )
     if summary.get("heldout_tasks"):
         shown = []

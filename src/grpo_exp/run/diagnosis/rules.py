@@ -516,6 +516,57 @@ def sampler_mismatch(evidence: RunEvidence) -> Finding | None:
     )
 
 
+# ---- multi-turn rollouts and environments ------------------------------------------------------------------------
+
+USED_TOOL = "rollout/used_tool_frac"  # grpo_exp.rollout.flow.trajectory_statistics
+
+
+def no_tool_use(evidence: RunEvidence) -> Finding | None:
+    """A multi-turn run whose policy never called a tool (in an environment: never made a move) in any logged step:
+    nothing it could learn to do better with them was ever sampled."""
+    used = evidence.series(USED_TOOL)
+    if len(used) < 3 or max(used) > 0:
+        return None
+    acting = "made a move" if evidence.setting("rollout.environment") else "called a tool"
+    demo = (
+        "the textarena_guess preset has one" if evidence.setting("rollout.environment") else "the calculator's has one"
+    )
+    return Finding(
+        "no_tool_use",
+        f"the policy never {acting}: {USED_TOOL} was 0 in all {len(used)} logged steps",
+        "GRPO reinforces what the policy samples: a call never made earns nothing, so there is nothing to learn from",
+        (
+            f"rollout.demo=[...]   # a worked exchange before the task, a user turn and an assistant turn that "
+            f"calls the tool ({demo})",
+            "rollout.system='...'   # the tool and how to call it, in words",
+        ),
+    )
+
+
+def turns_exhausted(evidence: RunEvidence) -> Finding | None:
+    """Tool-using trajectories that run out of turns: in the last quarter of the steps, on average at least 90% of
+    rollout.max_turns turns, and under half of them end with a final answer (a game's episode is over when it is
+    over: environments are left out)."""
+    limit = evidence.setting("rollout.max_turns")
+    turns, answered = evidence.series("rollout/turns_mean"), evidence.series("rollout/final_answer_frac")
+    if evidence.setting("rollout.environment") or not limit or len(turns) < 4 or len(answered) < 4:
+        return None
+    tail = max(len(turns) // 4, 1)
+    mean_turns, mean_answered = statistics.mean(turns[-tail:]), statistics.mean(answered[-tail:])
+    if mean_turns < 0.9 * limit or mean_answered >= 0.5:
+        return None
+    return Finding(
+        "turns_exhausted",
+        f"trajectories ran out of turns: {mean_turns:.1f} of rollout.max_turns={limit} on average in the last steps, "
+        f"and {mean_answered:.0%} ended with a final answer",
+        "a trajectory still calling tools at its last turn has no answer for the reward to score",
+        (
+            f"rollout.max_turns={int(limit) * 2}",
+            "rollout.system='...'   # ask for the answer once the tool has given it",
+        ),
+    )
+
+
 def _completions_per_step(evidence: RunEvidence) -> int:
     return evidence.prompts_per_step * evidence.group_size
 
@@ -532,6 +583,8 @@ RULES = (
     entropy,
     gradient_spikes,
     sampler_mismatch,
+    no_tool_use,
+    turns_exhausted,
 )
 # What accounts for a held-out result by itself: with one of these found, no_change adds nothing.
 EXPLAINS_HELDOUT = {
@@ -542,4 +595,6 @@ EXPLAINS_HELDOUT = {
     "sharpened",
     "reward_not_truth",
     "heldout_fell",
+    "no_tool_use",
+    "turns_exhausted",
 }
