@@ -6,8 +6,6 @@ from support import requirements
 
 
 def test_the_install_lists_read_pyproject_and_leave_only_the_gguf_package_without_its_dependencies(capsys):
-    from support import requirements
-
     requirements.main(["dev"])
     listed = capsys.readouterr().out.splitlines()
     names = {requirements.requirement_name(line) for line in listed}

@@ -28,4 +28,3 @@ def test_importing_support_conftest_and_benchmarks_sets_nothing_and_loads_no_hub
     hub_clients, after_benchmarks = result.stdout.splitlines()[-2:]
     assert hub_clients == "[]"
     assert after_benchmarks == "False None kept"
-
