@@ -482,3 +482,30 @@ def test_the_benchmarks_commands_name_a_missing_run_file_before_any_work(tmp_pat
     with pytest.raises(SystemExit) as stopped:
         main([arg.format(missing=tmp_path / "nowhere", empty=tmp_path) for arg in argv])
     assert stopped.value.code == 2 and expected in capsys.readouterr().err
+
+
+# ---- 11. a key added with `+` that no setting has: refused, with the close ones -----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("+eval.evry=5", "eval.evry: no such setting, so nothing would read it (did you mean eval.every?"),
+        ("+trainer.learning_rte=1e-4", "did you mean trainer.learning_rate?"),
+        ("+rollout.environment_kwargs.code_length=3", "rollout.environment_kwargs: no such setting"),
+        ("+seed=3", "seed: no such setting, so nothing would read it (the top-level settings: algorithm"),
+    ],
+)
+def test_a_key_no_setting_has_is_refused_naming_it(override, expected, no_model_loads):
+    assert expected in refused([override])
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["+trainer.extra.top_k=20", "+dataset.task_config.min_terms=3", "+reward.components.format.settings.x=1"],
+)
+def test_free_form_sections_take_new_keys(override, no_model_loads):
+    cfg = compose_config([*TINY_RUN, "dataset=reasoning_gym", "logger=none", override])
+    from grpo_exp.schema import check_values
+
+    check_values(cfg)

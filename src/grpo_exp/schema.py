@@ -8,6 +8,7 @@ resolve phase (grpo_exp.run.resolve), with one message naming the key and what i
 """
 
 import dataclasses
+import difflib
 import math
 from dataclasses import dataclass, field
 from enum import Enum
@@ -710,6 +711,8 @@ def check_values(node: DictConfig, prefix: str = "") -> None:
     fields = {f.name: f for f in dataclasses.fields(schema)} if dataclasses.is_dataclass(schema) else {}
     for key in node:
         path = f"{prefix}{key}"
+        if fields and key not in fields:  # added with `+` to a section of the schema: nothing would read it
+            _refuse_unknown(path, str(key), sorted(fields))
         if OmegaConf.is_missing(node, key):
             continue
         if OmegaConf.is_interpolation(node, key):  # an alias (judge settings under a reward): checked at its source
@@ -723,6 +726,14 @@ def check_values(node: DictConfig, prefix: str = "") -> None:
             _check_value(path, value, fields[key].metadata)
         elif key in fields:
             _check_finite(path, OmegaConf.to_container(value, resolve=True), fields[key].metadata)
+
+
+def _refuse_unknown(path: str, key: str, known: list[str]) -> None:
+    section = path.rpartition(".")[0]
+    close = difflib.get_close_matches(key, known, n=3)
+    hint = f"did you mean {', '.join(f'{section}.{c}' if section else c for c in close)}? " if close else ""
+    where = f"{section}'s" if section else "the top-level"
+    raise UserError(f"{path}: no such setting, so nothing would read it ({hint}{where} settings: {', '.join(known)})")
 
 
 def _check_finite(path: str, value: Any, limits: dict | None = None) -> None:
