@@ -108,6 +108,7 @@ def training_steps(steps: int) -> None:
     for path, overrides in PATHS.items():
         for preset, name in PRESETS.items():
             seconds[path, preset] = training_seconds_per_step(name, steps, overrides)
+            print(f"  {path}, {preset}: {seconds[path, preset]:.2f} s/step", flush=True)
     print(f"| generation | {' | '.join(f'{p} (s/step)' for p in PRESETS)} | calculator / single-turn |")
     print("|---|" + "---|" * (len(PRESETS) + 1))
     for path in PATHS:

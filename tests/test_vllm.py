@@ -57,6 +57,18 @@ def test_truncated_sampling_with_the_correction_is_refused_naming_both_keys(sett
     check_trainer(cfg.trainer, 1, multiturn=False, policy_dtype=torch.float32)
 
 
+def test_bfloat16_generation_with_vllm_is_the_engines_dtype_for_multi_turn_rollouts_too():
+    """No sampling copy with vLLM: trainer.bfloat16_generation builds the engine in bfloat16, which samples every
+    turn (and TRL's correction reads its log-probabilities); without vLLM a multi-turn run still refuses it."""
+    from grpo_exp.trainer.config import check_trainer
+
+    cfg = compose_config(["+experiment=calculator", "generation=vllm_colocate", "trainer.bfloat16_generation=true"])
+    check_trainer(cfg.trainer, 1, multiturn=True, policy_dtype=torch.float32)
+    cfg = compose_config(["+experiment=calculator", "trainer.bfloat16_generation=true"])
+    with pytest.raises(UserError, match="rollout=multiturn generates its turns itself"):
+        check_trainer(cfg.trainer, 1, multiturn=True, policy_dtype=torch.float32)
+
+
 def test_serve_prints_vllms_command_with_what_the_trainer_needs(capsys):
     from grpo_exp.serve import main
 

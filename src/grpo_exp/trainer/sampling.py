@@ -51,8 +51,11 @@ def check_sampling(
     sharded: bool,
     policy_dtype: torch.dtype,
 ) -> None:
-    """Every rule on the sampling copy, before any model loads."""
+    """Every rule on the sampling copy, before any model loads. With vLLM there is no copy: bfloat16_generation is
+    the engine's dtype, which samples multi-turn rollouts' turns too, and takes the weights gathered."""
     check_generation_path(bfloat16_generation, fast_generation, use_vllm, use_transformers_paged)
+    if use_vllm:
+        return
     if multiturn:
         check_multiturn(bfloat16_generation, fast_generation)
     check_sharded_copy(bfloat16_generation, sharded, policy_dtype)
