@@ -2,6 +2,7 @@
 the readers of its JSON and YAML files."""
 
 import json
+import os
 from pathlib import Path
 
 import yaml
@@ -92,14 +93,17 @@ def not_directories(paths: list[Path]) -> str | None:
 
 
 def output_directory_problem(path: Path) -> str | None:
-    """Why `path` cannot take a command's output (a file is there, a parent is a file, it cannot be created), None
-    once it exists as a directory: made here, before any work, so that nothing is computed and then lost."""
-    if path.exists() and not path.is_dir():
-        return "a file is there, not a directory"
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        return f"cannot be created ({err.strerror or err})"
+    """Why `path` cannot take a command's output (a file is there, a parent is a file, a parent cannot be written),
+    None where it can: checked before any work, so that nothing is computed and then lost; nothing is created."""
+    if path.exists():
+        return None if path.is_dir() else "a file is there, not a directory"
+    parent = path.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"cannot be created ({parent} is a file)"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"cannot be created ({parent} is not writable)"
     return None
 
 
