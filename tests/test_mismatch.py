@@ -110,12 +110,11 @@ def test_the_corrected_loss_by_hand(tmp_path):
     torch.testing.assert_close(trainer.compute_loss(trainer.model, batch), expected, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo", "luspo"])
-def test_weighting_the_advantages_is_trls_own_weighted_loss(tmp_path, loss_type):
+def test_weighting_the_advantages_is_trls_own_weighted_loss(tmp_path):
     """TRL applies the weights (on vLLM) by multiplying each token's policy loss; the seam multiplies the advantages.
     Off-policy ratios (old log-probabilities shifted) so that PPO's clip acts: same loss and gradient as TRL's own
-    code with its vLLM correction switched on."""
-    trainer = make_trainer(tmp_path, by_index, prompts=2, overrides=[f"trainer.loss_type={loss_type}"])
+    code with its vLLM correction switched on, for each of TRL's loss types (one trainer, its loss type switched)."""
+    trainer = make_trainer(tmp_path, by_index, prompts=2)
     batch = generation_batch(trainer, prompts=2)
     with torch.no_grad():
         new = trainer._trainer_log_probs(batch)
@@ -130,12 +129,15 @@ def test_weighting_the_advantages_is_trls_own_weighted_loss(tmp_path, loss_type)
         loss.backward()
         return loss.detach(), torch.cat([p.grad.flatten() for p in trainer.model.parameters()])
 
-    ours = loss_and_gradient(trainer.compute_loss)
-    # TRL's own code applies them (its vLLM path), the seam standing aside as it does there
-    trainer.use_vllm = trainer.vllm_importance_sampling_correction = trainer.mismatch.stands_aside = True
-    trls = loss_and_gradient(trainer.compute_loss)
-    torch.testing.assert_close(ours[0], trls[0], atol=1e-6, rtol=1e-5)
-    torch.testing.assert_close(ours[1], trls[1], atol=1e-6, rtol=1e-4)
+    for loss_type in ("grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo", "luspo"):
+        trainer.loss_type = loss_type
+        trainer.use_vllm = trainer.vllm_importance_sampling_correction = trainer.mismatch.stands_aside = False
+        ours = loss_and_gradient(trainer.compute_loss)
+        # TRL's own code applies them (its vLLM path), the seam standing aside as it does there
+        trainer.use_vllm = trainer.vllm_importance_sampling_correction = trainer.mismatch.stands_aside = True
+        trls = loss_and_gradient(trainer.compute_loss)
+        torch.testing.assert_close(ours[0], trls[0], atol=1e-6, rtol=1e-5, msg=loss_type)
+        torch.testing.assert_close(ours[1], trls[1], atol=1e-6, rtol=1e-4, msg=loss_type)
 
 
 def test_weighted_advantages_broadcast_per_token_and_per_sequence():

@@ -105,36 +105,28 @@ def test_tool_calls_end_a_turn_at_their_closing_tag():
 
 
 @pytest.mark.e2e
-def test_colocate_trains_multi_turn_and_evaluates_through_vllm(tmp_path):
-    """generation=vllm_colocate on the embedded model: the calculator preset's multi-turn rollouts, each turn from vLLM,
-    the weights synced through vLLM's reload each step, the held-out evaluation from the engine, the summary written."""
-    _, summary, steps = trained_through_vllm(
-        tmp_path, "+experiment=calculator", "generation=vllm_colocate", "trainer.max_steps=2"
-    )
-    assert summary["steps"] == 2 and summary["heldout_accuracy_after"] is not None
-    assert len(steps) == 2
-    # vLLM in the policy's float32, synced each step: its log-probabilities are the trainer's (the bfloat16 that
-    # vLLM's auto dtype picks, or a stale tied head after a reload, measured 0.016 to 0.027 a token)
-    assert all(m[MISMATCH] < 1e-3 for m in steps), steps
-    assert any(m["rollout/tool_calls_mean"] > 0 for m in steps)  # turns went on after a tool answered
-
-
-@pytest.mark.e2e
-def test_colocate_under_two_processes_makes_the_same_calls_on_every_rank_and_exits_cleanly(tmp_path):
-    """`accelerate launch` with 2 processes: an engine in each (TRL's external launcher), each rank synced through
-    vLLM's reload, the same torch.distributed calls on both, and no traceback when the engines shut down at exit."""
+def test_colocate_under_two_processes_trains_multi_turn_evaluates_and_exits_cleanly(tmp_path):
+    """generation=vllm_colocate on the embedded model under `accelerate launch` with 2 processes: an engine in each
+    (TRL's external launcher), the calculator preset's multi-turn rollouts, each turn from vLLM, each rank synced
+    through vLLM's reload each step, the held-out evaluation from the engines, the same torch.distributed calls on
+    both ranks, and no traceback when the engines shut down at exit."""
     from tests.helpers.cli import recorded_launch
     from tests.test_collectives import assert_same_calls
 
-    overrides = ("model=smollm2_135m", "generation=vllm_colocate", "trainer.max_steps=2", *QUIET_RUN[:2])
+    overrides = ("model=smollm2_135m", "+experiment=calculator", "generation=vllm_colocate", "trainer.max_steps=2")
+    overrides += tuple(QUIET_RUN)
     launched = recorded_launch(tmp_path, *overrides, launch_args=("--num_processes", "2"))
     assert launched.returncode == 0, launched.stderr[-4000:]
     assert "Traceback" not in launched.stdout + launched.stderr, launched.stderr[-4000:]
     assert_same_calls(tmp_path)
     run_dir = tmp_path / "run"
-    assert json.loads((run_dir / "summary.json").read_text())["processes"] == 2
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["processes"] == 2 and summary["steps"] == 2 and summary["heldout_accuracy_after"] is not None
     steps = [m for m in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if MISMATCH in m]
+    # vLLM in the policy's float32, synced each step: its log-probabilities are the trainer's (the bfloat16 that
+    # vLLM's auto dtype picks, or a stale tied head after a reload, measured 0.016 to 0.027 a token)
     assert len(steps) == 2 and all(m[MISMATCH] < 1e-3 for m in steps), steps
+    assert any(m["rollout/tool_calls_mean"] > 0 for m in steps)  # turns went on after a tool answered
 
 
 @pytest.mark.e2e
@@ -179,12 +171,12 @@ def embedded():
 def test_server_trains_the_embedded_model_reloading_the_weights_the_trainer_writes(server, tmp_path):
     port = server.rsplit(":", 1)[1]
     run_dir, summary, steps = trained_through_vllm(
-        tmp_path, "generation=vllm_server", f"trainer.extra.vllm_server_port={port}", "trainer.max_steps=3"
+        tmp_path, "generation=vllm_server", f"trainer.extra.vllm_server_port={port}", "trainer.max_steps=2"
     )
-    assert summary["steps"] == 3 and summary["heldout_accuracy_before"] is not None
+    assert summary["steps"] == 2 and summary["heldout_accuracy_before"] is not None
     assert (run_dir / "trainer" / "vllm_weights" / "model.safetensors").is_file()  # what the server reloaded from
     differences = [m[MISMATCH] for m in steps]
-    assert len(differences) == 3 and max(differences) < 1e-3, differences
+    assert len(differences) == 2 and max(differences) < 1e-3, differences
 
 
 def served_log_probs(server: str, prompt: list[int], completion: list[int]) -> torch.Tensor:
