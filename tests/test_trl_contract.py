@@ -31,6 +31,7 @@ from grpo_exp.trainer.trl_contract import (
     TRL_PUBLIC,
     TRL_VLLM_ATTRIBUTES,
     TRL_VLLM_GENERATION,
+    VLLM_GENERATION_ATTRIBUTES,
     VLLM_GENERATION_METHODS,
 )
 from support.config import TINY_RUN, compose_config
@@ -342,3 +343,12 @@ def test_trls_vllm_generation_is_where_grpo_exp_adjusts_it():
 
     for method in VLLM_GENERATION_METHODS:
         assert callable(getattr(VLLMGeneration, method, None)), f"VLLMGeneration.{method} is gone"
+
+
+def test_trls_vllm_generation_still_sets_what_the_async_pipeline_sends_the_server():
+    """grpo_exp.trainer.async_generation builds TRL's server request from these (no engine starts here)."""
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    source = inspect.getsource(VLLMGeneration.__init__)
+    missing = [name for name in VLLM_GENERATION_ATTRIBUTES if f"self.{name} =" not in source]
+    assert not missing, f"VLLMGeneration no longer sets {missing}: update grpo_exp.trainer.async_generation"

@@ -450,6 +450,13 @@ class TrainerSchema:
     # (sampling/float64/*): the sampler disagreeing with the trainer, or both rounding away from the exact model.
     float64_reference_every: int = knob(0, ge=0)
     float64_reference_completions: int = knob(4, ge=1)  # per process
+    # generation=vllm_async (grpo_exp.trainer.async_generation, docs/async.md): a vLLM server generates the batches
+    # of the coming steps while the trainer trains; a batch is made by a policy at most max_staleness optimiser steps
+    # older than the one it trains (older ones are dropped and generated afresh), corrected by TRL's importance
+    # sampling. null: synchronous. 0: synchronous through the same pipeline. weight_sync_steps: every how many steps
+    # the server gets the policy's weights (at most max_staleness + 1).
+    max_staleness: int | None = knob(None, ge=0)
+    weight_sync_steps: int = knob(1, ge=1)
     # Resumable checkpoints (weights, optimiser, RNG) every N steps under <run dir>/trainer (0: only when a run is
     # interrupted); deleted when the run finishes unless keep_checkpoints.
     save_steps: int = knob(10, ge=0, why="must be 0 (off) or a number of steps")

@@ -13,6 +13,8 @@ import itertools
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
+from grpo_exp.errors import UserError
+
 
 @dataclass(frozen=True)
 class TurnSampling:
@@ -95,7 +97,11 @@ class ServedTurns:
         done, _ = wait(list(self.pending), return_when=FIRST_COMPLETED)
         turns = []
         for request in done:
-            key, output = self.pending.pop(request), request.result()
+            key = self.pending.pop(request)
+            try:
+                output = request.result()
+            except Exception as err:  # the server died or refused (TRL's client raises a bare Exception)
+                raise served_failure(self.client.base_url, "to generate a turn", err) from err
             log_probs = output.get("logprobs")
             sampled = None if log_probs is None else [position[0] for position in log_probs[0]]
             turns.append(Turn(key, output["completion_ids"][0], sampled))
@@ -103,6 +109,14 @@ class ServedTurns:
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
+
+
+def served_failure(base_url: str, what: str, err: Exception) -> UserError:
+    """What the user reads when a vLLM server fails a request: its address and its own words."""
+    return UserError(
+        f"the vLLM server at {base_url} failed {what} ({type(err).__name__}: {err}); is it still running? "
+        "(grpo-exp serve, docs/vllm.md)"
+    )
 
 
 def _log_probs(sample) -> list[float] | None:

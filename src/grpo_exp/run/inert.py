@@ -347,6 +347,13 @@ ONLY_WITH: tuple[OnlyWith, ...] = (
         ),
         "on CPU set the environment variable VLLM_CPU_KVCACHE_SPACE (GiB; grpo_exp's default 1)",
     ),
+    OnlyWith(
+        ("trainer.weight_sync_steps",),
+        lambda cfg: cfg.trainer.max_staleness is not None,
+        "by generation ahead (generation=vllm_async)",
+        lambda cfg: "trainer.max_staleness=null generates synchronously (TRL syncs the weights every step)",
+        "add generation=vllm_async (or set trainer.max_staleness)",
+    ),
     # ---- the rollout
     OnlyWith(
         ("rollout",),

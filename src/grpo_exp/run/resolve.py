@@ -58,6 +58,7 @@ from grpo_exp.schema import (
     check_values,
 )
 from grpo_exp.trainer.advantages import TRL_ADVANTAGES, check_algorithm, check_keeps_group_scale
+from grpo_exp.trainer.async_generation import check_async_generation
 from grpo_exp.trainer.config import GRPOExpConfig, check_trainer, grpo_exp_config
 from grpo_exp.trainer.losses import is_trls
 from grpo_exp.verification.labels import check_labels
@@ -136,6 +137,7 @@ def resolve(
     if "judge" in spec.components:
         check_judge(cfg.judge, spec.processes)
     check_trainer(cfg.trainer, spec.processes, multiturn=spec.multiturn, policy_dtype=spec.policy_dtype)
+    check_async_generation(cfg, multiturn=spec.multiturn, selfverify=spec.selfverify is not None)
     check_algorithm(cfg.algorithm, cfg.trainer)
     environments, native = check_rollout(spec)
     spec = replace(spec, native_tool_calling=native)

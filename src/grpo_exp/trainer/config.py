@@ -43,6 +43,8 @@ OWN_KNOBS = (
     "mismatch_clip_max",
     "float64_reference_every",
     "float64_reference_completions",
+    "max_staleness",
+    "weight_sync_steps",
 )
 
 

@@ -15,6 +15,7 @@ from grpo_exp.rollout.native import settled_episodes
 from grpo_exp.sampled_log_probs import SampledLogProbs
 from grpo_exp.schema import ZeroVarianceGroups
 from grpo_exp.trainer.advantages import TRL_ADVANTAGES, estimate
+from grpo_exp.trainer.async_generation import generation_ahead
 from grpo_exp.trainer.hooks import TrainingHooks
 from grpo_exp.trainer.imputation import impute_failures
 from grpo_exp.trainer.losses import policy_loss
@@ -57,6 +58,7 @@ class HookedGRPOTrainer(TrainingHooks, TRLSurface, GRPOTrainer):
             top_entropy_quantile=self.top_entropy_quantile,
             aux_loss=self.aux_loss_enabled,
         )
+        self.ahead = generation_ahead(self)  # generation=vllm_async: the pipeline in vllm_generation's place, or None
         self._imputed = None
         self.rollout_rows: list[dict] | None = None  # the rows being generated for (a rollout_func reads them)
 
@@ -91,6 +93,12 @@ class HookedGRPOTrainer(TrainingHooks, TRLSurface, GRPOTrainer):
         )
         self._record(metrics)
         return output
+
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        """transformers' draw of a step's batches; with generation=vllm_async, the coming steps' drawn ahead and sent
+        to the server (grpo_exp.trainer.async_generation)."""
+        draw = functools.partial(super().get_batch_samples, num_batches=num_batches, device=device)
+        return draw(epoch_iterator) if self.ahead is None else self.ahead.batches_for_step(epoch_iterator, draw)
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         """TRL's single-turn generation; training text batches from the sampling copy where there is one

@@ -18,6 +18,7 @@ TRL_METHODS = {
     "compute_loss": ("model", "inputs", "return_outputs", "num_items_in_batch"),
     "_compute_loss": ("model", "inputs"),
     "_save_checkpoint": ("model", "trial"),
+    "_tokenize_prompts": ("prompts",),
 }
 # The trainer's attributes the seam reads (dotted: an attribute of one).
 TRL_ATTRIBUTES = tuple(
@@ -38,6 +39,13 @@ TRL_VLLM_GENERATION = {
     "trl.generation.vllm_generation": ("LLM", "VLLMGeneration"),
 }
 VLLM_GENERATION_METHODS = ("_init_vllm", "sync_weights", "_iter_named_params", "generate")
+# What grpo_exp.trainer.async_generation reads of it to send a server TRL's own request (set in its __init__).
+VLLM_GENERATION_ATTRIBUTES = tuple(
+    """
+    accelerator mode server_base_url server_host server_port repetition_penalty temperature top_p top_k min_p
+    max_completion_length logprobs structured_outputs_regex generation_kwargs
+    """.split()
+)
 # transformers' Trainer's public surface the seam reads (tests/test_trl_contract.py derives every name the seam and
 # trl_surface read from their source, and fails on one declared nowhere here)
 TRL_PUBLIC = ("accelerator", "model", "processing_class", "save_model", "state", "train_dataset")

@@ -78,11 +78,18 @@ class TRLSurface:
                 yield model
                 return
             # the run generates with vLLM: so do its evaluations, from the engine synced to the policy as it is now
-            if self.state.global_step != self._last_loaded_step:
+            sync_now = getattr(self.vllm_generation, "sync_now", None)  # generation=vllm_async's pipeline
+            if sync_now is not None:
+                sync_now()
+            elif self.state.global_step != self._last_loaded_step:
                 self.vllm_generation.sync_weights()
                 self._last_loaded_step = self.state.global_step
             with turn_engine(self.vllm_generation, 64) as engine, answered_by(engine):
                 yield model
+
+    def prompt_ids(self, rows: list[dict]) -> list[list[int]]:
+        """The token ids of the rows' prompts, as TRL's generation tokenizes them (its chat template, its tools)."""
+        return self._tokenize_prompts([row["prompt"] for row in rows])[0]
 
     def last_rewards(self, name: str) -> list[float]:
         """Reward component `name` of every completion of the last generation batch (gathered), as TRL logged it."""

@@ -1,0 +1,305 @@
+"""generation=vllm_async: generation that does not wait for training (docs/async.md).
+
+A vLLM server generates the batches of the coming steps while the trainer trains on the batch of this one. At the
+start of each optimiser step (transformers' `get_batch_samples`, where the step's batches are drawn) the pipeline:
+1. brings the server's weights to the policy's every `weight_sync_steps` steps, once the requests in flight have
+   been answered (so that every completion comes from one known policy version);
+2. draws the batches of the coming steps (`max_staleness - weight_sync_steps + 1` ahead) from the same data
+   iterator, in the same order as a synchronous run, and sends each one's prompts to the server as it is drawn,
+   tagged with the server's version;
+3. hands the trainer this step's batch. When TRL asks for its completions (`generate`), they are the server's answer
+   to that request: made by a policy `step - version` optimiser steps old. An answer older than `max_staleness` is
+   dropped (and counted) and the batch is generated afresh from current weights; so is a batch whose prompts are not
+   the ones sent (another row set: a resampled batch).
+
+TRL's importance-sampling correction (vllm_importance_sampling_correction) weighs each token by the current policy
+against the sampler's log-probability, which the server returns: it corrects staleness as it corrects the
+sampler/trainer mismatch. With max_staleness=0 nothing is drawn ahead and the run is synchronous.
+
+TRL's VLLMGeneration stays the server's client and the weight sync (NCCL on GPUs, a reload from the run directory
+on CPU: grpo_exp.trainer.vllm_reload); `AsyncGeneration` stands in its place on the trainer, so TRL's own generation
+code asks it for completions.
+"""
+
+import logging
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+
+from accelerate.utils import broadcast_object_list, gather_object
+from omegaconf import OmegaConf
+from transformers import TrainerCallback
+
+from grpo_exp.errors import UserError
+from grpo_exp.rollout.vllm_turns import served_failure
+
+log = logging.getLogger(__name__)
+
+# How long the trainer waits for the server before it says so (and again at each multiple).
+WAIT_WARNING_SECONDS = 60.0
+
+
+@dataclass
+class Request:
+    """One step's generation, sent ahead: this process's prompts, the server's weights version when sent, and (main
+    process) the server's answer for every process's prompts."""
+
+    prompt_ids: list[list[int]]
+    version: int
+    answer: Future | None = None
+
+
+@dataclass
+class Pipeline:
+    """What the pipeline counts, for the step's metrics."""
+
+    dropped: int = 0  # rows whose completions were older than max_staleness
+    regenerated: int = 0  # batches generated afresh (too old, or not the prompts sent)
+    waited: float = 0.0  # seconds the trainer waited for a batch's completions, since the last metrics
+    synced: float = 0.0  # seconds the weight syncs took (the requests in flight answered first), since then
+    staleness: list[int] = field(default_factory=list)  # each batch's, since the last metrics
+
+
+def sampling_params(generation, num_generations: int) -> dict:
+    """TRL's server request for a batch, as TRL's VLLMGeneration.generate builds it (trl 1.16)."""
+    return {
+        "n": num_generations,
+        "repetition_penalty": generation.repetition_penalty,
+        "temperature": generation.temperature,
+        "top_p": generation.top_p,
+        "top_k": generation.top_k,
+        "min_p": 0.0 if generation.min_p is None else generation.min_p,
+        "max_tokens": generation.max_completion_length,
+        "logprobs": generation.logprobs,
+        "structured_outputs_regex": generation.structured_outputs_regex,
+        "generation_kwargs": generation.generation_kwargs,
+    }
+
+
+class AsyncGeneration:
+    """TRL's VLLMGeneration (server mode) with requests sent ahead: on the trainer in its place. `step()`: the
+    trainer's optimiser step (global_step); `tokenize(rows)`: TRL's prompt ids of a batch's rows."""
+
+    def __init__(self, generation, *, max_staleness: int, weight_sync_steps: int, num_generations: int, step, tokenize):
+        self.generation, self.accelerator = generation, generation.accelerator
+        self.max_staleness, self.weight_sync_steps = max_staleness, weight_sync_steps
+        # A batch sent `ahead` steps early, from weights up to weight_sync_steps - 1 steps older than the step it was
+        # sent at, is at most max_staleness old when trained on (check_async_generation: weight_sync_steps <=
+        # max_staleness + 1).
+        self.lookahead = max_staleness - weight_sync_steps + 1
+        self.num_generations, self.step, self.tokenize = num_generations, step, tokenize
+        self.url = generation.server_base_url or f"http://{generation.server_host}:{generation.server_port}"
+        self.pool = ThreadPoolExecutor(max_workers=max_staleness + 1, thread_name_prefix="vllm-async")
+        self.ahead: deque[tuple[list, object, Request]] = deque()  # (the step's batches, their item count, request)
+        self.current: Request | None = None  # the request of the step being trained
+        self.iterator = None  # the epoch's data iterator the batches ahead were drawn from
+        self.version = -1  # the optimiser step whose weights the server holds (-1: not synced yet)
+        self.counts = Pipeline()
+
+    def __getattr__(self, name):  # everything else is TRL's VLLMGeneration's
+        return getattr(self.generation, name)
+
+    # ---- the step's batches (transformers' get_batch_samples) ----------------------------------------------
+
+    def batches_for_step(self, epoch_iterator, draw):
+        """This step's (batches, items), drawn by `draw(epoch_iterator)` (transformers' own get_batch_samples), with
+        the steps up to max_staleness ahead drawn and sent to the server."""
+        if epoch_iterator is not self.iterator:  # a new epoch: nothing of the last one is left ahead
+            self.ahead.clear()
+            self.iterator = epoch_iterator
+        if self.step() - self.version >= self.weight_sync_steps or self.version < 0:
+            self._sync()
+        while len(self.ahead) <= self.lookahead:
+            batches, items = draw(epoch_iterator)
+            if not batches:
+                break
+            self.ahead.append((batches, items, self._send(batches[0])))
+        if not self.ahead:
+            return [], None
+        batches, items, self.current = self.ahead.popleft()
+        return batches, items
+
+    # ---- TRL's VLLMGeneration interface ------------------------------------------------------------------
+
+    def sync_weights(self):
+        """TRL calls this before every step's generation: the pipeline syncs on its own schedule instead."""
+
+    def sync_now(self):
+        """The server's weights brought to the policy's now (evaluation samples from the current policy)."""
+        if self.version != self.step():
+            self._sync()
+
+    def generate(self, prompts, images, num_generations, profiler=None):
+        """TRL's generate: the completions sent ahead for these prompts, or (too old, or other prompts) afresh."""
+        request, self.current = self.current, None
+        sent = request is not None and request.prompt_ids == prompts and images is None
+        staleness = self.step() - request.version if sent else 0
+        fresh = sent and staleness <= self.max_staleness
+        if not all(gather_object([fresh])):  # every process takes the same path (collective calls follow)
+            if sent and staleness > self.max_staleness:
+                self.counts.dropped += len(prompts) * self.accelerator.num_processes
+            self.counts.regenerated += 1
+            self.sync_now()
+            self.counts.staleness.append(0)
+            return self.generation.generate(prompts, images, num_generations, profiler)
+        self.counts.staleness.append(staleness)
+        payload = [self._answer(request) if self.accelerator.is_main_process else None]
+        broadcast_object_list(payload, from_process=0)  # the server's failure too: every process stops with it
+        if isinstance(payload[0], str):
+            raise UserError(payload[0])
+        prompt_ids, completion_ids, logprobs, logprob_token_ids = payload[0]
+        rows = slice(self.accelerator.process_index * len(prompts), (self.accelerator.process_index + 1) * len(prompts))
+        prompt_ids = [ids for ids in prompt_ids for _ in range(num_generations)]
+        return (
+            prompt_ids[rows],
+            completion_ids[rows],
+            None if logprobs is None else logprobs[rows],
+            None if logprob_token_ids is None else logprob_token_ids[rows],
+        )
+
+    # ---- metrics and the end ---------------------------------------------------------------------------------
+
+    def metrics(self) -> dict[str, float]:
+        """The pipeline's figures since the last call: each batch's staleness (mean, max), the rows dropped (in all),
+        the seconds waited for the server and spent syncing."""
+        counts = self.counts
+        figures = {
+            "async/dropped_total": float(counts.dropped),
+            "async/regenerated_total": float(counts.regenerated),
+            "async/wait_seconds": counts.waited,
+            "async/sync_seconds": counts.synced,
+        }
+        if counts.staleness:
+            figures["async/staleness_mean"] = sum(counts.staleness) / len(counts.staleness)
+            figures["async/staleness_max"] = float(max(counts.staleness))
+        counts.staleness, counts.waited, counts.synced = [], 0.0, 0.0
+        return figures
+
+    def close(self) -> None:
+        """Requests still ahead are dropped (they are drawn again on resume)."""
+        self.ahead.clear()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    # ---- the server ------------------------------------------------------------------------------------------
+
+    def _send(self, rows: list[dict]) -> Request:
+        prompt_ids = self.tokenize(rows)
+        everyone = gather_object(prompt_ids)
+        answer = None
+        if self.accelerator.is_main_process:
+            params = sampling_params(self.generation, self.num_generations)
+            unique = everyone[:: self.num_generations]
+            answer = self.pool.submit(self.generation.vllm_client.generate, prompts=unique, **params)
+        return Request(prompt_ids, self.version, answer)
+
+    def _answer(self, request: Request) -> tuple | str:
+        """The server's answer (main process), waited for: a wait is timed, and said when it is long. Where the server
+        failed, what to tell the user."""
+        started = time.perf_counter()
+        while True:
+            try:
+                output = request.answer.result(timeout=WAIT_WARNING_SECONDS)
+                break
+            except TimeoutError:
+                log.warning(
+                    "generation=vllm_async: waiting for the vLLM server at %s for %.0f s (step %d)",
+                    self.url,
+                    time.perf_counter() - started,
+                    self.step(),
+                )
+            except Exception as err:  # the server died or refused: the run stops, naming it
+                return str(served_failure(self.url, f"to generate the batch of step {self.step()}", err))
+        self.counts.waited += time.perf_counter() - started
+        return output["prompt_ids"], output["completion_ids"], output["logprobs"], output.get("logprob_token_ids")
+
+    def _sync(self) -> None:
+        """The server's weights brought to the policy's, once the requests in flight are answered (each completion
+        comes from one version)."""
+        started = time.perf_counter()
+        if self.accelerator.is_main_process:  # a failed request is told when its batch is trained on
+            wait([request.answer for _, _, request in self.ahead])
+        self.generation.sync_weights()
+        self.version = self.step()
+        self.counts.synced += time.perf_counter() - started
+
+
+# ---- its rules, checked at resolve time --------------------------------------------------------------------------
+
+# Settings that choose each step's prompts from the last steps' results, which prompts drawn ahead cannot follow.
+CHOSEN_FROM_RESULTS = (
+    ("curriculum.enabled", "the difficulty curriculum draws each step's prompts from the last pass rates"),
+    ("dataset.levels.enabled", "the task levels draw each step's prompts at the level the last validation set"),
+)
+
+
+def check_async_generation(cfg, *, multiturn: bool, selfverify: bool) -> None:
+    """trainer.max_staleness (generation=vllm_async): a vLLM server, single-turn batches drawn from the data in order,
+    one generation per optimiser step, and a sync at least as often as the bound allows."""
+    trainer = cfg.trainer
+    staleness = trainer.max_staleness
+    if staleness is None:
+        return
+    prefix = f"trainer.max_staleness={staleness} (generation=vllm_async)"
+    extra = trainer.extra
+    if not extra.get("use_vllm") or extra.get("vllm_mode", "server") != "server":
+        raise UserError(
+            f"{prefix} generates ahead on a vLLM server: it needs trainer.extra.use_vllm=true and "
+            "trainer.extra.vllm_mode=server (generation=vllm_async sets both), or trainer.max_staleness=null"
+        )
+    if trainer.weight_sync_steps > staleness + 1:
+        raise UserError(
+            f"trainer.weight_sync_steps={trainer.weight_sync_steps} with {prefix}: between two syncs the server's "
+            f"batches would grow older than the bound and be dropped; set trainer.weight_sync_steps to at most "
+            f"{staleness + 1}, or raise trainer.max_staleness"
+        )
+    if trainer.num_iterations > 1:
+        raise UserError(
+            f"trainer.num_iterations={trainer.num_iterations} with {prefix}: the pipeline sends one batch per "
+            "optimiser step; set trainer.num_iterations=1"
+        )
+    if multiturn or selfverify:
+        what = "rollout=multiturn / environments" if multiturn else "the self-verification task (reward selfverify)"
+        raise UserError(
+            f"{prefix}: {what} is not generated ahead yet (its prompts come from the rollout or from recent "
+            "samples); use generation=vllm_server"
+        )
+    for key, why in CHOSEN_FROM_RESULTS:
+        if OmegaConf.select(cfg, key):
+            raise UserError(f"{key}=true with {prefix}: {why}, which prompts sent ahead cannot follow")
+
+
+# ---- on the trainer ----------------------------------------------------------------------------------------------
+
+
+class PipelineCallback(TrainerCallback):
+    """The pipeline's figures join the step's metrics; at the end of training, what is still ahead is dropped."""
+
+    def __init__(self, trainer, pipeline: AsyncGeneration):
+        self.trainer, self.pipeline = trainer, pipeline
+
+    def on_step_end(self, args, state, control, **kwargs):
+        for key, value in self.pipeline.metrics().items():
+            self.trainer.record_metric(key, value)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.pipeline.close()
+
+
+def generation_ahead(trainer) -> AsyncGeneration | None:
+    """generation=vllm_async (trainer.max_staleness set): the pipeline in place of the trainer's TRL VLLMGeneration,
+    with its callback; None otherwise."""
+    args = trainer.args
+    if args.max_staleness is None:
+        return None
+    pipeline = AsyncGeneration(
+        trainer.vllm_generation,
+        max_staleness=args.max_staleness,
+        weight_sync_steps=args.weight_sync_steps,
+        num_generations=trainer.num_generations,
+        step=lambda: trainer.state.global_step,
+        tokenize=trainer.prompt_ids,
+    )
+    trainer.vllm_generation = pipeline
+    trainer.add_callback(PipelineCallback(trainer, pipeline))
+    return pipeline

@@ -1,0 +1,208 @@
+"""generation=vllm_async (grpo_exp.trainer.async_generation): the pipeline's bound on staleness and its order, its
+rules, and a failing server stopping the run with its address named. The real server's runs are in test_vllm.py."""
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
+
+import pytest
+
+from grpo_exp.errors import UserError
+from grpo_exp.trainer.async_generation import AsyncGeneration, check_async_generation
+from support.config import TINY_RUN, compose_config
+
+G = 2
+
+
+class ServerGeneration:
+    """Stands for TRL's VLLMGeneration in server mode, its client and its weight sync: each completion is one token,
+    the version of the weights the server held when it generated it (the trainer's step at the last sync)."""
+
+    def __init__(self, trainer_step):
+        self.accelerator = SimpleNamespace(num_processes=1, process_index=0, is_main_process=True)
+        self.server_base_url, self.trainer_step, self.server_version = "http://server", trainer_step, None
+        self.repetition_penalty, self.temperature, self.top_p, self.top_k, self.min_p = 1.0, 1.0, 1.0, 0, None
+        self.max_completion_length, self.logprobs, self.structured_outputs_regex = 4, 0, None
+        self.generation_kwargs = {}
+        self.vllm_client, self.syncs, self.generated_now = SimpleNamespace(generate=self.answer), 0, 0
+
+    def sync_weights(self):
+        self.server_version, self.syncs = self.trainer_step(), self.syncs + 1
+
+    def answer(self, prompts, n, **params):  # the client's request: each prompt once, n completions of it
+        time.sleep(0.01)  # answered a little later, as a server does: a sync must wait for it
+        rows = [ids for ids in prompts for _ in range(n)]
+        return {
+            "prompt_ids": prompts,
+            "completion_ids": [[self.server_version] for _ in rows],
+            "logprobs": [[[-1.0]] for _ in rows],
+        }
+
+    def generate(self, prompts, images, num_generations, profiler=None):  # TRL's, at once (every process's rows)
+        self.generated_now += 1
+        output = self.answer(prompts[::num_generations], num_generations)
+        return prompts, output["completion_ids"], output["logprobs"], None
+
+
+def trained_versions(max_staleness: int, weight_sync_steps: int, steps: int = 12) -> tuple[list, list, dict]:
+    """A training loop's use of the pipeline: each step draws its batch, then asks for its completions. Returns each
+    step's batch (its prompt), the version its completions came from, and the pipeline's last figures."""
+    step = {"now": 0}
+    server = ServerGeneration(lambda: step["now"])
+    pipeline = AsyncGeneration(
+        server,
+        max_staleness=max_staleness,
+        weight_sync_steps=weight_sync_steps,
+        num_generations=G,
+        step=lambda: step["now"],
+        tokenize=lambda rows: [[row["prompt"]] for row in rows],
+    )
+    data = iter([[{"prompt": b}] * G] for b in range(steps))
+
+    def draw(iterator):
+        batch = next(iterator, None)
+        return ([], None) if batch is None else (batch, None)
+
+    batches, versions, staleness = [], [], []
+    for now in range(steps):
+        step["now"] = now
+        (rows,), _ = pipeline.batches_for_step(data, draw)
+        prompt_ids = [[row["prompt"]] for row in rows]
+        _, completion_ids, _, _ = pipeline.generate(prompt_ids, None, G)
+        batches.append(rows[0]["prompt"])
+        versions.append(completion_ids[0][0])
+        staleness.append(pipeline.metrics()["async/staleness_max"])
+    assert staleness == [now - version for now, version in enumerate(versions)]  # what it reports is so
+    pipeline.close()
+    return batches, versions, {"syncs": server.syncs, "dropped": pipeline.counts.dropped}
+
+
+@pytest.mark.parametrize(("max_staleness", "weight_sync_steps"), [(0, 1), (1, 1), (2, 1), (2, 2), (2, 3), (3, 2)])
+def test_no_batch_older_than_the_bound_is_trained_on_and_none_is_skipped(max_staleness, weight_sync_steps):
+    batches, versions, counts = trained_versions(max_staleness, weight_sync_steps)
+    assert batches == list(range(12))  # the data's order, as a synchronous run draws it
+    staleness = [step - version for step, version in enumerate(versions)]
+    assert max(staleness) <= max_staleness and counts["dropped"] == 0, staleness
+    lookahead = max_staleness - weight_sync_steps + 1
+    assert min(staleness[lookahead:]) >= lookahead  # once the pipeline is full, every batch was sent that far ahead
+    assert counts["syncs"] == -(-12 // weight_sync_steps)  # every weight_sync_steps steps, from the first
+
+
+def test_max_staleness_0_is_on_policy():
+    _, versions, counts = trained_versions(0, 1)
+    assert versions == list(range(12)) and counts["syncs"] == 12
+
+
+def test_a_batch_older_than_the_bound_is_dropped_and_generated_from_current_weights():
+    step = {"now": 0}
+    server = ServerGeneration(lambda: step["now"])
+    pipeline = AsyncGeneration(
+        server,
+        max_staleness=1,
+        weight_sync_steps=1,
+        num_generations=G,
+        step=lambda: step["now"],
+        tokenize=lambda rows: [[row["prompt"]] for row in rows],
+    )
+    data = iter([[{"prompt": b}] * G] for b in range(4))
+    pipeline.batches_for_step(data, lambda iterator: (next(iterator), None))  # step 0: sent with version 0
+    step["now"] = 3  # its completions are asked for 3 steps later
+    _, completion_ids, _, _ = pipeline.generate([[0]] * G, None, G)
+    assert completion_ids == [[3]] * G and server.generated_now == 1  # afresh, from weights synced to step 3
+    assert pipeline.counts.dropped == G and pipeline.metrics()["async/regenerated_total"] == 1
+    pipeline.close()
+
+
+# ---- its rules ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("overrides", "multiturn", "message"),
+    [
+        (["trainer.max_staleness=1"], False, "trainer.extra.use_vllm=true and trainer.extra.vllm_mode=server"),
+        (["generation=vllm_colocate", "trainer.max_staleness=1"], False, "vllm_mode=server"),
+        (["generation=vllm_async", "trainer.weight_sync_steps=3"], False, "trainer.weight_sync_steps to at most 2"),
+        (["generation=vllm_async", "trainer.num_iterations=2"], False, "set trainer.num_iterations=1"),
+        (["generation=vllm_async", "+experiment=calculator"], True, "use generation=vllm_server"),
+        (["generation=vllm_async", "curriculum.enabled=true"], False, "curriculum.enabled=true"),
+    ],
+)
+def test_what_cannot_be_generated_ahead_is_refused_naming_the_key(overrides, multiturn, message):
+    with pytest.raises(UserError, match="max_staleness") as refused:
+        check_async_generation(compose_config(overrides), multiturn=multiturn, selfverify=False)
+    assert message in str(refused.value)
+
+
+def test_weight_sync_steps_without_generation_ahead_is_refused_as_inert():
+    from grpo_exp.run.inert import check_only_with
+
+    with pytest.raises(UserError, match="trainer.weight_sync_steps=2.*generation=vllm_async"):
+        check_only_with(compose_config(["trainer.weight_sync_steps=2"]))
+    check_async_generation(compose_config(["generation=vllm_async"]), multiturn=False, selfverify=False)
+
+
+# ---- a server that fails -----------------------------------------------------------------------------------------
+
+
+class FailingServer(BaseHTTPRequestHandler):
+    """A vLLM server's endpoints that the trainer's client and weight sync call, answering; its generation fails."""
+
+    def _reply(self, status: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        replies = {
+            "/v1/models": {"data": [{"id": "smollm2_135m"}]},
+            "/server_info": {"vllm_config": {"model_config": {"logprobs_mode": "processed_logprobs"}}},
+        }
+        self._reply(200, next((body for path, body in replies.items() if self.path.startswith(path)), {}))
+
+    def do_POST(self):  # noqa: N802
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if self.path.startswith("/v1/completions"):
+            self._reply(400, {"error": {"message": "EngineDeadError: the engine core died"}})
+        else:
+            self._reply(200, {})
+
+    def log_message(self, *args):
+        pass
+
+
+TRAINING_FIRST = ["eval.before=false", "probe.labels_check=off"]  # nothing generates before the first step
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    ("overrides", "failed"),
+    [
+        (["generation=vllm_async", *TRAINING_FIRST], "to generate the batch of step 0"),
+        (["generation=vllm_server", *TRAINING_FIRST], "to generate a batch"),
+        (["generation=vllm_server"], "to generate a turn"),  # the labels check before training
+    ],
+)
+def test_a_server_that_fails_to_generate_stops_the_run_naming_it(tmp_path, overrides, failed):
+    from tests.helpers.cli import run_cli
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FailingServer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        result = run_cli(
+            *TINY_RUN,
+            *overrides,
+            f"trainer.extra.vllm_server_port={port}",
+            "logger=none",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        )
+    finally:
+        server.shutdown()
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert f"the vLLM server at http://127.0.0.1:{port} failed {failed}" in result.stderr, result.stderr[-3000:]
+    assert "EngineDeadError" in result.stderr
