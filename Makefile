@@ -111,6 +111,7 @@ bench: install-dev  ## benchmarks (ratios side by side in one run; ~1.5 h, most 
 	$(PY) -m benchmarks.overhead
 	$(PY) -m benchmarks.decode
 	$(PY) -m benchmarks.vllm
+	$(PY) -m benchmarks.async_generation
 	$(PY) -m benchmarks.heldout_eval
 	$(PY) -m benchmarks.time_to_accuracy
 

@@ -92,6 +92,11 @@ ARMS = {
     # vLLM's engine in this process (its CPU build): the policy's float32, and bfloat16 with TRL's correction
     "vllm": ["generation=vllm_colocate"],
     "vllm_bf16": ["generation=vllm_colocate", "trainer.bfloat16_generation=true"],
+    # a vLLM server started beforehand (grpo-exp serve; its port among the overrides: trainer.extra.vllm_server_port=
+    # N): synchronous, and generating 1 and 2 steps ahead (docs/async.md)
+    "vllm_server": ["generation=vllm_server"],
+    "async1": ["generation=vllm_async"],
+    "async2": ["generation=vllm_async", "trainer.max_staleness=2"],
 }
 COMMON = ["trainer.save_steps=0", "save_model=false"]
 
