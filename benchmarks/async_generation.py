@@ -1,9 +1,10 @@
 """Generation ahead (generation=vllm_async) against synchronous generation from the same vLLM server, side by side in
 one run: `python -m benchmarks.async_generation`.
 
-Whole training steps of the default task (fresh processes, no evaluation), timed by the wall clock: transformers'
-train_runtime over the steps (TRL's step_time leaves out where the step's batch is drawn, where the pipeline syncs
-the weights), on two placements of this machine's cores:
+Whole training steps of the default task (fresh processes, no evaluation, every group trained: with groups left
+out, a step's work depends on how many had a spread, which differs between arms), timed by the wall clock:
+transformers' train_runtime over the steps (TRL's step_time leaves out where the step's batch is drawn, where the
+pipeline syncs the weights), on two placements of this machine's cores:
 - shared: the server and the trainer each on every core (what a user gets without pinning);
 - a core each: the server pinned to the last core (taskset, vLLM's OpenAI threads bound there), the trainer to the
   others with as many torch threads.
@@ -54,6 +55,7 @@ def steps_of(overrides: list[str], steps: int, port: int, prefix: tuple[str, ...
             *prefix, sys.executable, "-m", "grpo_exp.train", *overrides, f"trainer.extra.vllm_server_port={port}",
             f"trainer.max_steps={steps}", "eval.before=false", "eval.after=false", "logger=none",
             "probe.labels_check=off", "save_model=false", "trainer.save_steps=0", f"hydra.run.dir={tmp}",
+            "trainer.zero_variance_groups=keep",  # every step trains: its work does not hang on the groups' spread
         ]  # fmt: skip
         completed = subprocess.run(command, capture_output=True, text=True, env=env)
         if completed.returncode != 0:
