@@ -56,8 +56,8 @@ class Pipeline:
 
     dropped: int = 0  # rows whose completions were older than max_staleness
     regenerated: int = 0  # batches generated afresh (too old, or not the prompts sent)
-    waited: float = 0.0  # seconds the trainer waited for a batch's completions, since the last metrics
-    synced: float = 0.0  # seconds the weight syncs took (the requests in flight answered first), since then
+    waited: float = 0.0  # seconds the trainer waited for the server's answers (before a sync too), since then
+    synced: float = 0.0  # seconds the weight syncs took, since the last metrics
     staleness: list[int] = field(default_factory=list)  # each batch's, since the last metrics
 
 
@@ -219,9 +219,11 @@ class AsyncGeneration:
         started = time.perf_counter()
         if self.accelerator.is_main_process:  # a failed request is told when its batch is trained on
             wait([request.answer for _, _, request in self.ahead])
+        synced = time.perf_counter()
+        self.counts.waited += synced - started  # the trainer waiting for generation, as for a batch
         self.generation.sync_weights()
         self.version = self.step()
-        self.counts.synced += time.perf_counter() - started
+        self.counts.synced += time.perf_counter() - synced
 
 
 # ---- its rules, checked at resolve time --------------------------------------------------------------------------
