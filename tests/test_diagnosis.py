@@ -438,6 +438,25 @@ def test_a_policy_that_never_acts_is_told_to_see_a_demonstration():
     assert no_tool_use(RunEvidence(config=multiturn(), steps=once)) is None
 
 
+def test_groups_without_spread_from_a_policy_that_never_acts_are_not_called_too_hard():
+    """The Mastermind run of issue 55, set up without a demonstration: every group all wrong because the policy never
+    made a move. The advice is the demonstration, not an easier prompt."""
+    idle = [
+        {"rollout/used_tool_frac": 0.0, "reward": 0.0, "frac_reward_zero_std": 1.0, "groups/frac_all_wrong": 1.0}
+        for _ in range(8)
+    ]
+    found = no_signal(RunEvidence(config=multiturn("textarena/Mastermind-v0"), steps=idle))
+    assert "never made a move" in found.seen and "too hard" not in found.seen
+    assert found.tries[0].startswith("rollout.demo=") and not any("prompt.system" in t for t in found.tries)
+
+
+def test_an_environments_held_out_episodes_are_not_read_as_collapsed_answers():
+    """An environment scores its episodes: the last message of every game ('5') is no answer to a reference."""
+    games = [sample(f"game {i}", str(i % 7), "5", "5", False) for i in range(30)]
+    assert answer_collapse(RunEvidence(config=multiturn("textarena/Mastermind-v0"), after=games)) is None
+    assert answer_collapse(RunEvidence(config=multiturn(), after=games)) is not None  # answers to references: read
+
+
 def test_trajectories_that_run_out_of_turns_are_told_to_get_more():
     spent = [{"rollout/turns_mean": 3.9, "rollout/final_answer_frac": 0.2} for _ in range(8)]
     found = turns_exhausted(RunEvidence(config=multiturn(max_turns=4), steps=spent))

@@ -138,10 +138,14 @@ def no_signal(evidence: RunEvidence) -> Finding | None:
         )
     tries = [f"trainer.num_generations={max(group_size * 2, 8)}   # larger groups: more chances of a spread"]
     misread = labels_misread(evidence)
+    idle = no_tool_use(evidence)
     if all_wrong >= 0.5:
         paid = statistics.fmean(rewards) if rewards else 0.0
         if rewards and max(rewards) - min(rewards) < 1e-6 and paid > 0:
             seen += f"; every completion was wrong and paid the same {paid:.3g}: the reward cannot rank them"
+        elif idle is not None:  # not too hard: never tried (the task's own advice would miss it)
+            seen += f"; {all_wrong:.0%} of the groups were all wrong, and {idle.seen} (no_tool_use)"
+            return Finding("no_signal", seen, NO_SIGNAL_WHY, (idle.tries[0], *tries))
         elif misread is not None:
             seen += (
                 f"; {all_wrong:.0%} of the groups were all wrong by labels that misread the answers (labels_misread)"
@@ -161,13 +165,13 @@ def no_signal(evidence: RunEvidence) -> Finding | None:
     else:
         seen += "; the rewards were equal within groups whether right or wrong: the reward does not follow the labels"
         tries.append("grpo-exp probe <the run's overrides>   # what the reward pays, answer by answer")
-    return Finding(
-        "no_signal",
-        seen,
-        "GRPO learns only from differences within a group: a group whose completions all score alike has zero "
-        "advantage and contributes nothing",
-        tuple(tries),
-    )
+    return Finding("no_signal", seen, NO_SIGNAL_WHY, tuple(tries))
+
+
+NO_SIGNAL_WHY = (
+    "GRPO learns only from differences within a group: a group whose completions all score alike has zero advantage "
+    "and contributes nothing"
+)
 
 
 def easier_settings(evidence: RunEvidence) -> list[str]:
@@ -183,7 +187,9 @@ def easier_settings(evidence: RunEvidence) -> list[str]:
 def answer_collapse(evidence: RunEvidence, samples: list[dict] | None = None) -> Finding | None:
     """One answer given to most held-out problems (per task in a mix), its share of the answers above its share of
     the references (what it scores): the policy answers a constant, not the question. Reads the answers after
-    training (or `samples`: a validation's)."""
+    training (or `samples`: a validation's). Not for environments, whose episodes have no reference answer."""
+    if evidence.setting("rollout.environment"):  # an environment scores its episodes: there are no references
+        return None
     samples = samples if samples is not None else evidence.after
     found = []
     tasks = sorted({s.get("task_name") for s in samples if s.get("task_name")}) or [None]
