@@ -111,6 +111,11 @@ class ServedTurns:
         self.pool.shutdown(wait=True)
 
 
+def server_url(vllm_generation) -> str:
+    """The base URL of the vLLM server TRL's VLLMGeneration (server mode) talks to."""
+    return vllm_generation.server_base_url or f"http://{vllm_generation.server_host}:{vllm_generation.server_port}"
+
+
 def served_failure(base_url: str, what: str, err: Exception) -> UserError:
     """What the user reads when a vLLM server fails a request: its address and its own words."""
     return UserError(
@@ -162,7 +167,7 @@ def turn_engine(vllm_generation, requests: int):
     if client is None:
         from trl.generation.vllm_client import VLLMClient
 
-        url = vllm_generation.server_base_url or f"http://{vllm_generation.server_host}:{vllm_generation.server_port}"
+        url = server_url(vllm_generation)
         client = VLLMClient(base_url=url, connection_timeout=vllm_generation.server_timeout)
     engine = ServedTurns(client, requests)
     try:

@@ -32,7 +32,7 @@ from omegaconf import OmegaConf
 from transformers import TrainerCallback
 
 from grpo_exp.errors import UserError
-from grpo_exp.rollout.vllm_turns import served_failure
+from grpo_exp.rollout.vllm_turns import served_failure, server_url
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ class AsyncGeneration:
         # max_staleness + 1).
         self.lookahead = max_staleness - weight_sync_steps + 1
         self.num_generations, self.step, self.tokenize = num_generations, step, tokenize
-        self.url = generation.server_base_url or f"http://{generation.server_host}:{generation.server_port}"
+        self.url = server_url(generation)
         self.pool = ThreadPoolExecutor(max_workers=max_staleness + 1, thread_name_prefix="vllm-async")
         self.ahead: deque[tuple[list, object, Request]] = deque()  # (the step's batches, their item count, request)
         self.current: Request | None = None  # the request of the step being trained

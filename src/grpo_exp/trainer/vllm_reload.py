@@ -18,7 +18,7 @@ import requests
 from safetensors.torch import save_file
 
 from grpo_exp.errors import UserError
-from grpo_exp.rollout.vllm_turns import served_failure
+from grpo_exp.rollout.vllm_turns import served_failure, server_url
 from grpo_exp.trainer.vllm_worker import reload_policy
 
 log = logging.getLogger(__name__)
@@ -47,18 +47,18 @@ def adjusted_generation(trl_class: type, *, dtype: str, reload: bool, weights_di
             from trl.generation.vllm_client import VLLMClient
 
             if self.accelerator.is_main_process:
-                base_url = self.server_base_url or f"http://{self.server_host}:{self.server_port}"
+                base_url = server_url(self)
                 check_dev_mode(base_url)
                 self.vllm_client = VLLMClient(base_url=base_url, connection_timeout=self.server_timeout)
             self.accelerator.wait_for_everyone()
 
         def generate(self, *args, **kwargs):
-            if self.mode != "server":
-                return super().generate(*args, **kwargs)
             try:
                 return super().generate(*args, **kwargs)
             except Exception as err:  # the server died or refused (TRL's client raises a bare Exception)
-                raise served_failure(self.vllm_client.base_url, "to generate a batch", err) from err
+                if self.mode != "server" or not self.accelerator.is_main_process:  # only the main one asks it
+                    raise
+                raise served_failure(server_url(self), "to generate a batch", err) from err
 
         def sync_weights(self):
             if not reload:
