@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from reasoning_gym.composite import DatasetSpec
 from reasoning_gym.factory import DATASETS
 
+from grpo_exp.config_rules import OnlyWith
 from grpo_exp.errors import UserError
 from grpo_exp.plugins import call_user, check_takes, import_callable
 from grpo_exp.schema import AnswerFormat, DataSource
@@ -490,3 +491,79 @@ def unseen_problems(data_cfg: DictConfig, count: int, train: Dataset, held_out: 
             if item["question"] not in seen and len(found) < count:
                 found.setdefault(item["question"], item)
     return Dataset.from_list(_task_rows(list(found.values()), data_cfg))
+
+
+def _hub_id(cfg: DictConfig) -> bool:
+    """dataset.source=hub with a dataset id (not local files, which are read as dataset=files reads them)."""
+    data = cfg.dataset
+    return data.source is DataSource.hub and Path(str(data.path or "")).suffix not in FILE_BUILDERS
+
+
+def _dataset_here(cfg: DictConfig) -> str:
+    return f"this run's dataset={cfg.dataset.name} has dataset.source={cfg.dataset.source.value}"
+
+
+# Settings that act only given another (grpo_exp.config_rules; checked by grpo_exp.run.inert)
+ONLY_WITH = (
+    OnlyWith(
+        ("dataset.task", "dataset.task_config", "dataset.tasks", "dataset.levels"),
+        lambda cfg: cfg.dataset.source is DataSource.reasoning_gym,
+        "for a reasoning-gym task (dataset.source=reasoning_gym)",
+        _dataset_here,
+        "use a reasoning-gym dataset (dataset=arith, chain_sum, legs, gsm_symbolic, reasoning_gym_mix)",
+    ),
+    OnlyWith(
+        ("dataset.function", "dataset.function_args"),
+        lambda cfg: cfg.dataset.source is DataSource.function,
+        "with dataset=function",
+        _dataset_here,
+        "add dataset=function",
+    ),
+    OnlyWith(
+        ("dataset.path",),
+        lambda cfg: cfg.dataset.source in (DataSource.files, DataSource.hub),
+        "for files or a hub dataset (dataset.source=files or hub)",
+        _dataset_here,
+        "use dataset=files (or a hub dataset)",
+    ),
+    OnlyWith(
+        ("dataset.question_field", "dataset.answer_field"),
+        lambda cfg: cfg.dataset.source is not DataSource.reasoning_gym,
+        "for rows of files, a hub dataset or dataset=function (a reasoning-gym task has its own)",
+        _dataset_here,
+        "use dataset=files, dataset=function or a hub dataset",
+    ),
+    OnlyWith(
+        ("dataset.eval_path",),
+        lambda cfg: (
+            cfg.dataset.source is DataSource.files or (cfg.dataset.source is DataSource.hub and not _hub_id(cfg))
+        ),
+        "for local files (dataset.source=files, or dataset.path a .jsonl/.json/.parquet file)",
+        lambda cfg: _dataset_here(cfg) + (f" and dataset.path={cfg.dataset.path} (its splits)" if _hub_id(cfg) else ""),
+        "use dataset=files with dataset.path",
+    ),
+    OnlyWith(
+        ("dataset.hub_config",),
+        _hub_id,
+        "for a hub dataset id (dataset.source=hub)",
+        _dataset_here,
+        "use a hub dataset (dataset=gsm8k)",
+    ),
+    OnlyWith(
+        ("dataset.train_split", "dataset.eval_split"),
+        lambda cfg: _hub_id(cfg) or cfg.dataset.source is DataSource.function,
+        "for a hub dataset's splits, or the mapping of splits a dataset function returns",
+        _dataset_here,
+        "use a hub dataset or dataset=function",
+    ),
+    OnlyWith(
+        ("dataset.seed",),
+        lambda cfg: not _hub_id(cfg),
+        "to generate reasoning-gym problems and to carve the held-out split of files or a function's rows",
+        lambda cfg: (
+            f"this run's dataset={cfg.dataset.name} takes the hub's splits dataset.train_split and "
+            "dataset.eval_split as they are"
+        ),
+        "use dataset=files (or leave the split to the hub)",
+    ),
+)

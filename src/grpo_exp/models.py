@@ -12,6 +12,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedTokenizerBase
 
+from grpo_exp.config_rules import OnlyWith
 from grpo_exp.errors import UserError
 from grpo_exp.hub import hub_unreachable
 from grpo_exp.paths import CONF_DIR, FINAL_CHECKPOINT_DIR
@@ -303,3 +304,37 @@ def model_option_config(model: str | None, key: str = "judge.model") -> DictConf
     trained = Path(model) / FINAL_CHECKPOINT_DIR  # a grpo_exp run directory: the model it trained
     source = str(trained) if trained.is_dir() else model
     return OmegaConf.merge(schema, {"name": Path(model).name, "source": "pretrained", "name_or_path": source})
+
+
+# Settings that act only given another (grpo_exp.config_rules; checked by grpo_exp.run.inert)
+ONLY_WITH = (
+    OnlyWith(
+        ("model.lora",),
+        lambda cfg: cfg.model.lora.enabled,
+        "when LoRA adapters train (model.lora.enabled=true)",
+        lambda cfg: "model.lora.enabled=false trains all weights",
+        "set model.lora.enabled=true too",
+        but=("model.lora.enabled",),
+    ),
+    OnlyWith(
+        ("model.name_or_path", "model.trust_remote_code"),
+        lambda cfg: cfg.model.source is ModelSource.pretrained,
+        "for a hub id or local directory (model=pretrained)",
+        lambda cfg: f"this run's model={cfg.model.name} has model.source={cfg.model.source.value}",
+        "use model=pretrained",
+    ),
+    OnlyWith(
+        ("model.gguf_package", "model.gguf_file"),
+        lambda cfg: cfg.model.source in (ModelSource.embedded, ModelSource.tiny),
+        "for the embedded model and the tiny model's tokenizer (model.source=embedded or tiny)",
+        lambda cfg: f"this run's model={cfg.model.name} has model.source={cfg.model.source.value}",
+        "use model=smollm2_135m or model=tiny",
+    ),
+    OnlyWith(
+        ("model.architecture",),
+        lambda cfg: cfg.model.source is ModelSource.tiny,
+        "for the tiny random model (model.source=tiny)",
+        lambda cfg: f"this run's model={cfg.model.name} has model.source={cfg.model.source.value}",
+        "use model=tiny",
+    ),
+)

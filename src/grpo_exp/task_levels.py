@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from reasoning_gym.coaching.attributes import RangeAttributeDefinition
 from reasoning_gym.factory import CURRICULA, create_curriculum
 
+from grpo_exp.config_rules import OnlyWith
 from grpo_exp.errors import UserError
 
 LEVEL_SEED_STRIDE = 1009  # level L's stream: dataset.seed + L * stride (the levels do not share problems)
@@ -119,3 +120,25 @@ def level_entries(data_cfg: DictConfig) -> tuple[list[tuple[dict, int]], list[tu
                     train.append((entry, level))
             held_out += [(entry, level) for entry in kept.values()]
     return train, held_out
+
+
+def check_levels(cfg: DictConfig) -> None:
+    """dataset.levels raises a task's level at validations: a run without them would stay at the start."""
+    if cfg.dataset.levels.enabled and not cfg.eval.every:
+        raise UserError(
+            "dataset.levels.enabled=true raises a task's level when a validation finds it mastered, and eval.every=0 "
+            "runs no validation: set eval.every=N (and eval.every_problems to bound its cost)"
+        )
+
+
+# Settings that act only given another (grpo_exp.config_rules; checked by grpo_exp.run.inert)
+ONLY_WITH = (
+    OnlyWith(
+        ("dataset.levels",),
+        lambda cfg: cfg.dataset.levels.enabled,
+        "by reasoning-gym's curricula (dataset.levels.enabled=true)",
+        lambda cfg: "dataset.levels.enabled=false",
+        "set dataset.levels.enabled=true too",
+        but=("dataset.levels.enabled",),
+    ),
+)

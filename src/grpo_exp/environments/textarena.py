@@ -16,6 +16,9 @@ TwentyQuestions, GuessWho (an OpenRouter API key); Checkers, Chess, Klondike (th
 
 import functools
 
+from omegaconf import DictConfig
+
+from grpo_exp.config_rules import OnlyWith
 from grpo_exp.environments.schemes import environment_scheme
 from grpo_exp.errors import UserError
 
@@ -114,3 +117,22 @@ def episodes(count: int = 300, held_out: int = 100, seed: int = 0) -> dict[str, 
     is the seed its game is reset with; the last `held_out` are held out."""
     rows = [{"question": "Play the game.", "answer": str(seed * 1_000_003 + i)} for i in range(count)]
     return {"train": rows[:-held_out], "test": rows[-held_out:]}
+
+
+def _plays_textarena(cfg: DictConfig) -> bool:
+    """Whether rollout.environment names a TextArena game (one path, or one of a mapping's)."""
+    setting = cfg.rollout.environment
+    paths = [setting] if isinstance(setting, str) else list(setting.values()) if setting else []
+    return any(str(path).startswith(PREFIX) for path in paths)
+
+
+# Settings that act only given another (grpo_exp.config_rules; checked by grpo_exp.run.inert)
+ONLY_WITH = (
+    OnlyWith(
+        ("rollout.invalid_move_credit",),
+        _plays_textarena,
+        "by TextArena's games (rollout.environment=textarena/<game>)",
+        lambda cfg: f"rollout.environment={cfg.rollout.environment} plays no TextArena game",
+        "set rollout.environment=textarena/<game>",
+    ),
+)

@@ -8,11 +8,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from grpo_exp.config_rules import OnlyWith
 from grpo_exp.errors import UserError
 from grpo_exp.plugins import call_user, import_callable
 from grpo_exp.probe.attacks import RIGHT, Problem, battery, final_answer_style, wrong_answer
 from grpo_exp.probe.findings import Finding, findings
 from grpo_exp.rewards.custom import checked_rewards
+from grpo_exp.schema import AlarmAction, RolloutName
 from grpo_exp.text import completion_text
 
 MIX = "mix"  # the weighted sum of the components, as TRL trains on it
@@ -139,3 +141,29 @@ def finding_lines(result: ProbeResult) -> list[str]:
         f"{f.wrong_mean:.3f}, {f.problems} problems)"
         for f in result.found
     ]
+
+
+# Settings that act only given another (grpo_exp.config_rules; checked by grpo_exp.run.inert)
+ONLY_WITH = (
+    OnlyWith(
+        ("probe.problems",),
+        lambda cfg: (
+            cfg.probe.before_training is not AlarmAction.off
+            or (
+                cfg.probe.labels_check is not AlarmAction.off
+                and not cfg.eval.before
+                and cfg.rollout.name is RolloutName.single
+            )
+        ),
+        "by the reward probe and, single-turn without eval.before, the labels check",
+        lambda cfg: "probe.before_training=off" + ("" if cfg.eval.before else " and probe.labels_check=off"),
+        "set probe.before_training=warn or stop (or run grpo-exp probe)",
+    ),
+    OnlyWith(
+        ("probe.attacks",),
+        lambda cfg: cfg.probe.before_training is not AlarmAction.off,
+        "by the reward probe: `grpo-exp probe`, or before a run with probe.before_training",
+        lambda cfg: "probe.before_training=off",
+        "set probe.before_training=warn or stop (or run grpo-exp probe)",
+    ),
+)

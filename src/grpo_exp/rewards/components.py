@@ -1,7 +1,8 @@
 """The built-in reward components, each registered beside its code: `@reward_component("name", Settings)` on its
 factory, in grpo_exp/rewards/<module>.py, with `Settings` its typed settings (the Hydra structured config of
 reward.components.<name>, defaults under conf/reward/<name>.yaml). Every module of grpo_exp.rewards is imported by
-builtin_components(), so that a new component is its own module and its YAML, nothing else.
+builtin_components(), so that a new component is its own module and its YAML, nothing else: what the run must check
+of it (`check`) and the shared objects it reads (`needs`) are declared in its registration.
 
 A factory takes the component's settings that it names as parameters, and any shared object the run built once
 that it names (grpo_exp.rewards.registry), and returns a TRL reward function.
@@ -13,6 +14,8 @@ import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from omegaconf import DictConfig
+
 
 @dataclass(frozen=True)
 class Component:
@@ -22,19 +25,30 @@ class Component:
     # its score grades an answer (a learned one): logged as <name>/mean, <name>/group_std, <name>/auroc every step, and
     # watched by validations (its held-out mean and AUROC can drift from the truth)
     graded: bool = False
+    # what the resolve phase checks of it against the whole run, beside its code: check(settings, cfg, processes)
+    # raises a UserError (e.g. the judge's model reachable; a cache that must fit under the completion limit)
+    check: Callable[[DictConfig, DictConfig, int], None] | None = None
+    # shared objects the run builds once that it reads besides those its factory names (grpo_exp.rewards.registry)
+    needs: tuple[str, ...] = ()
 
 
 REGISTERED: dict[str, Component] = {}
 
 
-def reward_component(name: str, settings: type, graded: bool = False) -> Callable:
-    """Decorator: the factory is the built-in reward component `name` (reward=name), typed by `settings`; `graded`:
-    its score grades an answer (Component.graded)."""
+def reward_component(
+    name: str,
+    settings: type,
+    graded: bool = False,
+    check: Callable[[DictConfig, DictConfig, int], None] | None = None,
+    needs: tuple[str, ...] = (),
+) -> Callable:
+    """Decorator: the factory is the built-in reward component `name` (reward=name), typed by `settings`; `graded`,
+    `check`, `needs`: Component's."""
 
     def register(factory: Callable[..., Callable]) -> Callable[..., Callable]:
         if name in REGISTERED:
             raise ValueError(f"a reward component named {name!r} is already registered")
-        REGISTERED[name] = Component(name, factory, settings, graded)
+        REGISTERED[name] = Component(name, factory, settings, graded, check, needs)
         return factory
 
     return register

@@ -6,10 +6,11 @@ scorer is built once by the run (grpo_exp.run.build) and shared with whoever els
 
 from dataclasses import dataclass
 
-from omegaconf import MISSING
+from omegaconf import MISSING, DictConfig
 
+from grpo_exp.errors import UserError
 from grpo_exp.rewards.components import reward_component
-from grpo_exp.schema import ShownPart
+from grpo_exp.schema import ScorerName, ShownPart
 from grpo_exp.text import completion_text, prompt_text
 from grpo_exp.verification.labels import Labels
 from grpo_exp.verification.p_yes import PYesScorer
@@ -25,7 +26,15 @@ class ConfidenceReward:
     show: ShownPart = ShownPart.answer
 
 
-@reward_component("confidence", ConfidenceReward, graded=True)
+def _check_in_run(settings: DictConfig, cfg: DictConfig, processes: int) -> None:
+    if cfg.scorer.name is ScorerName.none:
+        raise UserError(
+            "reward component 'confidence' needs a probability of correctness: use scorer=genrm (a frozen "
+            "verifier) or scorer=self (the policy); scorer=none gives the correctness labels only"
+        )
+
+
+@reward_component("confidence", ConfidenceReward, graded=True, check=_check_in_run)
 def make_confidence_reward(p_yes: PYesScorer, show: ShownPart, verifier: Labels):
     def confidence(prompts, completions, question=None, **kwargs) -> list[float]:
         """P(Yes) of the verifier asked whether the completion correctly answers the prompt."""

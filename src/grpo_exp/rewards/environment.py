@@ -11,10 +11,11 @@ finished here (the seam then logs the failed ones and spends them from the failu
 
 from dataclasses import dataclass
 
-from omegaconf import MISSING
+from omegaconf import MISSING, DictConfig
 
+from grpo_exp.errors import UserError
 from grpo_exp.rewards.components import reward_component
-from grpo_exp.schema import EpisodePay
+from grpo_exp.schema import EpisodePay, RolloutName
 
 
 @dataclass
@@ -27,7 +28,15 @@ class EnvironmentReward:
     pays: EpisodePay = EpisodePay.reward
 
 
-@reward_component("environment", EnvironmentReward)
+def _check_in_run(settings: DictConfig, cfg: DictConfig, processes: int) -> None:
+    if cfg.rollout.name is not RolloutName.multiturn or cfg.rollout.environment is None:
+        raise UserError(
+            "reward=...environment scores episodes of your environment: set rollout=environment "
+            "rollout.environment=module:Class"
+        )
+
+
+@reward_component("environment", EnvironmentReward, check=_check_in_run)
 def make_environment_reward(pays: str = "reward"):
     success_only = EpisodePay(pays) is EpisodePay.success
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from omegaconf import MISSING, DictConfig
 
+from grpo_exp.config_rules import OnlyWith, mix
 from grpo_exp.errors import UserError
 from grpo_exp.failure_budget import FailureBudget
 from grpo_exp.generation import generate_completions
@@ -295,7 +296,11 @@ class JudgeReward:
     weight: float = MISSING
 
 
-@reward_component("judge", JudgeReward, graded=True)
+def _check_in_run(settings: DictConfig, cfg: DictConfig, processes: int) -> None:
+    check_judge(cfg.judge, processes)
+
+
+@reward_component("judge", JudgeReward, graded=True, check=_check_in_run)
 def make_judge_reward(judge: RubricJudge):
     """The `judge` component: the run's judge (grpo_exp.run.build), with the judge config group's settings."""
     budget = judge_failure_budget(judge.cfg)
@@ -312,3 +317,50 @@ def make_judge_reward(judge: RubricJudge):
 
     judge_reward.__name__ = "judge"  # TRL logs rewards/judge/mean
     return judge_reward
+
+
+# Settings that act only given another (grpo_exp.config_rules; checked by grpo_exp.run.inert)
+ONLY_WITH = (
+    OnlyWith(
+        ("judge",),
+        lambda cfg: "judge" in mix(cfg),
+        "by the judge, a component of the reward mix (reward=...+judge)",
+        lambda cfg: f"this run's reward={'+'.join(mix(cfg))} has no judge",
+        lambda cfg: f"add it to the mix (reward={'+'.join(mix(cfg))}+judge)",
+    ),
+    OnlyWith(
+        ("judge.dtype", "judge.batch_size"),
+        lambda cfg: cfg.judge.backend is JudgeBackend.local,
+        "by a local judge (judge=local)",
+        lambda cfg: f"judge.backend={cfg.judge.backend.value} asks an endpoint",
+        "use judge=local",
+    ),
+    OnlyWith(
+        ("judge.base_url", "judge.api_key_env", "judge.concurrency", "judge.timeout"),
+        lambda cfg: cfg.judge.backend is JudgeBackend.openai,
+        "by a judge behind an endpoint (judge=openai)",
+        lambda cfg: f"judge.backend={cfg.judge.backend.value} loads the judge in-process",
+        "use judge=openai",
+    ),
+    OnlyWith(
+        ("judge.tokenizer",),
+        lambda cfg: cfg.judge.backend is JudgeBackend.openai and cfg.judge.mode is JudgeMode.scores,
+        "by a judge behind an endpoint in judge.mode=scores (it renders the prompt)",
+        lambda cfg: f"this run's judge has judge.backend={cfg.judge.backend.value}, judge.mode={cfg.judge.mode.value}",
+        "use judge=openai with judge.mode=scores",
+    ),
+    OnlyWith(
+        ("judge.max_new_tokens", "judge.temperature", "judge.retry_temperature", "judge.retries"),
+        lambda cfg: cfg.judge.mode is JudgeMode.text,
+        "when the judge writes its reply (judge.mode=text)",
+        lambda cfg: "judge.mode=scores reads the score tokens' probabilities, writing nothing",
+        "set judge.mode=text too",
+    ),
+    OnlyWith(
+        ("judge.response_format",),
+        lambda cfg: cfg.judge.backend is JudgeBackend.openai and cfg.judge.mode is JudgeMode.text,
+        "by a judge behind an endpoint writing its reply (judge=openai, judge.mode=text)",
+        lambda cfg: f"this run's judge has judge.backend={cfg.judge.backend.value}, judge.mode={cfg.judge.mode.value}",
+        "use judge=openai with judge.mode=text",
+    ),
+)

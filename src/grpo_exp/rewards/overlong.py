@@ -11,7 +11,7 @@ leaves cut ones out."""
 
 from dataclasses import dataclass
 
-from omegaconf import MISSING
+from omegaconf import MISSING, DictConfig
 
 from grpo_exp.errors import UserError
 from grpo_exp.rewards.components import reward_component
@@ -49,7 +49,11 @@ class OverlongReward:
     cache_tokens: int | None = knob(None, ge=1)
 
 
-@reward_component("overlong", OverlongReward)
+def _check_in_run(settings: DictConfig, cfg: DictConfig, processes: int) -> None:
+    cache_size(settings.cache_tokens, cfg.trainer.max_completion_length)
+
+
+@reward_component("overlong", OverlongReward, check=_check_in_run)
 def make_overlong_reward(cache_tokens: int | None, max_completion_length: int):
     cache_tokens = cache_size(cache_tokens, max_completion_length)
 

@@ -51,6 +51,25 @@ def typed_components(reward_cfg: DictConfig) -> dict[str, DictConfig]:
     return typed
 
 
+def check_components(components: dict[str, DictConfig], cfg: DictConfig, processes: int) -> None:
+    """What each built-in component of the mix declares to check against the whole run (Component.check)."""
+    for name, settings in components.items():
+        component = builtin_components().get(name)
+        if component is not None and component.check is not None:
+            component.check(settings, cfg, processes)
+
+
+def shared_needs(components: dict[str, DictConfig]) -> set[str]:
+    """The names of the shared objects the mix reads: those its factories name as parameters, and those the
+    components declare (Component.needs)."""
+    needed = set()
+    for name in components:
+        component = builtin_components().get(name)
+        if component is not None:
+            needed |= set(inspect.signature(component.factory).parameters) | set(component.needs)
+    return needed
+
+
 def reward_weights(components: dict[str, DictConfig]) -> list[float]:
     """The components' weights, in the order of the mix (TRL's reward_weights)."""
     return [float(settings.weight) for settings in components.values()]

@@ -7,8 +7,9 @@ strict_verdict=false, no Yes/No word at all) earns 0.
 
 from dataclasses import dataclass
 
-from omegaconf import MISSING
+from omegaconf import MISSING, DictConfig
 
+from grpo_exp.config_rules import OnlyWith
 from grpo_exp.rewards.components import reward_component
 from grpo_exp.schema import (
     SelfVerifyBalance,
@@ -60,7 +61,7 @@ class SelfVerifyReward:
     )
 
 
-@reward_component("selfverify", SelfVerifyReward)
+@reward_component("selfverify", SelfVerifyReward, needs=("p_yes",))  # its metrics read the P(Yes) of a verdict
 def make_selfverify_reward(scale_by_pass_rate: bool, strict_verdict: bool):
     """The task's other settings (reward.components.selfverify) drive grpo_exp.verification.task."""
 
@@ -80,3 +81,59 @@ def make_selfverify_reward(scale_by_pass_rate: bool, strict_verdict: bool):
         ]
 
     return selfverify
+
+
+def _selfverify(key: str) -> str:
+    return f"reward.components.selfverify.{key}"
+
+
+def _sv(cfg: DictConfig) -> DictConfig:
+    return cfg.reward.components.selfverify
+
+
+def _joint_with(key: str, balance: SelfVerifyBalance, what: str = "") -> OnlyWith:
+    """A selfverify setting that acts only in the joint schedule under one balance."""
+    return OnlyWith(
+        (_selfverify(key),),
+        lambda cfg: _sv(cfg).schedule is SelfVerifySchedule.joint and _sv(cfg).balance is balance,
+        f"by schedule=joint with balance={balance.value}{what}",
+        lambda cfg: (
+            f"{_selfverify('schedule')}={_sv(cfg).schedule.value}, {_selfverify('balance')}={_sv(cfg).balance.value}"
+        ),
+        f"set {_selfverify('schedule')}=joint and {_selfverify('balance')}={balance.value}",
+    )
+
+
+# Settings that act only given another (grpo_exp.config_rules; checked by grpo_exp.run.inert)
+ONLY_WITH = (
+    OnlyWith(
+        (_selfverify("every"),),
+        lambda cfg: _sv(cfg).schedule is SelfVerifySchedule.interleave,
+        "by the interleaved schedule (a verification step every N steps)",
+        lambda cfg: f"{_selfverify('schedule')}={_sv(cfg).schedule.value}",
+        f"set {_selfverify('schedule')}=interleave too",
+    ),
+    _joint_with("fraction", SelfVerifyBalance.share, " (the share of a batch's groups that verify)"),
+    _joint_with("pairs_per_step", SelfVerifyBalance.pairs),
+    OnlyWith(
+        (_selfverify("yes_share"), _selfverify("per_problem")),
+        lambda cfg: _sv(cfg).balance is SelfVerifyBalance.share,
+        "by balance=share",
+        lambda cfg: f"{_selfverify('balance')}={_sv(cfg).balance.value} draws matched pairs",
+        f"set {_selfverify('balance')}=share too",
+    ),
+    OnlyWith(
+        (_selfverify("supervised_weight"),),
+        lambda cfg: _sv(cfg).objective is SelfVerifyObjective.supervised,
+        "by the supervised verdict loss (objective=supervised)",
+        lambda cfg: f"{_selfverify('objective')}={_sv(cfg).objective.value}",
+        f"set {_selfverify('objective')}=supervised too",
+    ),
+    OnlyWith(
+        (_selfverify("loss_on"), _selfverify("scale_by_pass_rate")),
+        lambda cfg: _sv(cfg).objective is SelfVerifyObjective.grpo,
+        "when verification prompts join the GRPO batch (objective=grpo)",
+        lambda cfg: f"{_selfverify('objective')}={_sv(cfg).objective.value} keeps them out of it",
+        f"set {_selfverify('objective')}=grpo",
+    ),
+)

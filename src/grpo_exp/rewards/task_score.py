@@ -6,12 +6,12 @@ self-verification task's verification prompts). Needs a reasoning-gym dataset: d
 
 from dataclasses import dataclass
 
-from omegaconf import MISSING
+from omegaconf import MISSING, DictConfig
 
 from grpo_exp.rewards.components import reward_component
 from grpo_exp.text import completion_text
 from grpo_exp.verification.labels import Labels
-from grpo_exp.verification.task_score import missing_entries, task_score
+from grpo_exp.verification.task_score import check_task_rows, missing_entries, task_score
 
 
 @dataclass
@@ -21,7 +21,11 @@ class TaskScoreReward:
     weight: float = MISSING
 
 
-@reward_component("task_score", TaskScoreReward)
+def _check_in_run(settings: DictConfig, cfg: DictConfig, processes: int) -> None:
+    check_task_rows("reward", cfg.dataset)
+
+
+@reward_component("task_score", TaskScoreReward, check=_check_in_run)
 def make_task_score_reward(verifier: Labels):
     def task_score_reward(completions, task_entry=None, **kwargs) -> list[float | None]:
         """The task's own score of each completion's final answer."""

@@ -35,13 +35,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from grpo_exp.config_rules import OnlyWith
 from grpo_exp.environments.schemes import builtin_schemes, scheme_of
 from grpo_exp.errors import UserError
 from grpo_exp.failure_budget import FailureBudget
 from grpo_exp.plugins import import_callable
-from grpo_exp.rollout.tools import Tool, user_tool
+from grpo_exp.rollout.tools import TOOL_NAMES, Tool, user_tool
 from grpo_exp.rollout.tools.result import ToolResult
-from grpo_exp.rollout.tools.user import UserTool, checked_user_tool
+from grpo_exp.rollout.tools.user import UserTool, checked_user_tool, tool_name
 
 KEY = "rollout.environment"
 CONVENTION = (
@@ -355,3 +356,47 @@ def episode_budget(rollout_cfg, names: list[str]) -> FailureBudget:
         )
 
     return FailureBudget(rate, rollout_cfg.environment_failure_window, describe)
+
+
+def check_environments(environments: dict, mix: list[str], tools: list) -> None:
+    """Their rewards used by the reward mix (its components' names), and their tools' names free of `tools`'
+    (rollout.tools)."""
+    scored = [env.name for env in environments.values() if env.has_reward]
+    if scored and "environment" not in mix:
+        joined = "+".join(mix)
+        raise UserError(
+            f"rollout.environment: {', '.join(scored)} score(s) episodes with get_reward(), but reward={joined} does "
+            f"not use it: add it to the mix (reward={joined}+environment, or reward=environment)"
+        )
+    unscored = [env.name for env in environments.values() if not env.has_reward]
+    if unscored and "environment" in mix:
+        raise UserError(
+            f"reward=...environment: {', '.join(unscored)} has no get_reward() to score its episodes with; give it "
+            "one, or leave environment out of the reward mix"
+        )
+    taken = {tool_name(entry) for entry in tools} | set(TOOL_NAMES)
+    for env in environments.values():
+        clash = sorted(taken & set(env.tool_names))
+        if clash:
+            raise UserError(
+                f"rollout.environment: {env.name}'s method {clash[0]} has the name of a tool of rollout.tools: rename "
+                "one of them (a call is <name>...</name>)"
+            )
+
+
+# Settings that act only given another (grpo_exp.config_rules; checked by grpo_exp.run.inert)
+ONLY_WITH = (
+    OnlyWith(
+        (
+            "rollout.environment_timeout_s",
+            "rollout.environment_success_at",
+            "rollout.environment_max_failure_rate",
+            "rollout.environment_failure_window",
+            "rollout.tool_calling",
+        ),
+        lambda cfg: cfg.rollout.environment is not None,
+        "by an environment (rollout=environment)",
+        lambda cfg: "rollout.environment=null has none",
+        "set rollout=environment rollout.environment=module:Class",
+    ),
+)

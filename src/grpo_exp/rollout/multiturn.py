@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 from transformers import StoppingCriteria, StoppingCriteriaList
 from trl.trainer.utils import is_async_callable
 
+from grpo_exp.config_rules import OnlyWith
 from grpo_exp.data_parallel import process_layout
 from grpo_exp.generation import left_padded_eval, prompt_ids
 from grpo_exp.rollout.environment import (
@@ -38,6 +39,7 @@ from grpo_exp.rollout.tools.python_sandbox import SandboxLimits
 from grpo_exp.rollout.turn_cache import after_turn, first_turn, next_turn, turns_cacheable
 from grpo_exp.rollout.vllm_turns import TurnSampling
 from grpo_exp.sampled_log_probs import SampledLogProbs
+from grpo_exp.schema import RolloutName
 
 log = logging.getLogger(__name__)
 
@@ -433,3 +435,16 @@ def greedy_generation(tokenizer) -> dict:
         "top_p": None,
         "top_k": None,
     }
+
+
+# Settings that act only given another (grpo_exp.config_rules; checked by grpo_exp.run.inert)
+ONLY_WITH = (
+    OnlyWith(
+        ("rollout",),
+        lambda cfg: cfg.rollout.name is RolloutName.multiturn,
+        "by the multi-turn rollout (rollout=multiturn)",
+        lambda cfg: f"this run has rollout={cfg.rollout.name.value}",
+        "add rollout=multiturn",
+        but=("rollout.name",),
+    ),
+)

@@ -21,8 +21,10 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from grpo_exp.config_rules import OnlyWith
 from grpo_exp.generation import cache_argument, distinct_rows, read_positions
 from grpo_exp.masks import MASKABLE_ATTENTION
+from grpo_exp.schema import ToolCalling
 
 
 @dataclass
@@ -130,3 +132,15 @@ def next_turn(batch: CachedTurns, rows: list[int], observations: list[list[int]]
         torch.cat([attention_mask, new_mask.to(device)], dim=1),
         batch.cache,
     )
+
+
+# Settings that act only given another (grpo_exp.config_rules; checked by grpo_exp.run.inert)
+ONLY_WITH = (
+    OnlyWith(
+        ("rollout.cache_turns",),
+        lambda cfg: cfg.rollout.tool_calling is not ToolCalling.native,
+        "by grpo_exp's multi-turn loop",
+        lambda cfg: "rollout.tool_calling=native plays the turns in TRL's own loop",
+        "drop rollout.tool_calling=native",
+    ),
+)

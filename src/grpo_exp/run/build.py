@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from omegaconf import OmegaConf
 
 from grpo_exp.rewards.judge import RubricJudge, build_judge
-from grpo_exp.rewards.registry import build_rewards
+from grpo_exp.rewards.registry import build_rewards, shared_needs
 from grpo_exp.rollout.multiturn import MultiTurnRollout, scored_on_final_turn
 from grpo_exp.rollout.native import Guards, environment_factories
 from grpo_exp.run.resolve import RunSpec
@@ -42,7 +42,7 @@ def build_parts(spec: RunSpec, references: list) -> RunParts:
     cfg = spec.cfg
     verifier = build_labels(cfg.verifier, [str(r) for r in references if r is not None])
     p_yes = p_yes_scorer(spec)
-    judge = build_judge(cfg.judge, cfg.cache_dir) if "judge" in spec.components else None
+    judge = build_judge(cfg.judge, cfg.cache_dir) if "judge" in shared_needs(spec.components) else None
     limit = cfg.trainer.max_completion_length
     shared = {"p_yes": p_yes, "judge": judge, "verifier": verifier, "max_completion_length": limit}
     rollout = build_rollout(spec)

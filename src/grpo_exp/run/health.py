@@ -10,6 +10,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
+from grpo_exp.config_rules import OnlyWith
 from grpo_exp.run.alarms import (
     MAX_COMPLETION,
     MAX_TURN,
@@ -143,3 +144,36 @@ class PolicyHealth(TrainerCallback):
             "clipped_ratio_last": mean(self.clipped[-window:]),
             **({"health_stopped": self.stopped} if self.stopped else {}),
         }
+
+
+# Settings that act only given another (grpo_exp.config_rules; checked by grpo_exp.run.inert)
+ONLY_WITH = (
+    OnlyWith(
+        ("health.collapse_below", "health.blowup_above"),
+        lambda cfg: cfg.health.entropy_alarm is not AlarmAction.off,
+        "by the entropy alarm",
+        lambda cfg: "health.entropy_alarm=off",
+        "set health.entropy_alarm=warn or stop",
+    ),
+    OnlyWith(
+        ("health.truncation_share",),
+        lambda cfg: cfg.health.truncation is not AlarmAction.off,
+        "by the truncation warning",
+        lambda cfg: "health.truncation=off",
+        "set health.truncation=warn or stop",
+    ),
+    OnlyWith(
+        ("health.answer_collapse_share",),
+        lambda cfg: cfg.health.answer_collapse is not AlarmAction.off,
+        "by the answer-collapse alarm",
+        lambda cfg: "health.answer_collapse=off",
+        "set health.answer_collapse=warn or stop",
+    ),
+    OnlyWith(
+        ("health.window",),
+        lambda cfg: {cfg.health[key] for key in ALARMS} != {AlarmAction.off},
+        "by the health alarms",
+        lambda cfg: " and ".join(f"health.{key}=off" for key in ALARMS),
+        "set one of them to warn or stop",
+    ),
+)

@@ -13,6 +13,7 @@ Two findings, warned (logged, `labels_check` in summary.json) or stopped on, bef
 import logging
 from pathlib import Path
 
+from grpo_exp.config_rules import OnlyWith
 from grpo_exp.errors import UserError
 from grpo_exp.probe.battery import score_texts, weighted_total
 from grpo_exp.rewards.components import graded_components
@@ -92,3 +93,15 @@ def _alike(samples: list[dict], evaluation, evidence: RunEvidence) -> Finding | 
     return answers_alike(
         totals, " + ".join(f"{w:g}*{f.__name__}" for f, w in zip(funcs, weights, strict=True)), evidence
     )
+
+
+# Settings that act only given another (grpo_exp.config_rules; checked by grpo_exp.run.inert)
+ONLY_WITH = (
+    OnlyWith(
+        ("probe.labels_check",),
+        lambda cfg: cfg.rollout.environment is None or cfg.probe.labels_check is not AlarmAction.stop,
+        "where answers are read by labels (an environment scores its episodes itself)",
+        lambda cfg: "this run's rollout.environment scores them",
+        "leave the default (warn), which an environment skips",
+    ),
+)

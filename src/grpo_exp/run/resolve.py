@@ -33,14 +33,11 @@ from grpo_exp.errors import UserError
 from grpo_exp.models import check_reachable, load_tokenizer, torch_dtype, trained_dtype
 from grpo_exp.paths import CONF_DIR
 from grpo_exp.rewards.components import graded_components
-from grpo_exp.rewards.judge import check_judge
-from grpo_exp.rewards.overlong import cache_size
-from grpo_exp.rewards.registry import reward_weights, typed_components
+from grpo_exp.rewards.registry import check_components, reward_weights, shared_needs, typed_components
 from grpo_exp.rewards.rubric import load_rubric_file
-from grpo_exp.rollout.environment import load_environments
+from grpo_exp.rollout.environment import check_environments, load_environments
 from grpo_exp.rollout.native import WHY_NOT_NATIVE, why_not_native
-from grpo_exp.rollout.tools import TOOL_NAMES, check_tool_names
-from grpo_exp.rollout.tools.user import tool_name
+from grpo_exp.rollout.tools import check_tool_names
 from grpo_exp.run.distributed import world_size
 from grpo_exp.run.files import CONFIG_FILE, read_yaml
 from grpo_exp.run.inert import check_only_with
@@ -52,14 +49,15 @@ from grpo_exp.schema import (
     DataSource,
     RolloutName,
     ScaleRewards,
-    ScorerName,
     ToolCalling,
     TurnCredit,
     check_values,
 )
+from grpo_exp.task_levels import check_levels
 from grpo_exp.trainer.advantages import TRL_ADVANTAGES, check_algorithm, check_keeps_group_scale
 from grpo_exp.trainer.async_generation import check_async_generation
 from grpo_exp.trainer.config import GRPOExpConfig, check_trainer, grpo_exp_config
+from grpo_exp.trainer.curriculum import check_curriculum
 from grpo_exp.trainer.losses import is_trls
 from grpo_exp.verification.labels import check_labels
 from grpo_exp.verification.p_yes import check_scorer_reachable
@@ -102,8 +100,8 @@ class RunSpec:
 
     @property
     def needs_p_yes(self) -> bool:
-        """The confidence reward and the self-verification metrics read a P(Yes)."""
-        return "confidence" in self.components or "selfverify" in self.components
+        """A component of the mix reads a P(Yes) (the confidence reward, the self-verification metrics)."""
+        return "p_yes" in shared_needs(self.components)
 
 
 def resolve(
@@ -134,8 +132,7 @@ def resolve(
     check_verifier(spec)
     read_by_caller = ("model.",) * evaluating + ("probe.",) * probing
     check_only_with(cfg, read_by_caller)  # once each setting is known to be valid on its own
-    if "judge" in spec.components:
-        check_judge(cfg.judge, spec.processes)
+    check_components(spec.components, cfg, spec.processes)  # what each component of the mix declares
     check_trainer(cfg.trainer, spec.processes, multiturn=spec.multiturn, policy_dtype=spec.policy_dtype)
     check_async_generation(cfg, multiturn=spec.multiturn, selfverify=spec.selfverify is not None)
     check_algorithm(cfg.algorithm, cfg.trainer)
@@ -147,8 +144,6 @@ def resolve(
             f"probe.before_training={probing.value}: rollout=multiturn's rewards score whole tool conversations, "
             "which the probe's battery does not write yet: set probe.before_training=off"
         )
-    if "overlong" in spec.components:
-        cache_size(spec.components["overlong"].cache_tokens, cfg.trainer.max_completion_length)
     if spec.selfverify is not None:
         check_task(spec.selfverify, cfg.trainer, cfg.algorithm)
         if spec.selfverify.scale_by_pass_rate:
@@ -186,51 +181,14 @@ def check_required(cfg: DictConfig) -> None:
         raise UserError(f"required value(s) not set: {', '.join(missing)} (add e.g. {missing[0]}=...)")
 
 
-def check_curriculum(curriculum_cfg: DictConfig) -> None:
-    if curriculum_cfg.enabled and not curriculum_cfg.low < curriculum_cfg.high:
-        raise UserError(
-            f"curriculum.low={curriculum_cfg.low} and curriculum.high={curriculum_cfg.high}: the band of pass rates "
-            "to train on needs low < high"
-        )
-
-
-def check_levels(cfg: DictConfig) -> None:
-    """dataset.levels raises a task's level at validations: a run without them would stay at the start."""
-    if cfg.dataset.levels.enabled and not cfg.eval.every:
-        raise UserError(
-            "dataset.levels.enabled=true raises a task's level when a validation finds it mastered, and eval.every=0 "
-            "runs no validation: set eval.every=N (and eval.every_problems to bound its cost)"
-        )
-
-
-def check_task_score(spec: RunSpec) -> None:
-    """task_score (labels or reward) grades by a reasoning-gym task's own rules: only rows of such a task have one."""
-    dataset = spec.cfg.dataset
-    uses = {"verifier.labels": spec.cfg.verifier.labels == "task_score", "reward": "task_score" in spec.components}
-    used = [key for key, yes in uses.items() if yes]
-    if used and dataset.source is not DataSource.reasoning_gym:
-        raise UserError(
-            f"{used[0]}: task_score grades by a reasoning-gym task's own rules, and dataset={dataset.name} takes "
-            f"its rows from {dataset.source.value}: use a reasoning-gym dataset (dataset.task or "
-            "dataset=reasoning_gym_mix), or exact_match / math_verify / correct"
-        )
-
-
 def check_verifier(spec: RunSpec) -> None:
     """The correctness labels (verifier.labels: a built-in, or the user's function by import path, its signature);
     the confidence reward needs a probability of correctness (the P(Yes) scorer, scorer.*); a frozen verifier named
     by path must exist."""
-    check_labels(spec.cfg.verifier)
+    check_labels(spec.cfg.verifier, spec.cfg.dataset)
     check_answer(spec.cfg.verifier.answer)
-    check_task_score(spec)
-    scorer = spec.cfg.scorer
-    if "confidence" in spec.components and scorer.name is ScorerName.none:
-        raise UserError(
-            "reward component 'confidence' needs a probability of correctness: use scorer=genrm (a frozen "
-            "verifier) or scorer=self (the policy); scorer=none gives the correctness labels only"
-        )
     if spec.needs_p_yes:
-        check_scorer_reachable(scorer, spec.cfg.model, spec.processes)
+        check_scorer_reachable(spec.cfg.scorer, spec.cfg.model, spec.processes)
 
 
 def check_rollout(spec: RunSpec) -> tuple[tuple[str, ...], bool]:
@@ -239,11 +197,6 @@ def check_rollout(spec: RunSpec) -> tuple[tuple[str, ...], bool]:
     tool-calling loop (rollout.tool_calling)."""
     rollout = spec.cfg.rollout
     environment = rollout.environment if spec.multiturn else None
-    if "environment" in spec.components and environment is None:
-        raise UserError(
-            "reward=...environment scores episodes of your environment: set rollout=environment "
-            "rollout.environment=module:Class"
-        )
     if not spec.multiturn:
         return (), False
     if spec.selfverify is not None:
@@ -255,7 +208,7 @@ def check_rollout(spec: RunSpec) -> tuple[tuple[str, ...], bool]:
     if environment is None:
         return (), False
     environments = load_environments(environment, rollout.environment_timeout_s, rollout.invalid_move_credit)
-    check_environments(environments, spec)
+    check_environments(environments, list(spec.components), list(rollout.tools))
     native = rollout.tool_calling is not ToolCalling.tags and check_native(spec.cfg)
     return tuple(env.name for env in environments.values()), native
 
@@ -336,31 +289,6 @@ def check_turn_credit(cfg: DictConfig) -> None:
             f"{credit}, and trainer.loss_type={cfg.trainer.loss_type} takes one per completion: use one "
             "of TRL's loss types, or rollout.turn_credit=outcome"
         )
-
-
-def check_environments(environments: dict, spec: RunSpec) -> None:
-    """Their rewards used by the mix, and their tools' names free (rollout.tools)."""
-    scored = [env.name for env in environments.values() if env.has_reward]
-    if scored and "environment" not in spec.components:
-        mix = "+".join(spec.components)
-        raise UserError(
-            f"rollout.environment: {', '.join(scored)} score(s) episodes with get_reward(), but reward={mix} does not "
-            f"use it: add it to the mix (reward={mix}+environment, or reward=environment)"
-        )
-    unscored = [env.name for env in environments.values() if not env.has_reward]
-    if unscored and "environment" in spec.components:
-        raise UserError(
-            f"reward=...environment: {', '.join(unscored)} has no get_reward() to score its episodes with; give it "
-            "one, or leave environment out of the reward mix"
-        )
-    taken = {tool_name(entry) for entry in spec.cfg.rollout.tools} | set(TOOL_NAMES)
-    for env in environments.values():
-        clash = sorted(taken & set(env.tool_names))
-        if clash:
-            raise UserError(
-                f"rollout.environment: {env.name}'s method {clash[0]} has the name of a tool of rollout.tools: rename "
-                "one of them (a call is <name>...</name>)"
-            )
 
 
 # ---- paths: of the right kind before anything loads, saved absolute -----------------------------------------------

@@ -4,7 +4,6 @@ any of them."""
 
 import json
 import logging
-import re
 from pathlib import Path
 from typing import Any
 
@@ -13,45 +12,15 @@ from hydra.types import RunMode
 from omegaconf import OmegaConf
 from transformers import TrainerCallback
 
+from grpo_exp.redaction import REDACTED, is_secret_key, redact
 from grpo_exp.run import trackers
 from grpo_exp.run.files import read_jsonl
 from grpo_exp.schema import LoggerBackend, WandbMode
 
 log = logging.getLogger(__name__)
 
-SECRET_MARKERS = ("api_key", "apikey", "secret", "password")
-# "token" marks a secret as a whole word (token, hub_token, access_token), not in a count or a vocabulary entry
-# (max_new_tokens, max_tokens_per_turn, yes_token, no_token: settings whose values a run's record needs).
-SECRET_TOKEN = re.compile(r"(^|_)token$")
-NOT_SECRET_TOKENS = ("yes_token", "no_token")
-REDACTED = "***redacted***"
-URL_CREDENTIALS = re.compile(r"(\w+://)[^/@\s]+:[^/@\s]*@")  # user:password@ of a URL
 # Overrides that say where or how a run is kept, not what it is: left out of its name.
 BOOKKEEPING = ("hydra.", "outputs_dir=", "trainer.resume=")
-
-
-def redact(node: Any) -> Any:
-    """A copy of a config container with secret-looking values masked (`*_env` keys name a variable: kept), and
-    the credentials of any URL (scheme://user:password@host) too."""
-    if isinstance(node, dict):
-        return {
-            key: REDACTED
-            if value is not None and _is_secret_key(key) and not isinstance(value, dict | list)
-            else redact(value)
-            for key, value in node.items()
-        }
-    if isinstance(node, list):
-        return [redact(value) for value in node]
-    if isinstance(node, str):
-        return URL_CREDENTIALS.sub(rf"\1{REDACTED}@", node)
-    return node
-
-
-def _is_secret_key(key: Any) -> bool:
-    key = str(key).lower()
-    if key.endswith("_env") or key in NOT_SECRET_TOKENS:
-        return False
-    return any(marker in key for marker in SECRET_MARKERS) or SECRET_TOKEN.search(key) is not None
 
 
 def run_name(task_overrides: list[str], swept: set[str] | None = None) -> str:
@@ -66,7 +35,7 @@ def run_name(task_overrides: list[str], swept: set[str] | None = None) -> str:
 def masked_override(override: str) -> str:
     """An override as given, a secret's value masked (judge.api_key=..., a URL's credentials)."""
     key, equals, _ = override.partition("=")
-    return redact(f"{key}={REDACTED}" if equals and _is_secret_key(key.rsplit(".", 1)[-1]) else override)
+    return redact(f"{key}={REDACTED}" if equals and is_secret_key(key.rsplit(".", 1)[-1]) else override)
 
 
 def swept_keys(sweep_overrides: list[str], sweeper_params: dict | None = None) -> set[str]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 from transformers import TrainerCallback
 
+from grpo_exp.config_rules import OnlyWith
 from grpo_exp.errors import UserError
 from grpo_exp.run.alarms import hacking_alarm, labelled
 from grpo_exp.run.files import METRICS_FILE
@@ -251,3 +252,18 @@ def check_validation(eval_cfg, trainer_cfg, learned: tuple[str, ...] = (), envir
             f"{', '.join(measured)} (pass@k and maj@k with eval.every_samples=k; a learned component's mean and auroc "
             "when the reward mix has judge or confidence)"
         )
+
+
+# Settings that act only given another (grpo_exp.config_rules; checked by grpo_exp.run.inert)
+ONLY_WITH = (
+    OnlyWith(
+        tuple(
+            f"eval.{key}"
+            for key in ("every_problems", "every_samples", "best_metric", "keep_top_k", "patience", "stop_at", "alarm")
+        ),
+        lambda cfg: bool(cfg.eval.every),
+        "by validations while training (eval.every=N)",
+        lambda cfg: "eval.every=0 runs none",
+        "set eval.every too",
+    ),
+)

@@ -31,6 +31,7 @@ from accelerate.utils import broadcast_object_list, gather_object
 from omegaconf import OmegaConf
 from transformers import TrainerCallback
 
+from grpo_exp.config_rules import OnlyWith
 from grpo_exp.errors import UserError
 from grpo_exp.rollout.vllm_turns import served_failure, server_url
 
@@ -305,3 +306,15 @@ def generation_ahead(trainer) -> AsyncGeneration | None:
     trainer.vllm_generation = pipeline
     trainer.add_callback(PipelineCallback(trainer, pipeline))
     return pipeline
+
+
+# Settings that act only given another (grpo_exp.config_rules; checked by grpo_exp.run.inert)
+ONLY_WITH = (
+    OnlyWith(
+        ("trainer.weight_sync_steps",),
+        lambda cfg: cfg.trainer.max_staleness is not None,
+        "by generation ahead (generation=vllm_async)",
+        lambda cfg: "trainer.max_staleness=null generates synchronously (TRL syncs the weights every step)",
+        "add generation=vllm_async (or set trainer.max_staleness)",
+    ),
+)

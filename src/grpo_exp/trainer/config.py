@@ -14,6 +14,7 @@ from accelerate.utils import parse_flag_from_env
 from omegaconf import DictConfig, OmegaConf
 from trl import GRPOConfig
 
+from grpo_exp.config_rules import OnlyWith
 from grpo_exp.errors import UserError
 from grpo_exp.schema import MismatchCorrection, TrainerSchema, ZeroVarianceGroups
 from grpo_exp.trainer.advantages import TRL_ADVANTAGES, algorithm_settings
@@ -265,3 +266,15 @@ def grpo_exp_config(
         return GRPOExpConfig(**(ours | knobs | extra))
     except (TypeError, ValueError) as err:  # GRPOConfig's own checks (a pass-through value of the wrong kind)
         raise UserError(f"trainer: {err}") from err
+
+
+# Settings that act only given another (grpo_exp.config_rules; checked by grpo_exp.run.inert)
+ONLY_WITH = (
+    OnlyWith(
+        ("trainer.warmup_steps",),
+        lambda cfg: cfg.trainer.lr_scheduler_type != "constant",
+        "by a learning-rate schedule with a warm-up",
+        lambda cfg: "trainer.lr_scheduler_type=constant has none",
+        "set trainer.lr_scheduler_type=constant_with_warmup (or linear, cosine...)",
+    ),
+)

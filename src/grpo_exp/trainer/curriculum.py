@@ -16,7 +16,11 @@ import random
 from collections import deque
 from pathlib import Path
 
+from omegaconf import DictConfig
 from transformers import TrainerCallback
+
+from grpo_exp.config_rules import OnlyWith
+from grpo_exp.errors import UserError
 
 STATE_FILE = "curriculum.json"  # the pool, in each checkpoint directory
 
@@ -114,3 +118,24 @@ class SaveState(TrainerCallback):
             directory = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             if directory.is_dir():
                 self.state.save(directory / self.file)
+
+
+def check_curriculum(curriculum_cfg: DictConfig) -> None:
+    if curriculum_cfg.enabled and not curriculum_cfg.low < curriculum_cfg.high:
+        raise UserError(
+            f"curriculum.low={curriculum_cfg.low} and curriculum.high={curriculum_cfg.high}: the band of pass rates "
+            "to train on needs low < high"
+        )
+
+
+# Settings that act only given another (grpo_exp.config_rules; checked by grpo_exp.run.inert)
+ONLY_WITH = (
+    OnlyWith(
+        ("curriculum",),
+        lambda cfg: cfg.curriculum.enabled,
+        "by the curriculum over prompts' difficulty (curriculum.enabled=true)",
+        lambda cfg: "curriculum.enabled=false",
+        "set curriculum.enabled=true too",
+        but=("curriculum.enabled",),
+    ),
+)

@@ -18,7 +18,9 @@ other than vespo that loss is a positive multiple of the advantage, so multiplyi
 import math
 
 import torch
+from omegaconf import DictConfig
 
+from grpo_exp.config_rules import OnlyWith
 from grpo_exp.errors import UserError
 from grpo_exp.schema import MismatchCorrection
 
@@ -217,3 +219,27 @@ def vllm_fields(trainer_cfg) -> dict:
         "vllm_importance_sampling_clip_min": trainer_cfg.mismatch_clip_min,
         "vllm_importance_sampling_clip_max": trainer_cfg.mismatch_clip_max,
     }
+
+
+def _correction(cfg: DictConfig) -> str:
+    correction = cfg.trainer.mismatch_correction
+    return "null (the path's own)" if correction is None else correction.value
+
+
+# Settings that act only given another (grpo_exp.config_rules; checked by grpo_exp.run.inert)
+ONLY_WITH = (
+    OnlyWith(
+        ("trainer.mismatch_clip_min", "trainer.mismatch_clip_max"),
+        lambda cfg: cfg.trainer.mismatch_correction is not None and cfg.trainer.mismatch_correction.weighs,
+        "by an importance-weighting correction",
+        lambda cfg: f"trainer.mismatch_correction={_correction(cfg)} weighs nothing",
+        "set trainer.mismatch_correction=token_truncate, token_mask, sequence_truncate or sequence_mask",
+    ),
+    OnlyWith(
+        ("trainer.float64_reference_completions",),
+        lambda cfg: cfg.trainer.float64_reference_every > 0,
+        "by the float64 reference",
+        lambda cfg: "trainer.float64_reference_every=0 takes none",
+        "set trainer.float64_reference_every to a number of steps",
+    ),
+)

@@ -18,6 +18,7 @@ import torch
 from accelerate.utils import gather_object
 
 from grpo_exp.answers import vote_key
+from grpo_exp.config_rules import OnlyWith
 from grpo_exp.generation import generate_completions
 from grpo_exp.rewards.components import graded_components
 from grpo_exp.rollout.environment import environment_statistics
@@ -289,3 +290,15 @@ def _histogram_values(values: torch.Tensor):
 def _float(value: torch.Tensor) -> float | None:
     value = float(value)
     return None if math.isnan(value) else value
+
+
+# Settings that act only given another (grpo_exp.config_rules; checked by grpo_exp.run.inert)
+ONLY_WITH = (
+    OnlyWith(
+        ("stats.table_every", "stats.table_groups"),
+        lambda cfg: cfg.stats.enabled,
+        "with the group statistics (stats.enabled=true)",
+        lambda cfg: "stats.enabled=false",
+        "set stats.enabled=true too",
+    ),
+)

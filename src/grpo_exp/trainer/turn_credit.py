@@ -6,7 +6,9 @@ import math
 
 import torch
 
+from grpo_exp.config_rules import OnlyWith
 from grpo_exp.rollout.flow import discounted_returns, token_advantages, turn_advantages
+from grpo_exp.schema import TurnCredit
 
 ENVIRONMENT = "environment"  # the reward component the environment's step rewards are parts of
 TURN_ADVANTAGES = "turn_advantages"  # each row's turns' advantages, as the rows carry them into the ScoredBatch
@@ -88,3 +90,15 @@ def credit_batch(
     for row, row_turns in zip(rows, own, strict=True):
         row[TURN_ADVANTAGES] = row_turns
     return per_token(own, own_tokens, policy_mask), advantages
+
+
+# Settings that act only given another (grpo_exp.config_rules; checked by grpo_exp.run.inert)
+ONLY_WITH = (
+    OnlyWith(
+        ("rollout.discount",),
+        lambda cfg: cfg.rollout.turn_credit is TurnCredit.discounted_return,
+        "by the per-turn credit (rollout.turn_credit=discounted_return)",
+        lambda cfg: "rollout.turn_credit=outcome credits the whole outcome to every turn",
+        "set rollout.turn_credit=discounted_return",
+    ),
+)

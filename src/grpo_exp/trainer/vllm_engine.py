@@ -15,6 +15,7 @@ import os
 from contextlib import contextmanager
 from pathlib import Path
 
+from grpo_exp.config_rules import OnlyWith
 from grpo_exp.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -113,3 +114,24 @@ def vllm_generation_for(args, model):
     dtype = "bfloat16" if args.bfloat16_generation else str(model.dtype).removeprefix("torch.")
     with engine_adjusted(device, dtype, Path(args.output_dir) / VLLM_WEIGHTS_DIR):
         yield
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+# Settings that act only given another (grpo_exp.config_rules; checked by grpo_exp.run.inert)
+ONLY_WITH = (
+    OnlyWith(
+        ("trainer.extra.vllm_gpu_memory_utilization", "trainer.extra.vllm_enable_sleep_mode"),
+        lambda cfg: _has_cuda(),
+        "by vLLM on a CUDA GPU",
+        lambda cfg: (
+            "this machine has none (vLLM's CPU build sizes its KV cache by VLLM_CPU_KVCACHE_SPACE and has no "
+            "sleep mode)"
+        ),
+        "on CPU set the environment variable VLLM_CPU_KVCACHE_SPACE (GiB; grpo_exp's default 1)",
+    ),
+)

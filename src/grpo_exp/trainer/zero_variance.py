@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
+from grpo_exp.config_rules import OnlyWith
 from grpo_exp.errors import UserError
 from grpo_exp.schema import ZeroVarianceGroups
 from grpo_exp.stats import zero_spread_groups
@@ -168,3 +169,15 @@ def settle(
         output[INFORMATIVE] = keep.to(output["advantages"].device)
         metrics["zero_variance/groups_left_out"] = float(no_spread.sum())
     return output, metrics
+
+
+# Settings that act only given another (grpo_exp.config_rules; checked by grpo_exp.run.inert)
+ONLY_WITH = (
+    OnlyWith(
+        ("trainer.max_resample_batches",),
+        lambda cfg: cfg.trainer.zero_variance_groups is ZeroVarianceGroups.resample,
+        "by dynamic sampling (trainer.zero_variance_groups=resample)",
+        lambda cfg: f"trainer.zero_variance_groups={cfg.trainer.zero_variance_groups.value} generates no extra batch",
+        "set trainer.zero_variance_groups=resample too",
+    ),
+)

@@ -18,6 +18,7 @@ import torch
 from datasets import Dataset
 from omegaconf import DictConfig, OmegaConf
 
+from grpo_exp.config_rules import OnlyWith
 from grpo_exp.generation import generate_completions
 from grpo_exp.stats import auroc, balanced_accuracy, bootstrap_interval
 from grpo_exp.verification.labels import Labels
@@ -152,3 +153,16 @@ def score_benchmark(model, tokenizer, examples: list[Candidate], bench_cfg: Dict
     scorer = policy_p_yes(model, tokenizer, batch_size, bench_cfg.template)
     p_yes = scorer([c.question for c in examples], [shown_answer(c) for c in examples])
     return benchmark_metrics(p_yes, [c.correct for c in examples], bench_cfg.resamples, bench_cfg.seed)
+
+
+# Settings that act only given another (grpo_exp.config_rules; checked by grpo_exp.run.inert)
+ONLY_WITH = (
+    OnlyWith(
+        ("eval.verification_benchmark",),
+        lambda cfg: cfg.eval.verification_benchmark.enabled,
+        "by the verification benchmark (eval.verification_benchmark.enabled=true)",
+        lambda cfg: "eval.verification_benchmark.enabled=false",
+        "set eval.verification_benchmark.enabled=true too",
+        but=("eval.verification_benchmark.enabled",),
+    ),
+)

@@ -36,7 +36,7 @@ from grpo_exp.answers import AnswerExtractor, build_extractor, normalise_answer
 from grpo_exp.errors import UserError
 from grpo_exp.plugins import import_callable, signature_of
 from grpo_exp.verification.rule import TAIL_CHARS, Verifier, math_verify_verifier
-from grpo_exp.verification.task_score import task_score_verifier
+from grpo_exp.verification.task_score import check_task_rows, task_score_verifier
 
 KEY = "verifier.labels"
 CONVENTION = (
@@ -96,14 +96,16 @@ def _user_function(verifier_cfg: DictConfig) -> Callable:
     return import_callable(path, KEY, "a correctness function")
 
 
-def check_labels(verifier_cfg: DictConfig) -> None:
-    """The resolve phase: a built-in name, or an importable function taking (completion, solution) (batched:
-    (completions, solutions)); else one UserError naming the key."""
+def check_labels(verifier_cfg: DictConfig, dataset_cfg: DictConfig) -> None:
+    """The resolve phase: a built-in name (task_score: on a reasoning-gym task's rows), or an importable function
+    taking (completion, solution) (batched: (completions, solutions)); else one UserError naming the key."""
     if verifier_cfg.labels in BUILT_IN:
         if verifier_cfg.labels_batched:
             raise UserError(
                 f"verifier.labels_batched=true is for a function of your own; {KEY}={verifier_cfg.labels} is built in"
             )
+        if verifier_cfg.labels == "task_score":
+            check_task_rows(KEY, dataset_cfg)
         return
     func = _user_function(verifier_cfg)
     signature = signature_of(func)

@@ -13,6 +13,7 @@ import os
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from grpo_exp.config_rules import OnlyWith, mix
 from grpo_exp.data_parallel import map_over_processes
 from grpo_exp.errors import UserError
 from grpo_exp.generation import left_padded_eval
@@ -156,3 +157,37 @@ def policy_p_yes(model, tokenizer, batch_size: int, template: str | None = None)
     scorer.bind(model, tokenizer)
     scorer.split = True
     return scorer
+
+
+def _needs_p_yes(cfg: DictConfig) -> bool:
+    return bool({"confidence", "selfverify"} & set(mix(cfg)))
+
+
+# Settings that act only given another (grpo_exp.config_rules; checked by grpo_exp.run.inert)
+ONLY_WITH = (
+    OnlyWith(
+        ("scorer.name",),
+        _needs_p_yes,
+        "by what reads a P(Yes): the reward components confidence and selfverify",
+        lambda cfg: f"this run's reward={'+'.join(mix(cfg))} has neither",
+        "add one to the reward mix",
+    ),
+    OnlyWith(
+        ("scorer.template", "scorer.yes_token", "scorer.no_token", "scorer.batch_size"),
+        lambda cfg: _needs_p_yes(cfg) and cfg.scorer.name is not ScorerName.none,
+        "by the P(Yes) scorer of scorer=genrm or scorer=self, for the confidence and selfverify components",
+        lambda cfg: (
+            f"this run's reward={'+'.join(mix(cfg))} with scorer={cfg.scorer.name.value} reads none"
+            if cfg.scorer.name is not ScorerName.none or not _needs_p_yes(cfg)
+            else "scorer.name=none has no P(Yes) scorer (the policy's own, with its defaults, is read)"
+        ),
+        "use scorer=genrm or scorer=self with confidence or selfverify in the reward mix",
+    ),
+    OnlyWith(
+        ("scorer.model", "scorer.base_url", "scorer.api_key_env"),
+        lambda cfg: cfg.scorer.name is ScorerName.genrm,
+        "by a frozen verifier (scorer=genrm)",
+        lambda cfg: f"scorer.name={cfg.scorer.name.value}",
+        "use scorer=genrm",
+    ),
+)

@@ -10,10 +10,12 @@ import functools
 import json
 from collections.abc import Callable
 
+from omegaconf import DictConfig
 from reasoning_gym import get_score_answer_fn
 
 from grpo_exp.answers import AnswerExtractor
 from grpo_exp.errors import UserError
+from grpo_exp.schema import DataSource
 
 ENTRY = "task_entry"  # the dataset column that holds each row's reasoning-gym entry (JSON)
 
@@ -59,3 +61,14 @@ def entries_of(dataset, repeat: int = 1) -> list[str | None] | None:
     if ENTRY not in dataset.column_names:
         return None
     return [entry for entry in dataset[ENTRY] for _ in range(repeat)]
+
+
+def check_task_rows(key: str, dataset: DictConfig) -> None:
+    """task_score (`key`: the labels or the reward) grades by a reasoning-gym task's own rules: only rows of such a
+    task have one."""
+    if dataset.source is not DataSource.reasoning_gym:
+        raise UserError(
+            f"{key}: task_score grades by a reasoning-gym task's own rules, and dataset={dataset.name} takes "
+            f"its rows from {dataset.source.value}: use a reasoning-gym dataset (dataset.task or "
+            "dataset=reasoning_gym_mix), or exact_match / math_verify / correct"
+        )

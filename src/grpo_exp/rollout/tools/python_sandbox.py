@@ -21,6 +21,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from grpo_exp.config_rules import OnlyWith
 from grpo_exp.rollout.tools.result import ToolResult
 
 # Runs inside the child: the snippet is sys.argv[1].
@@ -156,3 +157,15 @@ def _kill_group(process: subprocess.Popen) -> None:
 def _read(path: Path, limit: int) -> str:
     with path.open("rb") as f:
         return f.read(limit + 1).decode("utf-8", errors="replace")
+
+
+# Settings that act only given another (grpo_exp.config_rules; checked by grpo_exp.run.inert)
+ONLY_WITH = (
+    OnlyWith(
+        ("rollout.python",),
+        lambda cfg: "python" in cfg.rollout.tools,
+        "by the python tool's sandbox",
+        lambda cfg: f"rollout.tools={list(cfg.rollout.tools)} has no python",
+        "add python to rollout.tools",
+    ),
+)

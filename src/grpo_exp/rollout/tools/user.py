@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from grpo_exp.config_rules import OnlyWith
 from grpo_exp.errors import UserError
 from grpo_exp.plugins import import_callable, signature_of
 from grpo_exp.rollout.tools.result import ToolResult
@@ -347,3 +348,15 @@ def output_text(value: Any) -> str:
         except (TypeError, ValueError):
             return str(value)
     return str(value)
+
+
+# Settings that act only given another (grpo_exp.config_rules; checked by grpo_exp.run.inert)
+ONLY_WITH = (
+    OnlyWith(
+        ("rollout.describe_tools",),
+        lambda cfg: cfg.rollout.environment is not None or any(is_import_path(tool) for tool in cfg.rollout.tools),
+        "to describe your own tools (import paths in rollout.tools) or your environment's methods",
+        lambda cfg: f"rollout.tools={list(cfg.rollout.tools)} has none of yours and there is no rollout.environment",
+        "add your tool to rollout.tools",
+    ),
+)

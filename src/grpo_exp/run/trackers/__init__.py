@@ -7,6 +7,7 @@ histograms and sample tables to it, adds the summary and finishes it."""
 import importlib
 import importlib.util
 
+from grpo_exp.config_rules import OnlyWith
 from grpo_exp.errors import UserError
 from grpo_exp.run.trackers.base import RunInfo, TrackerRun
 from grpo_exp.schema import LoggerBackend
@@ -37,3 +38,29 @@ def open_run(logger_cfg, info: RunInfo) -> TrackerRun:
     module, name, _, _ = BACKENDS[logger_cfg.backend]
     kind = getattr(importlib.import_module(f"{__name__}.{module}"), name)
     return kind(logger_cfg, info)
+
+
+# Settings that act only given another (grpo_exp.config_rules; checked by grpo_exp.run.inert)
+ONLY_WITH = (
+    OnlyWith(
+        ("logger.entity",),
+        lambda cfg: cfg.logger.backend is LoggerBackend.wandb,
+        "by W&B (logger=wandb)",
+        lambda cfg: f"logger.backend={cfg.logger.backend.value}",
+        "use logger=wandb",
+    ),
+    OnlyWith(
+        ("logger.tracking_uri",),
+        lambda cfg: cfg.logger.backend is LoggerBackend.mlflow,
+        "by MLflow (logger=mlflow)",
+        lambda cfg: f"logger.backend={cfg.logger.backend.value}",
+        "use logger=mlflow",
+    ),
+    OnlyWith(
+        ("logger.project", "logger.tags"),
+        lambda cfg: cfg.logger.backend is not LoggerBackend.none,
+        "by a tracker (logger=wandb, trackio, tensorboard or mlflow)",
+        lambda cfg: "logger.backend=none logs to none",
+        "choose a logger",
+    ),
+)
