@@ -105,3 +105,33 @@ def test_an_unreachable_hub_is_known_at_once_and_a_cached_copy_still_serves(tmp_
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(cache))
     check_reachable(compose_config(["model=pretrained", "model.name_or_path=someone/cached-model"]).model)
+
+
+def test_a_copy_made_from_the_gguf_is_not_read_again_and_a_copy_of_other_special_tokens_is_made_again(
+    tmp_path, monkeypatch
+):
+    """Reading the GGUF's special tokens takes seconds in every process: a copy stamped with the file it was made
+    from is trusted; an unstamped one (an older grpo_exp's) is checked against the GGUF once, and made again where
+    its special tokens are not the GGUF's."""
+    import json
+
+    import grpo_exp.models as models
+
+    cfg = compose_config(["model=tiny"])
+    target = materialise_embedded(cfg.model, str(tmp_path), with_weights=False)
+    assert (target / models.SOURCE_STAMP).is_file()
+    reads = []
+    read_gguf = models.gguf_special_tokens
+    monkeypatch.setattr(models, "gguf_special_tokens", lambda path: reads.append(path) or read_gguf(path))
+
+    assert materialise_embedded(cfg.model, str(tmp_path), with_weights=False) == target and reads == []
+
+    (target / models.SOURCE_STAMP).unlink()  # an older copy: checked, then stamped
+    assert materialise_embedded(cfg.model, str(tmp_path), with_weights=False) == target and len(reads) == 1
+    assert (target / models.SOURCE_STAMP).is_file()
+
+    config_file = target / "tokenizer_config.json"
+    (target / models.SOURCE_STAMP).unlink()
+    config_file.write_text(json.dumps(json.loads(config_file.read_text()) | {"eos_token": "<|im_start|>"}))
+    materialise_embedded(cfg.model, str(tmp_path), with_weights=False)
+    assert json.loads(config_file.read_text())["eos_token"] == "<|im_end|>"  # made again, from the GGUF

@@ -74,15 +74,20 @@ def materialise_embedded(model_cfg: DictConfig, cache_dir: str, with_weights: bo
     directory, file = gguf_location(model_cfg)
     kind = "models" if with_weights else "tokenizers"
     target = Path(cache_dir).expanduser() / kind / Path(file).stem
-    special = gguf_special_tokens(directory / file)
+    source = _file_identity(directory / file)
     if (target / "tokenizer_config.json").is_file() and (not with_weights or (target / "config.json").is_file()):
+        if _read_stamp(target) == source:  # made by this code from this very file: its special tokens are the GGUF's
+            return target
+        special = gguf_special_tokens(directory / file)  # a copy of another file, or of an older grpo_exp
         if saved_special_tokens(target) == special:
+            _write_stamp(target, source)
             return target
         log.info("Materialising %s again: its special tokens are not the GGUF's %s", target, special)
         shutil.rmtree(target, ignore_errors=True)
     log.info("Materialising %s from %s into %s (once)", kind[:-1], directory / file, target)
 
     def build(build_dir: Path) -> None:
+        special = gguf_special_tokens(directory / file)
         tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=file)
         # transformers 5.17 reads SmolLM2's EOS as <|im_start|> and no padding token; the GGUF says <|im_end|>
         tokenizer.add_special_tokens(special)
@@ -95,9 +100,37 @@ def materialise_embedded(model_cfg: DictConfig, cache_dir: str, with_weights: bo
             plain.load_state_dict(quantized.state_dict())
             plain.generation_config = quantized.generation_config
             plain.save_pretrained(build_dir)
+        _write_stamp(build_dir, source)
 
     _build_once(target, build)
     return target
+
+
+# Which GGUF file a materialised copy was made from (its path, size and modification time): reading the GGUF's special
+# tokens again to check a copy takes about 3 s, in every process that loads the embedded model or its tokenizer.
+SOURCE_STAMP = "grpo_exp_source.json"
+
+
+def _file_identity(path: Path) -> dict:
+    stat = path.stat()
+    return {"file": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def _read_stamp(directory: Path) -> dict | None:
+    try:
+        return json.loads((directory / SOURCE_STAMP).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _write_stamp(directory: Path, source: dict) -> None:
+    """Written whole or not at all (another process may be reading it)."""
+    partial = directory / f"{SOURCE_STAMP}.{os.getpid()}"
+    try:
+        partial.write_text(json.dumps(source), encoding="utf-8")
+        os.replace(partial, directory / SOURCE_STAMP)
+    except OSError:  # a read-only cache: the tokens are read from the GGUF next time again
+        partial.unlink(missing_ok=True)
 
 
 def gguf_special_tokens(path: Path) -> dict[str, str]:
