@@ -13,7 +13,7 @@ from pathlib import Path
 
 from benchmarks.arguments import run_directory_with
 from grpo_exp.answers import BUILT_IN, normalise_answer
-from grpo_exp.run.files import read_jsonl
+from grpo_exp.run_files import read_jsonl
 from grpo_exp.stats import paired_change, wilson_interval
 
 

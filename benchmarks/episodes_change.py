@@ -12,7 +12,7 @@ from pathlib import Path
 from scipy.stats import binomtest
 
 from benchmarks.arguments import run_directory_with
-from grpo_exp.run.files import read_jsonl
+from grpo_exp.run_files import read_jsonl
 from grpo_exp.stats import mean_interval
 
 

@@ -11,7 +11,7 @@ import statistics
 from pathlib import Path
 
 from benchmarks.arguments import existing_directory
-from grpo_exp.run.comparison import discover_runs
+from grpo_exp.analysis.comparison import discover_runs
 
 
 def spread(values: list[float]) -> str:

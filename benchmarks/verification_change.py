@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from grpo_exp.models import load_model, load_tokenizer, model_option_config
-from grpo_exp.run.files import BENCHMARK_FILE, FINAL_CHECKPOINT_DIR
+from grpo_exp.run_files import BENCHMARK_FILE, FINAL_CHECKPOINT_DIR
 from grpo_exp.stats import auroc
 from grpo_exp.verification.benchmark import benchmark_metrics, load_benchmark
 from grpo_exp.verification.p_yes import policy_p_yes

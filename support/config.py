@@ -3,7 +3,7 @@
 from hydra import compose, initialize_config_dir
 
 from grpo_exp.paths import CONF_DIR
-from grpo_exp.schema import register_schemas
+from grpo_exp.run.config_store import register_schemas
 
 # A test-sized training run: the tiny random model, two short steps, a small held-out split.
 TINY_RUN = ["model=tiny", "trainer=debug", "dataset.eval_size=4", "dataset.train_size=64"]

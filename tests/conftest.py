@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_exp.schema import register_schemas
+from grpo_exp.run.config_store import register_schemas
 from support.config import TINY_RUN, compose_config
 from support.environment import hub_offline, without_wandb_key
 from tests.helpers.cli import (

@@ -11,10 +11,10 @@ import pytest
 import yaml
 from nbclient import NotebookClient
 
+from grpo_exp.analysis.comparison import side_by_side
 from grpo_exp.compare import main as compare_main
 from grpo_exp.paths import REPO_ROOT
-from grpo_exp.run.comparison import side_by_side
-from grpo_exp.run.files import METRICS_FILE, STATUS_FILE, SUMMARY_FILE
+from grpo_exp.run_files import METRICS_FILE, STATUS_FILE, SUMMARY_FILE
 from tests.helpers.cli import copied_run, run_cli, run_command
 
 

@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from grpo_exp.deprecated import renamed_config, translate_argv, translate_override
-from grpo_exp.evaluate import compose_with, resolve_source
-from grpo_exp.run.files import FINAL_CHECKPOINT_DIR
 from grpo_exp.run.resolve import resolve, saved_path_overrides
+from grpo_exp.run.sources import compose_with, resolve_source
+from grpo_exp.run_files import FINAL_CHECKPOINT_DIR
 from grpo_exp.schema import ScorerName
 from support.config import TINY_RUN, compose_config
 from tests.helpers.cli import run_cli, run_command

@@ -6,11 +6,10 @@ import json
 
 import pytest
 
-from grpo_exp.diagnose import main as diagnose_main
-from grpo_exp.run.alarms import TURN_CUT, answer_collapse_alarm, no_signal_warning
-from grpo_exp.run.comparison import comparison_rows, discover_runs
-from grpo_exp.run.diagnosis import HEALTHY, RunEvidence, diagnose, read_run
-from grpo_exp.run.diagnosis.rules import (
+from grpo_exp.analysis.alarms import TURN_CUT, answer_collapse_alarm, no_signal_warning
+from grpo_exp.analysis.comparison import comparison_rows, discover_runs
+from grpo_exp.analysis.diagnosis import HEALTHY, RunEvidence, diagnose, read_run
+from grpo_exp.analysis.diagnosis.rules import (
     answer_collapse,
     entropy,
     format_gain,
@@ -26,6 +25,7 @@ from grpo_exp.run.diagnosis.rules import (
     truncated,
     turns_exhausted,
 )
+from grpo_exp.diagnose import main as diagnose_main
 from grpo_exp.run.labels_check import answers_alike
 from grpo_exp.stats import paired_change, problems_to_resolve, wilson_interval
 from support.config import TINY_RUN

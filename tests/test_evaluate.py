@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from grpo_exp.evaluate import resolve_source
-from grpo_exp.run.files import latest_evaluation, new_evaluation_files
+from grpo_exp.run_files import latest_evaluation, new_evaluation_files
 from tests.helpers.cli import copied_run, run_cli
 
 

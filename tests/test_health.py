@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from grpo_exp.run.alarms import entropy_alarm, truncation_warning
+from grpo_exp.analysis.alarms import entropy_alarm, truncation_warning
 from grpo_exp.run.tracking import read_metrics
 from support.config import TINY_RUN
 from tests.helpers.cli import run_cli

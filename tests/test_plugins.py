@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpo_exp.run.files import STATUS_FILE
 from grpo_exp.run.tracking import read_metrics
+from grpo_exp.run_files import STATUS_FILE
 from support.config import TINY_RUN
 from tests.helpers.cli import run_command
 from tests.helpers.resolve_cases import resolve_cases

@@ -6,15 +6,40 @@ from grpo_exp.environments.schemes import builtin_schemes, environment_scheme, s
 
 
 def test_builtin_environment_schemes_are_registered_beside_their_code():
-    from grpo_exp.environments import openenv, textarena
+    """Each module of grpo_exp.environments that names a scheme (its PREFIX) registers its builder, and nothing else
+    is registered."""
+    import importlib
+    import pkgutil
 
+    import grpo_exp.environments
+
+    names = [module.name for module in pkgutil.iter_modules(grpo_exp.environments.__path__)]
+    modules = [importlib.import_module(f"grpo_exp.environments.{name}") for name in names]
+    declared = {module.PREFIX: module.__name__ for module in modules if hasattr(module, "PREFIX")}
     schemes = builtin_schemes()
-    assert set(schemes) == {textarena.PREFIX, openenv.PREFIX}
-    assert schemes[textarena.PREFIX] is textarena.game
-    assert schemes[openenv.PREFIX] is openenv.build
+    assert {prefix: builder.__module__ for prefix, builder in schemes.items()} == declared
     assert scheme_of("textarena/GuessTheNumber-v0") == "textarena/"
     assert scheme_of("openenv/http://127.0.0.1:8000") == "openenv/"
     assert scheme_of("my_module:MyEnv") is None
+
+
+def test_a_scheme_is_built_with_the_rollout_settings_it_declares_and_no_other(monkeypatch):
+    from grpo_exp.environments import schemes
+
+    seen = {}
+
+    def grid(size: str, walls: bool = False):
+        seen.update(size=size, walls=walls)
+        return lambda: None
+
+    monkeypatch.setitem(schemes.SCHEMES, "grid/", grid)
+    monkeypatch.setitem(schemes.SETTINGS, "grid/", ("walls",))
+    rollout = {"walls": True, "invalid_move_credit": True, "max_turns": 3}
+    schemes.build_scheme("grid/", "5", rollout)
+    assert seen == {"size": "5", "walls": True}
+    schemes.build_scheme("grid/", "7", None)  # no rollout config: the builder's defaults
+    assert seen == {"size": "7", "walls": False}
+    assert schemes.SETTINGS["openenv/"] == () and schemes.SETTINGS["textarena/"] == ("invalid_move_credit",)
 
 
 @pytest.mark.parametrize("setting", ["foo/bar", "textarena"])
@@ -34,19 +59,18 @@ def test_an_environment_neither_built_in_nor_an_import_path_lists_the_registrys_
 
 def test_a_scheme_registers_once():
     with pytest.raises(ValueError, match="already registered"):
-        environment_scheme("textarena/")(lambda rest, invalid_move_credit=False: None)
+        environment_scheme("textarena/")(lambda rest: None)
 
 
 def test_the_schema_reads_the_reward_components_from_their_registry():
     from pathlib import Path
 
-    from grpo_exp import schema
     from grpo_exp.paths import REPO_ROOT
     from grpo_exp.rewards.components import builtin_components
-    from grpo_exp.rewards.registry import COMPONENTS
+    from grpo_exp.rewards.registry import COMPONENTS, REWARD_COMPONENTS
 
     registered = builtin_components()
-    assert schema.REWARD_COMPONENTS == {name: c.settings for name, c in registered.items()}
+    assert REWARD_COMPONENTS == {name: c.settings for name, c in registered.items()}
     assert set(COMPONENTS) == set(registered)
     # every built-in component has its YAML, conf/reward/<name>.yaml (the mixes, e.g. conf/reward/math+format, aside)
     assert set(registered) <= {p.stem for p in Path(REPO_ROOT, "conf", "reward").glob("*.yaml")}

@@ -12,8 +12,8 @@ from grpo_exp.models import load_tokenizer
 from grpo_exp.rewards.math import make_math_reward
 from grpo_exp.rollout.flow import group_advantages, turn_spans
 from grpo_exp.rollout.multiturn import MultiTurnRollout, greedy_generation, scored_on_final_turn
-from grpo_exp.run.files import latest_evaluation
 from grpo_exp.run.tracking import read_metrics
+from grpo_exp.run_files import latest_evaluation
 from grpo_exp.trainer.config import grpo_exp_config
 from grpo_exp.trainer.sampling_copy import can_prepack
 from grpo_exp.trainer.trainer import GRPOExpTrainer

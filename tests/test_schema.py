@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 from grpo_exp import schema
 from grpo_exp.errors import UserError
 from grpo_exp.paths import CONF_DIR
+from grpo_exp.rewards.registry import REWARD_COMPONENTS
 from grpo_exp.run.build import build_parts
 from grpo_exp.run.resolve import resolve
 from support.config import TINY_RUN, compose_config
@@ -64,7 +65,7 @@ def test_reward_files_set_only_the_weight_and_config_yaml_no_schema_default():
 def test_the_composed_config_shows_every_setting_of_a_component_with_its_default():
     cfg = compose_config(["reward=math+selfverify"])
     settings = cfg.reward.components.selfverify
-    assert set(settings) == {f.name for f in dataclasses.fields(schema.REWARD_COMPONENTS["selfverify"])}
+    assert set(settings) == {f.name for f in dataclasses.fields(REWARD_COMPONENTS["selfverify"])}
     assert (
         settings.weight == 1.0 and settings.schedule is schema.SelfVerifySchedule.joint and settings.buffer_size == 64
     )

@@ -14,8 +14,8 @@ from hydra.utils import instantiate
 
 from grpo_exp.paths import CONF_DIR
 from grpo_exp.run.cluster import export_torch_distributed_env
-from grpo_exp.run.files import STATUS_FILE
 from grpo_exp.run.tracking import read_metrics
+from grpo_exp.run_files import STATUS_FILE
 from support.config import TINY_RUN
 from tests.helpers.cli import run_cli
 

@@ -19,8 +19,8 @@ from omegaconf import OmegaConf
 
 from grpo_exp.errors import UserError
 from grpo_exp.rewards.registry import build_rewards, typed_components
-from grpo_exp.run.files import latest_evaluation
 from grpo_exp.run.tracking import read_metrics
+from grpo_exp.run_files import latest_evaluation
 from grpo_exp.schema import VerifierSchema
 from grpo_exp.text import stated_answer
 from grpo_exp.verification.benchmark import benchmark_key
@@ -297,7 +297,7 @@ def grpo_exp(cwd: Path, *args: str, timeout: int = 900) -> subprocess.CompletedP
 
 
 def test_evaluate_finds_the_config_directories_a_run_had(tmp_path):
-    from grpo_exp.evaluate import resolve_source, run_config_sources
+    from grpo_exp.run.sources import resolve_source, run_config_sources
 
     run_dir, configs = tmp_path / "run", tmp_path / "configs"
     (run_dir / ".hydra").mkdir(parents=True)

@@ -5,9 +5,8 @@ import math
 
 import pytest
 
+from grpo_exp.analysis.alarms import hacking_alarm
 from grpo_exp.errors import UserError
-from grpo_exp.run.alarms import hacking_alarm
-from grpo_exp.run.files import latest_evaluation
 from grpo_exp.run.kept_models import Best, KeptModels, best_of, ranked
 from grpo_exp.run.tracking import read_metrics
 from grpo_exp.run.validation import (
@@ -18,6 +17,7 @@ from grpo_exp.run.validation import (
     stop_reason,
     validations_without_improvement,
 )
+from grpo_exp.run_files import latest_evaluation
 from grpo_exp.schema import AlarmAction
 from grpo_exp.stats import (
     accuracy_change_interval,

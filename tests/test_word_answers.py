@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from grpo_exp.answers import normalise_answer, phrase, vote_key
-from grpo_exp.run.files import latest_evaluation
 from grpo_exp.run.tracking import read_metrics
+from grpo_exp.run_files import latest_evaluation
 from tests.helpers.cli import run_command
 
 GRPO_EXP = Path(sys.executable).with_name("grpo-exp")

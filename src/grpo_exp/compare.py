@@ -16,8 +16,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from grpo_exp.errors import run_command
-from grpo_exp.run.comparison import (
+from grpo_exp.analysis.comparison import (
     Comparison,
     UnknownSetting,
     compare_runs,
@@ -27,7 +26,8 @@ from grpo_exp.run.comparison import (
     runs_from_wandb,
     wandb_group,
 )
-from grpo_exp.run.files import METRICS_FILE, not_directories, output_directory_problem
+from grpo_exp.errors import run_command
+from grpo_exp.run_files import METRICS_FILE, not_directories, output_directory_problem
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,9 +11,9 @@ import json
 import sys
 from pathlib import Path
 
+from grpo_exp.analysis.diagnosis import diagnose, diagnosis_lines, is_run_dir, read_run
 from grpo_exp.errors import run_command
-from grpo_exp.run.diagnosis import diagnose, diagnosis_lines, is_run_dir, read_run
-from grpo_exp.run.files import not_directories
+from grpo_exp.run_files import not_directories
 
 
 def run_dirs(paths: list[Path]) -> list[Path]:

@@ -26,13 +26,13 @@ from rich.console import Console
 from rich.table import Table
 
 from grpo_exp.errors import UserError, run_command
-from grpo_exp.evaluate import command_args, composed, resolve_source
 from grpo_exp.models import load_tokenizer
 from grpo_exp.probe.attacks import RIGHT, WRONG
 from grpo_exp.probe.battery import MIX, ProbeResult, finding_lines, probe_heldout
+from grpo_exp.run.config_store import register_schemas
 from grpo_exp.run.resolve import RunSpec, resolve
 from grpo_exp.run.setup import set_up
-from grpo_exp.schema import register_schemas
+from grpo_exp.run.sources import command_args, composed, resolve_source
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 from grpo_exp.errors import UserError
@@ -676,29 +675,6 @@ class Schema:
     # Where run and sweep directories go (and where trainer.resume=auto looks for earlier attempts).
     outputs_dir: str = "outputs"
     save_model: bool = True  # the final weights in <run dir>/checkpoint-final
-
-
-def reward_components() -> dict[str, type]:
-    """Built-in component name -> its settings' schema, as each registers beside its code
-    (grpo_exp.rewards.components: `@reward_component(name, Settings)`)."""
-    from grpo_exp.rewards.components import builtin_components  # the components' modules import this one
-
-    return {name: component.settings for name, component in builtin_components().items()}
-
-
-def __getattr__(name: str) -> Any:
-    if name == "REWARD_COMPONENTS":  # the registry's, read when asked (the components' modules import this one)
-        return reward_components()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def register_schemas() -> None:
-    store = ConfigStore.instance()
-    store.store(name="schema", node=Schema)
-    # conf/reward/<name>.yaml puts its component's schema (these defaults) under reward.components.<name>.
-    for name, node in reward_components().items():
-        store.store(group="reward_component", name=name, node=node)
-    store.store(group="reward_component", name="custom", node=CustomReward)  # the user's own (CustomReward)
 
 
 # ---- values a type cannot check ------------------------------------------------------------------------------

@@ -382,3 +382,11 @@ def problems_to_resolve(before: list[float], after: list[float]) -> int | None:
     if mean == 0 or sd == 0:
         return None
     return math.ceil((1.96 * sd / abs(mean)) ** 2)
+
+
+def quarter_means(values: list[float]) -> tuple[float, float]:
+    """Means of the first and the last quarter of a series (at least one value each); NaN when empty."""
+    if not values:
+        return math.nan, math.nan
+    window = max(1, len(values) // 4)
+    return sum(values[:window]) / window, sum(values[-window:]) / window

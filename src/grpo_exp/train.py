@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 
 from grpo_exp.deprecated import translate_argv
 from grpo_exp.paths import CONF_DIR
-from grpo_exp.schema import register_schemas
+from grpo_exp.run.config_store import register_schemas
 
 register_schemas()
 

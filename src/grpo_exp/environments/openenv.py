@@ -113,8 +113,8 @@ def action_tool(action_schema: dict, where: str):
 
 
 @environment_scheme(PREFIX)
-def build(url: str, invalid_move_credit: bool = False) -> functools.partial:
-    """rollout.environment=openenv/<url> (an OpenEnv server keeps its own score: no invalid-move credit to give)."""
+def build(url: str) -> functools.partial:
+    """rollout.environment=openenv/<url> (an OpenEnv server keeps its own score)."""
     return server(url)
 
 

@@ -92,7 +92,7 @@ class TextArenaGame:
         return 0.0 if self.reward is None else self.reward
 
 
-@environment_scheme(PREFIX)
+@environment_scheme(PREFIX, settings=("invalid_move_credit",))  # rollout.invalid_move_credit
 def game(game_id: str, invalid_move_credit: bool = False) -> functools.partial:
     """The factory of a game by its TextArena id (rollout.environment=textarena/<id>); `invalid_move_credit`: a game
     ended by an invalid move keeps TextArena's partial credit (else it scores 0)."""

@@ -31,12 +31,12 @@ import inspect
 import logging
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from grpo_exp.config_rules import OnlyWith
-from grpo_exp.environments.schemes import builtin_schemes, scheme_of
+from grpo_exp.environments.schemes import build_scheme, builtin_schemes, scheme_of
 from grpo_exp.errors import UserError
 from grpo_exp.failure_budget import FailureBudget
 from grpo_exp.plugins import import_callable
@@ -115,14 +115,14 @@ def method_tools(instance, path: str, where: str) -> list[UserTool]:
 
 
 def load_environment(
-    name: str | None, path: str, where: str, timeout: float, invalid_move_credit: bool = False
+    name: str | None, path: str, where: str, timeout: float, rollout_settings: Mapping | None = None
 ) -> Environment:
     """The environment at `path` (`where`: the config key), made once and checked: reset, its methods as tools.
-    `textarena/<game id>`: a TextArena game (grpo_exp.environments.textarena; `invalid_move_credit`: its partial
-    credit for a game ended by an invalid move); `openenv/<url>`: an OpenEnv server (grpo_exp.environments.openenv)."""
+    A built-in scheme's (`textarena/<game id>`, `openenv/<url>`: grpo_exp.environments) is built with the rollout
+    settings it declares as its own, read from `rollout_settings` (the rollout config)."""
     scheme = scheme_of(path)
     if scheme is not None:
-        factory = builtin_schemes()[scheme](path.removeprefix(scheme), invalid_move_credit)
+        factory = build_scheme(scheme, path.removeprefix(scheme), rollout_settings)
         name = name or factory.__name__
     elif ":" not in path:  # neither a built-in's scheme nor an import path: say what each would be
         built_in = ", ".join(f"{prefix}..." for prefix in builtin_schemes())
@@ -146,11 +146,14 @@ def load_environment(
     return Environment(name or type(instance).__name__, path, factory, has_reward, tuple(tools))
 
 
-def load_environments(setting, timeout: float, invalid_move_credit: bool = False) -> dict[str | None, Environment]:
+def load_environments(
+    setting, timeout: float, rollout_settings: Mapping | None = None
+) -> dict[str | None, Environment]:
     """rollout.environment: one import path (every row; key None), or {name: import path} (by the rows'
-    `environment` column). Checked at resolve time, before any model loads. `invalid_move_credit`: TextArena's."""
+    `environment` column). Checked at resolve time, before any model loads. `rollout_settings`: the rollout config,
+    whose settings a built-in scheme declares as its own are passed to its builder."""
     if isinstance(setting, str):
-        return {None: load_environment(None, setting, f"{KEY}={setting}", timeout, invalid_move_credit)}
+        return {None: load_environment(None, setting, f"{KEY}={setting}", timeout, rollout_settings)}
     if not hasattr(setting, "items") or not setting:
         raise UserError(f"{KEY}={setting!r}: an import path (module:Class) or a mapping {{name: module:Class}}")
     environments = {}
@@ -158,7 +161,7 @@ def load_environments(setting, timeout: float, invalid_move_credit: bool = False
         if not isinstance(path, str):
             raise UserError(f"{KEY}.{name}={path!r}: an import path, module:Class")
         where = f"{KEY}.{name}={path}"
-        environments[str(name)] = load_environment(str(name), path, where, timeout, invalid_move_credit)
+        environments[str(name)] = load_environment(str(name), path, where, timeout, rollout_settings)
     return environments
 
 

@@ -122,8 +122,8 @@ class MultiTurnRollout:
         limits = SandboxLimits(**OmegaConf.to_container(rollout_cfg.python))
         self.tools = build_tools(list(rollout_cfg.tools), limits)
         setting = rollout_cfg.get("environment")
-        timeout, credit = rollout_cfg.environment_timeout_s, rollout_cfg.get("invalid_move_credit", False)
-        self.environments = {} if setting is None else load_environments(setting, timeout, credit)
+        timeout = rollout_cfg.environment_timeout_s
+        self.environments = {} if setting is None else load_environments(setting, timeout, rollout_cfg)
         names = [env.name for env in self.environments.values()]
         self.budget = episode_budget(rollout_cfg, names) if self.environments else None
         self._told_uncached = False

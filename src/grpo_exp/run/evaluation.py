@@ -15,12 +15,11 @@ from pathlib import Path
 from datasets import Dataset
 from transformers import TrainerCallback
 
+from grpo_exp.analysis.diagnosis.evidence import RunEvidence
+from grpo_exp.analysis.diagnosis.rules import answer_collapse
 from grpo_exp.errors import UserError
 from grpo_exp.run.build import RunParts
-from grpo_exp.run.diagnosis.evidence import RunEvidence
-from grpo_exp.run.diagnosis.rules import answer_collapse
 from grpo_exp.run.distributed import is_main_process
-from grpo_exp.run.files import BENCHMARK_FILE, eval_file
 from grpo_exp.run.heldout import (
     EvalResult,
     SampledResult,
@@ -35,6 +34,7 @@ from grpo_exp.run.labels_check import check_labels_first
 from grpo_exp.run.resolve import RunSpec
 from grpo_exp.run.resume import Attempt, write_record
 from grpo_exp.run.validation import untouched_rng
+from grpo_exp.run_files import BENCHMARK_FILE, eval_file
 from grpo_exp.schema import AlarmAction, ModelSource
 from grpo_exp.trainer.levels import TaskLevels, accuracy_by_level
 from grpo_exp.verification.benchmark import load_benchmark

@@ -15,22 +15,14 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from transformers import PrinterCallback, ProgressCallback, set_seed
 
+from grpo_exp.analysis.diagnosis import diagnose, read_run
 from grpo_exp.models import describe, lora_config
 from grpo_exp.rewards.components import graded_components
 from grpo_exp.rollout.native import with_system
 from grpo_exp.run.build import RunParts
 from grpo_exp.run.console import ConsoleView
-from grpo_exp.run.diagnosis import diagnose, read_run
 from grpo_exp.run.distributed import is_main_process, shared_run_dir, world_size
 from grpo_exp.run.evaluation import BeforeTraining, HeldoutEval, OnPolicy
-from grpo_exp.run.files import (
-    CONFIG_FILE,
-    FINAL_CHECKPOINT_DIR,
-    METRICS_FILE,
-    SAMPLES_FILE,
-    SUMMARY_FILE,
-    TRAINER_DIR,
-)
 from grpo_exp.run.health import PolicyHealth
 from grpo_exp.run.kept_models import KeptModels, carry_best
 from grpo_exp.run.probe_first import probe_first
@@ -42,6 +34,14 @@ from grpo_exp.run.setup import HELDOUT, TRAINING, load_policy, set_up
 from grpo_exp.run.tracking import MetricsFileCallback, Tracker, run_identity
 from grpo_exp.run.validation import PeriodicValidation, Schedule
 from grpo_exp.run.wandb_offline import RECORD_KEY, segments_so_far, sync_command
+from grpo_exp.run_files import (
+    CONFIG_FILE,
+    FINAL_CHECKPOINT_DIR,
+    METRICS_FILE,
+    SAMPLES_FILE,
+    SUMMARY_FILE,
+    TRAINER_DIR,
+)
 from grpo_exp.trainer.config import ddp_timeout
 from grpo_exp.trainer.curriculum import STATE_FILE as CURRICULUM_FILE
 from grpo_exp.trainer.curriculum import DifficultyPool, SaveState

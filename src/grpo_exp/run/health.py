@@ -1,6 +1,6 @@
 """health.*: the policy's own health, watched at every logged step beside the reward-hacking alarm: its entropy
 collapsing or blowing up, its completions cut at the length limit, no group with a reward spread, its answers
-collapsing to one (grpo_exp.run.alarms' rules, each beyond its noise). What TRL logs, and the answers, are gathered
+collapsing to one (grpo_exp.analysis.alarms' rules, each beyond its noise). What TRL logs, and the answers, are gathered
 over the processes, so every process decides alike, and a stop stops them all."""
 
 import logging
@@ -10,8 +10,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from grpo_exp.config_rules import OnlyWith
-from grpo_exp.run.alarms import (
+from grpo_exp.analysis.alarms import (
     MAX_COMPLETION,
     MAX_TURN,
     TURN_CUT,
@@ -20,6 +19,7 @@ from grpo_exp.run.alarms import (
     no_signal_warning,
     truncation_warning,
 )
+from grpo_exp.config_rules import OnlyWith
 from grpo_exp.run.tracking import read_metrics
 from grpo_exp.schema import AlarmAction
 

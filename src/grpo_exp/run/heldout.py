@@ -27,9 +27,9 @@ from grpo_exp.rollout.multiturn import MultiTurnRollout, greedy_generation
 from grpo_exp.rollout.vllm_turns import ANSWERING_ENGINE, engine_completions
 from grpo_exp.run.build import RunParts
 from grpo_exp.run.distributed import is_main_process
-from grpo_exp.run.files import BENCHMARK_FILE
 from grpo_exp.run.prepacked_eval import greedy_completions, prepacked_copy
 from grpo_exp.run.resolve import RunSpec
+from grpo_exp.run_files import BENCHMARK_FILE
 from grpo_exp.stats import (
     constant_answer_accuracy,
     correctness_stats,

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from grpo_exp.run.distributed import is_main_process, wait_for_everyone
+from grpo_exp.run_files import HELDOUT_ACCURACY as METRIC
 
 BEST_CHECKPOINT_DIR = "checkpoint-best"
 TOP_CHECKPOINTS_DIR = "checkpoint-top"  # eval.keep_top_k > 1: the runners-up, as step-<N>
 BEST_FILE = "best.json"  # in each kept checkpoint: its step, and the metric it was chosen by with its value
-METRIC = "heldout/accuracy"
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,12 @@ Two findings, warned (logged, `labels_check` in summary.json) or stopped on, bef
 import logging
 from pathlib import Path
 
+from grpo_exp.analysis.diagnosis.evidence import RunEvidence
+from grpo_exp.analysis.diagnosis.rules import Finding, easier_settings, labels_misread
 from grpo_exp.config_rules import OnlyWith
 from grpo_exp.errors import UserError
 from grpo_exp.probe.battery import score_texts, weighted_total
 from grpo_exp.rewards.components import graded_components
-from grpo_exp.run.diagnosis.evidence import RunEvidence
-from grpo_exp.run.diagnosis.rules import Finding, easier_settings, labels_misread
 from grpo_exp.run.heldout import run_heldout_accuracy
 from grpo_exp.schema import AlarmAction
 

@@ -7,16 +7,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from grpo_exp.run.diagnosis import Finding, diagnosis_lines
+from grpo_exp.analysis.diagnosis import Finding, diagnosis_lines
 from grpo_exp.run.tracking import read_metrics
-
-
-def quarter_means(values: list[float]) -> tuple[float, float]:
-    """Means of the first and the last quarter of a series (at least one value each); NaN when empty."""
-    if not values:
-        return math.nan, math.nan
-    window = max(1, len(values) // 4)
-    return sum(values[:window]) / window, sum(values[-window:]) / window
+from grpo_exp.stats import quarter_means
 
 
 def reward_trend(metrics: list[dict], key: str = "reward") -> tuple[float, float]:

@@ -39,11 +39,11 @@ from grpo_exp.rollout.environment import check_environments, load_environments
 from grpo_exp.rollout.native import WHY_NOT_NATIVE, why_not_native
 from grpo_exp.rollout.tools import check_tool_names
 from grpo_exp.run.distributed import world_size
-from grpo_exp.run.files import CONFIG_FILE, read_yaml
 from grpo_exp.run.inert import check_only_with
 from grpo_exp.run.resume import Attempt, resolve_attempt
 from grpo_exp.run.tracking import redact, report_to
 from grpo_exp.run.validation import check_validation
+from grpo_exp.run_files import CONFIG_FILE, read_yaml
 from grpo_exp.schema import (
     AlarmAction,
     DataSource,
@@ -207,7 +207,7 @@ def check_rollout(spec: RunSpec) -> tuple[tuple[str, ...], bool]:
         check_turn_credit(spec.cfg)
     if environment is None:
         return (), False
-    environments = load_environments(environment, rollout.environment_timeout_s, rollout.invalid_move_credit)
+    environments = load_environments(environment, rollout.environment_timeout_s, rollout)
     check_environments(environments, list(spec.components), list(rollout.tools))
     native = rollout.tool_calling is not ToolCalling.tags and check_native(spec.cfg)
     return tuple(env.name for env in environments.values()), native

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from grpo_exp.deprecated import renamed_config
 from grpo_exp.errors import UserError
-from grpo_exp.run.files import (
+from grpo_exp.run_files import (
     ATTEMPT_FILE,
     CONFIG_FILE,
     METRICS_FILE,

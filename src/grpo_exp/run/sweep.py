@@ -13,9 +13,9 @@ from hydra.core.utils import JobStatus
 from hydra.experimental.callback import Callback
 from rich.console import Console
 
-from grpo_exp.run.comparison import compare, discover_runs, print_failures, print_table
+from grpo_exp.analysis.comparison import compare, discover_runs, print_failures, print_table
 from grpo_exp.run.distributed import is_main_process
-from grpo_exp.run.files import STATUS_FILE
+from grpo_exp.run_files import STATUS_FILE
 
 log = logging.getLogger(__name__)
 

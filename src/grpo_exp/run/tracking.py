@@ -14,7 +14,7 @@ from transformers import TrainerCallback
 
 from grpo_exp.redaction import REDACTED, is_secret_key, redact
 from grpo_exp.run import trackers
-from grpo_exp.run.files import read_jsonl
+from grpo_exp.run_files import read_jsonl, read_metrics  # noqa: F401  (read_metrics: tracking's record, read here too)
 from grpo_exp.schema import LoggerBackend, WandbMode
 
 log = logging.getLogger(__name__)
@@ -81,11 +81,6 @@ class MetricsFileCallback(TrainerCallback):
 
 def _is_scalar(value: Any) -> bool:
     return isinstance(value, int | float | str | bool) or value is None
-
-
-def read_metrics(path: Path) -> list[dict]:
-    """metrics.jsonl's records (grpo_exp.run.files.read_jsonl: a last line cut short is left out)."""
-    return read_jsonl(path)
 
 
 def report_to(logger_cfg) -> str:

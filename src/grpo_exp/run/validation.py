@@ -4,7 +4,7 @@ Every eval.every steps the policy answers eval.every_problems held-out problems 
 the accuracy is logged at that step as heldout/accuracy, beside the training reward (metrics.jsonl, every
 tracker, the console). Each validation is offered to the kept models (grpo_exp.run.kept_models: checkpoint-best and
 the top k by eval.best_metric), may stop training early (eval.patience, eval.stop_at) and may sound the
-reward-hacking alarm (grpo_exp.run.alarms). A resumed run starts from its history and the models it kept.
+reward-hacking alarm (grpo_exp.analysis.alarms). A resumed run starts from its history and the models it kept.
 """
 
 import logging
@@ -17,12 +17,12 @@ from dataclasses import dataclass
 import torch
 from transformers import TrainerCallback
 
+from grpo_exp.analysis.alarms import hacking_alarm, labelled
 from grpo_exp.config_rules import OnlyWith
 from grpo_exp.errors import UserError
-from grpo_exp.run.alarms import hacking_alarm, labelled
-from grpo_exp.run.files import METRICS_FILE
 from grpo_exp.run.kept_models import METRIC, Best, KeptModels
 from grpo_exp.run.tracking import read_metrics
+from grpo_exp.run_files import METRICS_FILE
 from grpo_exp.schema import AlarmAction
 from grpo_exp.stats import accuracy_standard_error, auroc_standard_error
 

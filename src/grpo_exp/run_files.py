@@ -10,6 +10,8 @@ import yaml
 from grpo_exp.errors import DamagedFile
 from grpo_exp.paths import FINAL_CHECKPOINT_DIR  # noqa: F401  (in paths: a model setting may name a run dir)
 
+HELDOUT_ACCURACY = "heldout/accuracy"  # the metric validations log and checkpoint-best goes by, by default
+
 CONFIG_FILE = "config.yaml"  # the resolved config, secrets redacted
 METRICS_FILE = "metrics.jsonl"  # every logged step (TRL's metrics and grpo_exp's group statistics)
 SAMPLES_FILE = "samples.jsonl"  # whole groups sampled every stats.table_every steps
@@ -133,3 +135,8 @@ def _numbered(number: int) -> str:
 def eval_file(when: str) -> str:
     """Each held-out problem's completion and label, before or after training."""
     return f"eval_{when}.jsonl"
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """metrics.jsonl's records (read_jsonl: a last line cut short is left out)."""
+    return read_jsonl(path)

@@ -8,9 +8,9 @@ import statistics
 from collections import Counter
 from dataclasses import asdict, dataclass
 
+from grpo_exp.analysis.alarms import MAX_COMPLETION, MAX_TURN, TURN_CUT, entropy_alarm, truncation_warning
+from grpo_exp.analysis.diagnosis.evidence import RunEvidence
 from grpo_exp.answers import BUILT_IN, final_sentence, lenient_match, normalise_answer, vote_key
-from grpo_exp.run.alarms import MAX_COMPLETION, MAX_TURN, TURN_CUT, entropy_alarm, truncation_warning
-from grpo_exp.run.diagnosis.evidence import RunEvidence
 from grpo_exp.schema import TrainerSchema
 from grpo_exp.stats import paired_change, problems_to_resolve, slope_interval, wilson_interval
 

@@ -1,10 +1,10 @@
-"""Why a run did (not) learn: findings from the run's own records (grpo_exp.run.diagnosis.rules), at the end of every
-run (summary.json's `diagnosis`, the printed summary), and from any run directory (`grpo-exp diagnose`)."""
+"""Why a run did (not) learn: findings from the run's own records (grpo_exp.analysis.diagnosis.rules), at the end of
+every run (summary.json's `diagnosis`, the printed summary), and from any run directory (`grpo-exp diagnose`)."""
 
 import dataclasses
 
-from grpo_exp.run.diagnosis.evidence import RunEvidence, is_run_dir, read_run
-from grpo_exp.run.diagnosis.rules import EXPLAINS_HELDOUT, RULES, Finding, no_change
+from grpo_exp.analysis.diagnosis.evidence import RunEvidence, is_run_dir, read_run
+from grpo_exp.analysis.diagnosis.rules import EXPLAINS_HELDOUT, RULES, Finding, no_change
 
 HEALTHY = "no finding: nothing in the run's records says it went wrong"
 

@@ -5,8 +5,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grpo_exp.run.files import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, eval_file, read_json, read_yaml
-from grpo_exp.run.tracking import read_metrics
+from grpo_exp.run_files import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, eval_file, read_json, read_metrics, read_yaml
 
 PROBE_FILE = "probe.json"
 

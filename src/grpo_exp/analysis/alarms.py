@@ -9,7 +9,7 @@
 import statistics
 from collections import Counter
 
-from grpo_exp.run.kept_models import METRIC
+from grpo_exp.run_files import HELDOUT_ACCURACY as METRIC
 from grpo_exp.stats import accuracy_change_interval, auroc_change_interval, slope_interval
 
 # The setting that cuts a completion: its whole length, or (multi-turn) each turn's

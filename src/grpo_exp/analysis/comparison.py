@@ -8,12 +8,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from grpo_exp.run.diagnosis import diagnose, read_run
-from grpo_exp.run.files import METRICS_FILE, STATUS_FILE, SUMMARY_FILE, read_json, read_yaml
-from grpo_exp.run.report import quarter_means
-from grpo_exp.run.tracking import read_metrics
-from grpo_exp.run.validation import METRIC as HELDOUT
-from grpo_exp.stats import mean_interval, paired_differences
+from grpo_exp.analysis.diagnosis import diagnose, read_run
+from grpo_exp.run_files import HELDOUT_ACCURACY as HELDOUT
+from grpo_exp.run_files import METRICS_FILE, STATUS_FILE, SUMMARY_FILE, read_json, read_metrics, read_yaml
+from grpo_exp.stats import mean_interval, paired_differences, quarter_means
 
 CURVES = ["reward", "groups/pass@1", "groups/reward/frac_zero_std", "kl", "advantages/mean_abs", "entropy"]
 SEED = "trainer.seed"
@@ -158,7 +156,7 @@ def comparison_rows(runs: list[Run], swept: list[str]) -> list[dict]:
 
 
 def findings_of(run: Run) -> str:
-    """The run's findings by name (grpo_exp.run.diagnosis): its summary's, else read from its directory (a run made
+    """The run's findings by name (grpo_exp.analysis.diagnosis): its summary's, else read from its directory (a run made
     before the findings existed); `grpo-exp diagnose <run dir>` says each in full."""
     if run.summary.get("diagnosis") is not None:
         names = [finding["name"] for finding in run.summary["diagnosis"]]
