@@ -117,7 +117,7 @@ def test_weighting_the_advantages_is_trls_own_weighted_loss(tmp_path):
     trainer = make_trainer(tmp_path, by_index, prompts=2)
     batch = generation_batch(trainer, prompts=2)
     with torch.no_grad():
-        new = trainer._trainer_log_probs(batch)
+        new = trainer.trainer_log_probs(batch)
     shift = torch.linspace(-0.4, 0.4, new.numel()).view_as(new)
     batch["old_per_token_logps"] = new + shift
     batch["advantages"] = torch.tensor([1.0, -1.0, 0.5, 2.0, -0.5, 0.1, 1.5, -2.0])

@@ -1,6 +1,11 @@
-"""The sampler/trainer mismatch (trainer.mismatch_*), as pure functions: how far the log-probabilities of what
-sampled a batch (TRL's generate(), the sampling copy, the multi-turn rollout, vLLM) are from the trainer's own
-forward, and TRL's importance-sampling corrections for it, on every path.
+"""The sampler/trainer mismatch (trainer.mismatch_*, float64_reference_*), in one place: how far the log-probabilities
+of what sampled a batch (TRL's generate(), the sampling copy, the multi-turn rollout, vLLM) are from the trainer's own
+forward, TRL's importance-sampling corrections for it on every path, the metrics, and its settings' rules. The pure
+functions first; then one trainer's watch (MismatchWatch), which the seam calls where TRL's flow needs it: after a
+batch is scored (against_trainer) and in the loss (weighted). It reads TRL's state only through TRLSurface's readers.
+
+Where TRL corrects itself (vLLM with vllm_importance_sampling_correction) it measures too, under the same names, and
+the watch stands aside but for the float64 reference.
 
 Metrics under TRL's names for vLLM, so that dashboards match: sampling/sampling_logp_difference/{mean,max} (|log p
 of the trainer - log p of the sampler| over the loss's tokens) and sampling/importance_sampling_ratio/{min,mean,max}
@@ -16,6 +21,7 @@ other than vespo that loss is a positive multiple of the advantage, so multiplyi
 """
 
 import math
+from collections.abc import Callable
 
 import torch
 from omegaconf import DictConfig
@@ -23,6 +29,8 @@ from omegaconf import DictConfig
 from grpo_exp.config_rules import OnlyWith
 from grpo_exp.errors import UserError
 from grpo_exp.schema import MismatchCorrection
+from grpo_exp.trainer.sampling_copy import SamplingCopy
+from grpo_exp.trainer.trl_batch import loss_mask
 
 WEIGHTING = tuple(correction for correction in MismatchCorrection if correction.weighs)
 SEQUENCE_LEVEL = (MismatchCorrection.sequence_truncate, MismatchCorrection.sequence_mask)
@@ -224,6 +232,131 @@ def vllm_fields(trainer_cfg) -> dict:
 def _correction(cfg: DictConfig) -> str:
     correction = cfg.trainer.mismatch_correction
     return "null (the path's own)" if correction is None else correction.value
+
+
+# ---- one trainer's watch (trainer.mismatch_*, float64_reference_*) ----------------------------------------------
+
+
+def completion_sequences(output: dict) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """What the trainer's loss forward reads of TRL's generation batch: the ids and attention mask of prompt and
+    completion together, and how many positions (the completion's) to keep."""
+    ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+    attention = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+    return ids, attention, output["completion_ids"].size(1)
+
+
+Gather = Callable[[torch.Tensor], torch.Tensor]  # [n] of this process -> [processes, n] (a collective)
+
+
+class MismatchWatch:
+    def __init__(self, args, *, use_vllm: bool, trl_corrects: bool):
+        """`args`: the GRPOExpConfig; `trl_corrects`: TRL measures and corrects itself (vLLM)."""
+        self.stands_aside = trl_corrects
+        self.paged = bool(args.use_transformers_paged)
+        self.metrics_asked = args.mismatch_metrics
+        # vLLM: an explicit correction became TRL's own vllm_importance_sampling_* (grpo_exp.trainer.config)
+        self.correction_asked = None if use_vllm else args.mismatch_correction
+        self.bfloat16_generation = args.bfloat16_generation and not use_vllm
+        self.bfloat16_copy = self.bfloat16_generation  # until the policy's dtype is seen (see_policy)
+        self.clip = (args.mismatch_clip_min, args.mismatch_clip_max)
+        self.every, self.completions = args.float64_reference_every, args.float64_reference_completions
+        self.exact: SamplingCopy | None = None  # the float64 copy, made at its first use
+
+    def see_policy(self, dtype: torch.dtype) -> None:
+        """The policy's dtype: a bfloat16 policy samples itself, with no copy to correct for."""
+        self.bfloat16_copy = self.bfloat16_generation and dtype != torch.bfloat16
+
+    @property
+    def measure(self) -> bool:
+        """auto: measured where a bfloat16 copy samples a policy of another dtype; the float32 paths sample the
+        policy's own distribution, 1e-5 apart (experiments/README.md), for one more forward per step."""
+        asked = self.metrics_asked if self.metrics_asked is not None else self.bfloat16_copy
+        return bool(asked) and not self.paged and not self.stands_aside
+
+    @property
+    def correction(self) -> MismatchCorrection:
+        return resolved_correction(self.correction_asked, self.bfloat16_copy)
+
+    @property
+    def wants_sampler_log_probs(self) -> bool:
+        """Whether the sampler must return its log-probabilities (TRL's generate() and the float32 copy return none
+        unless asked)."""
+        corrects = not self.stands_aside and self.correction is not MismatchCorrection.none
+        return self.measure or corrects or bool(self.every)
+
+    def wants_trainer_log_probs(self, output: dict, step: int) -> bool:
+        """Whether this batch needs the trainer's own log-probabilities (one forward without gradient, where TRL
+        has not made it): to measure, to weight, or for the float64 reference."""
+        if output.get("sampling_per_token_logps") is None:
+            return False
+        corrects = not self.stands_aside and self.correction in WEIGHTING
+        return self.measure or corrects or self._reference_due(step)
+
+    def _reference_due(self, step: int) -> bool:
+        return bool(self.every) and step % self.every == 0
+
+    def apply(
+        self, output: dict, trainer_logps: torch.Tensor | None, step: int, gather: Gather, policy, temperature: float
+    ) -> dict[str, float]:
+        """The correction put into TRL's batch (`output`); the metrics to record. `trainer_logps`: None where
+        wants_trainer_log_probs said no."""
+        sampler = output.get("sampling_per_token_logps")
+        if sampler is None:
+            return {}
+        mask = loss_mask(output)
+        weights = None
+        if self.stands_aside:
+            pass
+        elif self.correction in WEIGHTING:
+            weights = importance_weights(trainer_logps, sampler, mask, self.correction, *self.clip)
+            output["importance_sampling_ratio"] = weights  # TRL's key; the seam's loss applies it
+        elif self.correction is MismatchCorrection.behaviour_ratio:
+            output["old_per_token_logps"] = sampler
+        metrics = {}
+        if self.measure:
+            metrics |= mismatch_metrics(gather(mismatch_sums(trainer_logps, sampler, mask, weights)))
+        if self._reference_due(step):
+            exact = self._float64_log_probs(output, policy, step, temperature)
+            rows = slice(0, exact.shape[0])
+            sums = reference_sums(trainer_logps[rows], sampler[rows], exact, mask[rows])
+            metrics |= reference_metrics(gather(sums))
+        return metrics
+
+    def against_trainer(self, output: dict, trainer) -> dict[str, float]:
+        """The sampler's log-probabilities against the trainer's own, for one generation batch: the correction put
+        into `output`, the metrics to record. `trainer`: TRLSurface's reads of TRL's state (its forward without
+        gradient, a gather, the policy, the step); the forward runs only where TRL has not made it itself
+        (old_per_token_logps) and this watch asks for it."""
+        step = trainer.state.global_step
+        trainer_logps = None
+        if self.wants_trainer_log_probs(output, step):
+            trainer_logps = output.get("old_per_token_logps")  # TRL's own forward, where it made one
+            if trainer_logps is None:
+                trainer_logps = trainer.trainer_log_probs(output)
+        return self.apply(output, trainer_logps, step, trainer.gather_sums, trainer.policy, trainer.temperature)
+
+    def weighted(self, inputs: dict, loss_type: str) -> dict:
+        """TRL applies the importance weights (its importance_sampling_ratio) on vLLM only: elsewhere the same loss,
+        through the advantages (vespo weighs by them its own way)."""
+        weights = inputs.get("importance_sampling_ratio")
+        if weights is None or self.stands_aside or loss_type == "vespo":
+            return inputs
+        return {**inputs, "advantages": weighted_advantages(inputs["advantages"], weights)}
+
+    @torch.no_grad()
+    def _float64_log_probs(self, output: dict, policy, step: int, temperature: float) -> torch.Tensor:
+        """The first `completions` rows' completion tokens scored by a float64 copy of the policy, fed what the
+        trainer's forward is fed."""
+        if self.exact is None:
+            self.exact = SamplingCopy(policy, torch.float64)
+        self.exact.sync(policy, step)
+        rows = slice(0, self.completions)
+        completion_ids = output["completion_ids"][rows]
+        ids = torch.cat([output["prompt_ids"][rows], completion_ids], dim=1)
+        attention = torch.cat([output["prompt_mask"][rows], output["completion_mask"][rows]], dim=1)
+        logits = self.exact.copy(input_ids=ids, attention_mask=attention).logits
+        logits = logits[:, -completion_ids.shape[1] - 1 : -1].double() / temperature
+        return torch.log_softmax(logits, dim=-1).gather(2, completion_ids[..., None]).squeeze(2)
 
 
 # Settings that act only given another (grpo_exp.config_rules; checked by grpo_exp.run.inert)

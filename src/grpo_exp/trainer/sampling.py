@@ -165,7 +165,7 @@ class Sampler:
 
     def generate(self, policy, prompt_ids: list[list[int]], generation_config, step: int, with_log_probs: bool):
         """The copy's completions (refreshed from the policy once per step) and, `with_log_probs`, its
-        log-probability of each token (grpo_exp.trainer.mismatch_watch compares them with the trainer's)."""
+        log-probability of each token (grpo_exp.trainer.mismatch compares them with the trainer's)."""
         self.copy.sync(policy, step)
         return self.copy.generate(prompt_ids, generation_config, with_log_probs=with_log_probs)
 

@@ -19,10 +19,10 @@ from grpo_exp.trainer.async_generation import generation_ahead
 from grpo_exp.trainer.hooks import TrainingHooks
 from grpo_exp.trainer.imputation import impute_failures
 from grpo_exp.trainer.losses import policy_loss
-from grpo_exp.trainer.mismatch import weighted_advantages
-from grpo_exp.trainer.mismatch_watch import MismatchWatch
+from grpo_exp.trainer.mismatch import MismatchWatch
 from grpo_exp.trainer.sampling import Sampler, fast_generation_pays
 from grpo_exp.trainer.shared_prompt import shared_prompt_forward
+from grpo_exp.trainer.trl_batch import mask_loss_tokens
 from grpo_exp.trainer.trl_surface import TRLSurface
 from grpo_exp.trainer.turn_credit import (
     ENVIRONMENT,
@@ -31,7 +31,13 @@ from grpo_exp.trainer.turn_credit import (
     turn_advantage_means,
 )
 from grpo_exp.trainer.vllm_engine import vllm_generation_for
-from grpo_exp.trainer.zero_variance import informative_loss, leaves_groups_out, no_spread_groups, settle
+from grpo_exp.trainer.zero_variance import (
+    fresh_inputs,
+    informative_loss,
+    leaves_groups_out,
+    no_spread_groups,
+    settle,
+)
 
 
 class HookedGRPOTrainer(TrainingHooks, TRLSurface, GRPOTrainer):
@@ -79,7 +85,11 @@ class HookedGRPOTrainer(TrainingHooks, TRLSurface, GRPOTrainer):
         if not self.model.training:
             return super()._generate_and_score_completions(inputs)
         args, size = self.args, self.num_generations
-        more = functools.partial(self._generate_fresh, len(inputs) // size)
+        groups, step = len(inputs) // size, self.state.global_step
+
+        def more(attempt: int) -> tuple[dict, torch.Tensor | None]:  # fresh prompts (zero_variance_groups=resample)
+            return self._generate_scored(fresh_inputs(self.train_dataset, groups, size, args.seed, step, attempt))
+
         output, metrics = settle(
             self._generate_scored(self.before_generation(inputs)),
             len(inputs),
@@ -181,8 +191,10 @@ class HookedGRPOTrainer(TrainingHooks, TRLSurface, GRPOTrainer):
             batch = self._scored_batch(inputs, output)  # before the loss mask: lengths count every generated token
         if self.wants_scored_batch:
             self.after_scoring(batch)
-        self._mask_loss_tokens(inputs, output)
-        self._sampler_against_trainer(output)
+        mask = self.loss_token_mask(inputs, output["completion_ids"], output["completion_mask"])
+        if mask is not None:
+            mask_loss_tokens(output, mask, lambda count: self.accelerator.gather(count).sum())
+        self._record(self.mismatch.against_trainer(output, self))  # grpo_exp.trainer.mismatch
         if batch is None:
             return output, None
         no_spread = no_spread_groups(batch)
@@ -226,12 +238,8 @@ class HookedGRPOTrainer(TrainingHooks, TRLSurface, GRPOTrainer):
 
     def _compute_loss(self, model, inputs):
         """TRL's loss, or a per-token loss of ours in its place (trainer.loss_type=module:name: trainer.losses)."""
-        weights = inputs.get("importance_sampling_ratio")
         if self.args.policy_loss is None:
-            if weights is not None and not self.mismatch.stands_aside and self.loss_type != "vespo":
-                # TRL applies these weights on vLLM only: elsewhere, as the same loss, through the advantages
-                inputs = {**inputs, "advantages": weighted_advantages(inputs["advantages"], weights)}
-            return super()._compute_loss(model, inputs)
+            return super()._compute_loss(model, self.mismatch.weighted(inputs, self.loss_type))
         forward = functools.partial(self.per_token_logps, model, compute_entropy=True)
         reduce_sum = functools.partial(self.accelerator.reduce, reduction="sum")
         epsilons, processes = (self.epsilon_low, self.epsilon_high), self.accelerator.num_processes

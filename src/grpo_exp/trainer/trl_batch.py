@@ -47,6 +47,13 @@ def loss_mask(batch: dict) -> torch.Tensor:
     return mask * batch["tool_mask"] if batch.get("tool_mask") is not None else mask
 
 
+def mask_loss_tokens(batch: dict, mask: torch.Tensor, count_everywhere) -> None:
+    """`mask` applied to TRL's completion mask, and TRL's token count (num_items_in_batch: the dapo / cispo
+    normaliser) recounted; `count_everywhere(count)`: a count summed over every process (a collective)."""
+    batch["completion_mask"] = batch["completion_mask"] * mask.to(batch["completion_mask"])
+    batch["num_items_in_batch"] = count_everywhere(loss_mask(batch).sum())
+
+
 def select_rows(batch: dict, rows: torch.Tensor) -> dict:
     """The batch's rows `rows` (indices), completion columns past the longest kept completion cut off (right
     padding only: no kept token's logits change). Whole-batch values stay as they are."""

@@ -1,6 +1,6 @@
 """TRL's GRPOTrainer as grpo_exp's run and tests use it (metrics, saving, the batch layout, generation outside a step,
 the last batch's rewards), and the last generation batch as the seam's overrides read it from TRL's state (its
-rewards, the scored batch, the trainer's log-probabilities, the loss mask): each a translation to TRL's own attributes
+rewards, the scored batch, the trainer's log-probabilities, a gather): each a translation to TRL's own attributes
 and methods (declared in grpo_exp.trainer.trl_contract). A mixin of grpo_exp.trainer.seam.HookedGRPOTrainer; it
 overrides nothing of TRL's.
 """
@@ -12,9 +12,8 @@ from accelerate.utils import gather_object
 from trl.models.utils import disable_gradient_checkpointing, unwrap_model_for_generation
 
 from grpo_exp.rollout.vllm_turns import answered_by, turn_engine
-from grpo_exp.trainer.sampler_mismatch import completion_sequences, sampler_against_trainer
+from grpo_exp.trainer.mismatch import completion_sequences
 from grpo_exp.trainer.scored_batch import ROW_KEYS, ScoredBatch, aggregated_reward
-from grpo_exp.trainer.zero_variance import fresh_inputs
 
 
 class TRLSurface:
@@ -97,20 +96,17 @@ class TRLSurface:
 
     # ---- the last generation batch, read from TRL's state for the seam's overrides (grpo_exp.trainer.seam) ----
 
-    def _sampler_against_trainer(self, output: dict) -> None:
-        """The sampler's log-probabilities against the trainer's own (grpo_exp.trainer.sampler_mismatch)."""
+    def gather_sums(self, sums: torch.Tensor) -> torch.Tensor:
+        """[n] of this process -> [processes, n] on the CPU (a collective: every process calls it)."""
+        return self.accelerator.gather(sums[None].to(self.accelerator.device)).cpu()
 
-        def gather(sums: torch.Tensor) -> torch.Tensor:
-            return self.accelerator.gather(sums[None].to(self.accelerator.device)).cpu()
-
-        policy, step = self.accelerator.unwrap_model(self.model), self.state.global_step
-        trainer_log_probs = self._trainer_log_probs
-        self._record(
-            sampler_against_trainer(self.mismatch, output, step, trainer_log_probs, gather, policy, self.temperature)
-        )
+    @property
+    def policy(self):
+        """The policy model itself (unwrapped from its accelerator wrapper)."""
+        return self.accelerator.unwrap_model(self.model)
 
     @torch.no_grad()
-    def _trainer_log_probs(self, output: dict) -> torch.Tensor:
+    def trainer_log_probs(self, output: dict) -> torch.Tensor:
         """The completions' log-probabilities under the trainer's forward (the loss's), before any update."""
         ids, attention, keep = completion_sequences(output)
         with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
@@ -153,18 +149,3 @@ class TRLSurface:
             advantages=torch.tensor(list(self._logs["advantages"]), dtype=torch.float32),
             lengths=self.accelerator.gather(policy_tokens.sum(dim=1)).float().cpu(),
         )
-
-    def _generate_fresh(self, groups: int, attempt: int) -> tuple[dict, torch.Tensor | None]:
-        """_generate_scored for `groups` fresh prompts of the training set (zero_variance_groups=resample)."""
-        step, size = self.state.global_step, self.num_generations
-        return self._generate_scored(fresh_inputs(self.train_dataset, groups, size, self.args.seed, step, attempt))
-
-    def _mask_loss_tokens(self, inputs: list[dict], output: dict) -> None:
-        """The loss_token_mask hook applied to TRL's completion mask, and TRL's token count (the dapo / cispo
-        normaliser, gathered over processes) recounted."""
-        mask = self.loss_token_mask(inputs, output["completion_ids"], output["completion_mask"])
-        if mask is None:
-            return
-        output["completion_mask"] = output["completion_mask"] * mask.to(output["completion_mask"])
-        loss_mask = output["completion_mask"] * output.get("tool_mask", 1)
-        output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
