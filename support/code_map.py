@@ -24,10 +24,22 @@ Do not edit it by hand: edit the module's docstring, or the header in `support/c
 
 ## How the code is laid out
 
-Packages by capability; imports point one way only (entry points -> `run` -> `trainer` -> `rewards`,
-`verification`, `rollout`, `environments`, `probe` -> the leaves), with no circle. `tests/test_import_layers.py`
-enforces it: `verification/`, `rewards/`, `rollout/`, `environments/` and `probe/` import nothing from `trainer/`
-or `run/`, and `trainer/` imports nothing from `run/`.
+Packages by capability; imports point one way only, from the bottom: the foundation (the top-level modules that
+are not commands: `schema`, `models`, `data`, `stats`... and `config_rules/`) -> the parts (`rewards/`,
+`verification/`, `rollout/`, `environments/`, `probe/`) and the after-the-run analysis (`analysis/`: diagnosis,
+comparison, the alarms' rules) -> `trainer/` -> `run/` (a run's lifecycle) -> the commands (`train`, `evaluate`,
+`compare`, `diagnose`, `reward_probe`, `serve`, `cli`), none of which imports another. `tests/test_import_layers.py`
+enforces every arrow, the top-level modules' included.
+
+One way to extend the trainer: a feature that acts inside TRL's step is a module of `trainer/` (its state in a
+class, its arithmetic in pure functions: `mismatch.py`, `zero_variance.py`, `turn_credit.py`), and `trainer/seam.py`
+calls it in one line at the point of TRL's flow that needs it; the seam decides nothing itself. The hooks of
+`trainer/hooks.py` are for what grpo_exp builds on the trainer (`trainer/trainer.py`: the self-verification task,
+the group statistics, the curriculum), not for features of the step.
+
+A feature declares what the run checks of its settings beside its code: a reward component its `check` and `needs`
+in its registration, a setting read only given another in its module's `ONLY_WITH` (`run/inert.py` lists the
+features that declare some). docs/adding-a-builtin.md shows both.
 
 TRL is pinned to one minor version (`trl==1.16.*`). TRL's private state is read in two modules only:
 `trainer/seam.py` (the overrides of TRL's methods, each delegating to a feature module beside it; with

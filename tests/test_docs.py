@@ -21,7 +21,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from grpo_exp.paths import CONF_DIR, REPO_ROOT
-from support import code_map
+from support import code_map, config_reference
 from support.config import register_schemas
 
 # the code map is the modules' docstrings (checked against the tree below), not command lines to run
@@ -296,3 +296,11 @@ def test_the_code_map_is_the_tree():
 @pytest.mark.parametrize("claim", ["trainer/seam.py", "trainer/trl_surface.py", "tests/test_import_layers.py"])
 def test_the_code_map_states_the_boundaries_tests_enforce(claim):
     assert claim in code_map.PAGE.read_text(encoding="utf-8")
+
+
+def test_the_config_references_option_lists_are_conf_and_the_registry():
+    """Each group's options on docs/config-reference.md are conf/<group>/'s files (the reward components: their
+    registry's), as support/config_reference.py writes them."""
+    page = config_reference.PAGE.read_text(encoding="utf-8")
+    assert page == config_reference.render(page), "docs/config-reference.md: run `python -m support.config_reference`"
+    assert "`task_score`" in page and "`vllm_async`" in page
