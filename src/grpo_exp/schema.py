@@ -282,7 +282,7 @@ class CustomReward:
 
 @dataclass
 class RewardSchema:
-    # component name -> its settings (a REWARD_COMPONENTS schema), in the order of the mix.
+    # component name -> its settings (grpo_exp.rewards.registry.REWARD_COMPONENTS), in the order of the mix.
     components: dict[str, Any] = field(default_factory=dict)
 
 
