@@ -24,20 +24,9 @@ from grpo_exp.trainer.sampling import Sampler, fast_generation_pays
 from grpo_exp.trainer.shared_prompt import shared_prompt_forward
 from grpo_exp.trainer.trl_batch import mask_loss_tokens
 from grpo_exp.trainer.trl_surface import TRLSurface
-from grpo_exp.trainer.turn_credit import (
-    ENVIRONMENT,
-    credit_batch,
-    groups_with_turn_signal,
-    turn_advantage_means,
-)
+from grpo_exp.trainer.turn_credit import ENVIRONMENT, credit_batch, groups_with_turn_signal, turn_advantage_means
 from grpo_exp.trainer.vllm_engine import vllm_generation_for
-from grpo_exp.trainer.zero_variance import (
-    fresh_inputs,
-    informative_loss,
-    leaves_groups_out,
-    no_spread_groups,
-    settle,
-)
+from grpo_exp.trainer.zero_variance import informative_loss, leaves_groups_out, no_spread_groups, resampler, settle
 
 
 class HookedGRPOTrainer(TrainingHooks, TRLSurface, GRPOTrainer):
@@ -47,10 +36,9 @@ class HookedGRPOTrainer(TrainingHooks, TRLSurface, GRPOTrainer):
     def __init__(self, *args, **kwargs):
         with vllm_generation_for(kwargs["args"], kwargs["model"]):  # generation=vllm_*: grpo_exp.trainer.vllm_engine
             super().__init__(*args, **kwargs)
-        sharded = self.is_deepspeed_enabled or self.is_fsdp_enabled
         fast_pays = fast_generation_pays(
             device=self.accelerator.device.type,
-            sharded=sharded,
+            sharded=self.sharded,
             trl_samples_elsewhere=self.use_vllm or self.args.use_transformers_paged,
         )
         copy_in_bfloat16 = self.args.bfloat16_generation and not self.use_vllm  # vLLM's engine is the copy there
@@ -86,10 +74,7 @@ class HookedGRPOTrainer(TrainingHooks, TRLSurface, GRPOTrainer):
             return super()._generate_and_score_completions(inputs)
         args, size = self.args, self.num_generations
         groups, step = len(inputs) // size, self.state.global_step
-
-        def more(attempt: int) -> tuple[dict, torch.Tensor | None]:  # fresh prompts (zero_variance_groups=resample)
-            return self._generate_scored(fresh_inputs(self.train_dataset, groups, size, args.seed, step, attempt))
-
+        more = resampler(self._generate_scored, self.train_dataset, groups, size, args.seed, step)
         output, metrics = settle(
             self._generate_scored(self.before_generation(inputs)),
             len(inputs),
@@ -167,7 +152,7 @@ class HookedGRPOTrainer(TrainingHooks, TRLSurface, GRPOTrainer):
         def loss_of(rows: dict, items=num_items_in_batch) -> torch.Tensor:
             return trl_loss(model, rows, return_outputs, items)
 
-        alone = self.accelerator.num_processes == 1 and not (self.is_deepspeed_enabled or self.is_fsdp_enabled)
+        alone = self.accelerator.num_processes == 1 and not self.sharded
         most_rows = None if self.accelerator.num_processes == 1 else self._most_rows
         loss = informative_loss(inputs, self.loss_type, loss_of, model.parameters() if alone else None, most_rows)
         extra = None if return_outputs else self.auxiliary_loss(model)
@@ -192,8 +177,7 @@ class HookedGRPOTrainer(TrainingHooks, TRLSurface, GRPOTrainer):
         if self.wants_scored_batch:
             self.after_scoring(batch)
         mask = self.loss_token_mask(inputs, output["completion_ids"], output["completion_mask"])
-        if mask is not None:
-            mask_loss_tokens(output, mask, lambda count: self.accelerator.gather(count).sum())
+        mask_loss_tokens(output, mask, lambda count: self.accelerator.gather(count).sum())
         self._record(self.mismatch.against_trainer(output, self))  # grpo_exp.trainer.mismatch
         if batch is None:
             return output, None
@@ -220,8 +204,7 @@ class HookedGRPOTrainer(TrainingHooks, TRLSurface, GRPOTrainer):
             discount=self.args.turn_discount,
         )
         output["advantages"] = own.to(output["advantages"].device)
-        self._logs["advantages"].clear()  # TRL's logs: each trajectory's first turn's (its return's advantage)
-        self._logs["advantages"].extend(row_turns[0] for row_turns in advantages)
+        self.log_advantages([row_turns[0] for row_turns in advantages])  # each trajectory's first turn's
         self._record(turn_advantage_means(advantages))
         return groups_with_turn_signal(advantages, self.num_generations)
 
@@ -233,8 +216,7 @@ class HookedGRPOTrainer(TrainingHooks, TRLSurface, GRPOTrainer):
         advantages = estimate(args.advantage_estimator, total, self.num_generations, **args.advantage_settings)
         first = self.accelerator.process_index * rows
         output["advantages"] = advantages[first : first + rows].to(output["advantages"])
-        self._logs["advantages"].clear()
-        self._logs["advantages"].extend(advantages.tolist())
+        self.log_advantages(advantages.tolist())
 
     def _compute_loss(self, model, inputs):
         """TRL's loss, or a per-token loss of ours in its place (trainer.loss_type=module:name: trainer.losses)."""

@@ -47,9 +47,12 @@ def loss_mask(batch: dict) -> torch.Tensor:
     return mask * batch["tool_mask"] if batch.get("tool_mask") is not None else mask
 
 
-def mask_loss_tokens(batch: dict, mask: torch.Tensor, count_everywhere) -> None:
+def mask_loss_tokens(batch: dict, mask: torch.Tensor | None, count_everywhere) -> None:
     """`mask` applied to TRL's completion mask, and TRL's token count (num_items_in_batch: the dapo / cispo
-    normaliser) recounted; `count_everywhere(count)`: a count summed over every process (a collective)."""
+    normaliser) recounted; `count_everywhere(count)`: a count summed over every process (a collective). None: the
+    batch as it is (None or not is the same on every process: TrainingHooks.loss_token_mask)."""
+    if mask is None:
+        return
     batch["completion_mask"] = batch["completion_mask"] * mask.to(batch["completion_mask"])
     batch["num_items_in_batch"] = count_everywhere(loss_mask(batch).sum())
 

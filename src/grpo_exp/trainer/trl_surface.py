@@ -100,6 +100,16 @@ class TRLSurface:
         """[n] of this process -> [processes, n] on the CPU (a collective: every process calls it)."""
         return self.accelerator.gather(sums[None].to(self.accelerator.device)).cpu()
 
+    def log_advantages(self, values: list[float]) -> None:
+        """The advantages TRL logs for the last generation batch (its sample table, the scored batch), replaced."""
+        self._logs["advantages"].clear()
+        self._logs["advantages"].extend(values)
+
+    @property
+    def sharded(self) -> bool:
+        """The policy's parameters are sharded over processes (DeepSpeed or FSDP)."""
+        return self.is_deepspeed_enabled or self.is_fsdp_enabled
+
     @property
     def policy(self):
         """The policy model itself (unwrapped from its accelerator wrapper)."""

@@ -103,6 +103,12 @@ def fresh_inputs(dataset, groups: int, group_size: int, seed: int, step: int, at
     return [dataset[i] for i in drawn for _ in range(group_size)]
 
 
+def resampler(generate: Callable, dataset, groups: int, group_size: int, seed: int, step: int) -> Callable:
+    """zero_variance_groups=resample's source of more batches: attempt -> `generate` of `groups` fresh prompts
+    (fresh_inputs)."""
+    return lambda attempt: generate(fresh_inputs(dataset, groups, group_size, seed, step, attempt))
+
+
 def informative_loss(
     inputs: dict,
     loss_type: str,
