@@ -1,4 +1,5 @@
-"""The registries are the one source of the built-ins' names: environment schemes, reward components, estimators."""
+"""The registries are the one source of the built-ins' names: environment schemes, reward components, estimators,
+answer rules, labels, the probe's attacks, rollout tools, logger backends."""
 
 import pytest
 
@@ -8,18 +9,24 @@ from grpo_exp.environments.schemes import builtin_schemes, environment_scheme, s
 def test_builtin_environment_schemes_are_registered_beside_their_code():
     """Each module of grpo_exp.environments that names a scheme (its PREFIX) registers its builder, and nothing else
     is registered."""
+    import dataclasses
     import importlib
     import pkgutil
 
     import grpo_exp.environments
+    from grpo_exp.environments.schemes import SETTINGS
+    from grpo_exp.schema import RolloutSchema
 
     names = [module.name for module in pkgutil.iter_modules(grpo_exp.environments.__path__)]
     modules = [importlib.import_module(f"grpo_exp.environments.{name}") for name in names]
     declared = {module.PREFIX: module.__name__ for module in modules if hasattr(module, "PREFIX")}
     schemes = builtin_schemes()
     assert {prefix: builder.__module__ for prefix, builder in schemes.items()} == declared
-    assert scheme_of("textarena/GuessTheNumber-v0") == "textarena/"
-    assert scheme_of("openenv/http://127.0.0.1:8000") == "openenv/"
+    # each scheme's own settings (its registration's `settings`) are rollout settings of the schema
+    rollout_settings = {field.name for field in dataclasses.fields(RolloutSchema)}
+    for prefix in schemes:
+        assert scheme_of(f"{prefix}rest") == prefix
+        assert set(SETTINGS[prefix]) <= rollout_settings, prefix
     assert scheme_of("my_module:MyEnv") is None
 
 
@@ -39,7 +46,6 @@ def test_a_scheme_is_built_with_the_rollout_settings_it_declares_and_no_other(mo
     assert seen == {"size": "5", "walls": True}
     schemes.build_scheme("grid/", "7", None)  # no rollout config: the builder's defaults
     assert seen == {"size": "7", "walls": False}
-    assert schemes.SETTINGS["openenv/"] == () and schemes.SETTINGS["textarena/"] == ("invalid_move_credit",)
 
 
 @pytest.mark.parametrize("setting", ["foo/bar", "textarena"])
@@ -54,7 +60,6 @@ def test_an_environment_neither_built_in_nor_an_import_path_lists_the_registrys_
         f"rollout.environment={setting}: neither a built-in environment ({schemes}) nor your class by import path, "
         "module:Class"
     )
-    assert "textarena/..." in schemes and "openenv/..." in schemes
 
 
 def test_a_scheme_registers_once():
@@ -182,3 +187,93 @@ def test_the_graded_components_are_those_registered_as_graded():
 
     assert graded_components() == {"judge", "confidence"}
     assert graded_components() == {name for name, c in builtin_components().items() if c.graded}
+
+
+def _documented(page: str, first_cell: str) -> str:
+    """The line of docs/<page> that starts with `first_cell` (a table's row)."""
+    from pathlib import Path
+
+    from grpo_exp.paths import REPO_ROOT
+
+    return next(line for line in Path(REPO_ROOT, "docs", page).read_text().splitlines() if line.startswith(first_cell))
+
+
+def test_every_answer_rule_is_documented_accepted_and_listed_when_refused():
+    from pathlib import Path
+
+    from grpo_exp.answers import AUTO, BUILT_IN, answer_rule, check_answer, user_extractor
+    from grpo_exp.errors import UserError
+    from grpo_exp.paths import REPO_ROOT
+
+    table = Path(REPO_ROOT, "docs", "tasks-and-datasets.md").read_text().partition("| `verifier.answer` | reads |")[2]
+    table = table.partition("\n\n")[0]
+    for name in BUILT_IN:
+        check_answer(name)
+        assert f"`{name}`" in table, f"verifier.answer={name} is not in docs/tasks-and-datasets.md's table"
+    with pytest.raises(UserError) as refused:
+        user_extractor("nope")
+    assert f"not a built-in ({', '.join([AUTO, *BUILT_IN])})" in str(refused.value)
+    with pytest.raises(ValueError, match="already registered"):
+        answer_rule("boxed")(lambda text: None)
+
+
+def test_every_labels_rule_is_documented_and_listed_when_refused():
+    from omegaconf import OmegaConf
+
+    from grpo_exp.errors import UserError
+    from grpo_exp.verification.labels import BUILT_IN, check_labels, labels_rule
+
+    row = _documented("config-reference.md", "| `verifier`")
+    for name in BUILT_IN:
+        assert f"`{name}`" in row, f"verifier.labels={name} is not in docs/config-reference.md's verifier row"
+    verifier = OmegaConf.create({"labels": "nope", "labels_batched": False})
+    with pytest.raises(UserError) as refused:
+        check_labels(verifier, OmegaConf.create({}))
+    assert f"not a built-in ({', '.join(BUILT_IN)})" in str(refused.value)
+    with pytest.raises(ValueError, match="already registered"):
+        labels_rule("exact_match")(lambda extract: None)
+
+
+def test_every_attack_is_in_the_battery_in_the_order_registered():
+    from grpo_exp.probe.attacks import ATTACKS, RIGHT, WRONG, Problem, attack, battery, final_answer_style
+
+    problem = Problem("Calculate 5 - 33.", "-28", "-27", final_answer_style("boxed"))
+    completions = battery(problem)
+    assert list(completions) == [RIGHT, WRONG, *ATTACKS]
+    assert all(isinstance(text, str) for text in completions.values())
+    with pytest.raises(ValueError, match="already registered"):
+        attack("hedge")(lambda p: "")
+
+
+def test_every_tool_is_built_under_its_name_documented_and_accepted():
+    from grpo_exp.errors import UserError
+    from grpo_exp.rollout.tools import TOOLS, build_tools, builtin_tool, check_tool_names
+    from grpo_exp.rollout.tools.python_sandbox import SandboxLimits
+
+    row = _documented("config-reference.md", "| `rollout`")
+    check_tool_names(list(TOOLS))
+    assert [tool.name for tool in build_tools(list(TOOLS), SandboxLimits())] == list(TOOLS)
+    for name in TOOLS:
+        assert f"`{name}`" in row.partition("rollout.tools")[2], f"rollout.tools: {name} is not in the docs' row"
+    with pytest.raises(UserError) as refused:
+        check_tool_names(["nope"])
+    assert f"the tools are {sorted(TOOLS)}" in str(refused.value)
+    with pytest.raises(ValueError, match="already registered"):
+        builtin_tool("python")(lambda limits: None)
+
+
+def test_every_logger_backend_but_none_is_registered_with_its_conf_option():
+    from pathlib import Path
+
+    import yaml
+
+    from grpo_exp.paths import REPO_ROOT
+    from grpo_exp.run.trackers import BACKENDS, tracker_backend
+    from grpo_exp.schema import LoggerBackend
+
+    assert set(BACKENDS) == set(LoggerBackend) - {LoggerBackend.none}
+    for backend in LoggerBackend:
+        option = yaml.safe_load(Path(REPO_ROOT, "conf", "logger", f"{backend.value}.yaml").read_text())
+        assert option["backend"] == backend.value
+    with pytest.raises(ValueError, match="already registered"):
+        tracker_backend(LoggerBackend.wandb, library="wandb")(lambda: None)

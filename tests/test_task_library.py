@@ -13,8 +13,8 @@ from grpo_exp.errors import UserError
 from grpo_exp.run.resolve import resolve
 from grpo_exp.run.tracking import read_metrics
 from grpo_exp.text import stated_answer
-from grpo_exp.verification.labels import Labels
-from grpo_exp.verification.task_score import task_score, task_score_verifier
+from grpo_exp.verification.labels import Labels, task_score_verifier
+from grpo_exp.verification.task_score import task_score
 from support.config import TINY_RUN, compose_config
 from tests.helpers.cli import run_cli
 

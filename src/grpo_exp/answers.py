@@ -55,22 +55,55 @@ NUMBER_REFERENCE = re.compile(r"\s*\$?-?\d[\d,]*(?:\.\d+)?(?:\s*/\s*\d+)?\$?\s*"
 LATEX_REFERENCE = re.compile(r"\s*\\(?:frac|sqrt|dfrac|pi)\b.*|\s*\$.*\$\s*", re.DOTALL)
 
 
+# name -> extractor, each registered beside its code (`@answer_rule(name)`), in the order the refusals list them
+BUILT_IN: dict[str, AnswerExtractor] = {}
+
+
+def answer_rule(name: str) -> Callable[[AnswerExtractor], AnswerExtractor]:
+    """Decorator: the function is the built-in answer rule `name` (verifier.answer=name)."""
+
+    def register(extract: AnswerExtractor) -> AnswerExtractor:
+        if name in BUILT_IN:
+            raise ValueError(f"an answer rule named {name!r} is already registered")
+        BUILT_IN[name] = extract
+        return extract
+
+    return register
+
+
+answer_rule("stated")(stated_answer)  # grpo_exp.text's: for mathematics
+
+
 def _stripped(text: str | None) -> str | None:
     text = None if text is None else text.strip()
     return text or None
 
 
+@answer_rule("phrase")
+def phrase(text: str) -> str | None:
+    """\\boxed{}, else <answer> tags, else "the answer is X", else the answer a final sentence states, else the last
+    line: the first rule that finds one."""
+    for rule in (boxed, answer_tags, answer_is, stated_in_sentence, last_line):
+        answer = rule(text)
+        if answer is not None:
+            return answer
+    return None
+
+
+@answer_rule("boxed")
 def boxed(text: str) -> str | None:
     """The last \\boxed{} content."""
     return _stripped(boxed_content(text))
 
 
+@answer_rule("answer_tags")
 def answer_tags(text: str) -> str | None:
     """The last <answer>...</answer> content (reasoning-gym's answer format)."""
     found = ANSWER_TAG.findall(text)
     return _stripped(found[-1]) if found else None
 
 
+@answer_rule("answer_is")
 def answer_is(text: str) -> str | None:
     """What follows the last "the answer is" (or "answer:"), to the end of its sentence, a final period removed."""
     cues = list(ANSWER_IS.finditer(text))
@@ -80,6 +113,7 @@ def answer_is(text: str) -> str | None:
     return _stripped(SENTENCE_END.split(line, 1)[0].strip().removesuffix("."))
 
 
+@answer_rule("stated_in_sentence")
 def stated_in_sentence(text: str) -> str | None:
     """The answer the final sentence states, in the first of these forms it has: a bold **X** (the last), a quoted
     word or phrase that ends it ('The opposite of "fast" is "slow."'), or what follows its first "is" / "are" /
@@ -101,38 +135,18 @@ def stated_in_sentence(text: str) -> str | None:
     return None
 
 
+@answer_rule("last_line")
 def last_line(text: str) -> str | None:
     """The last non-empty line."""
     lines = [line for line in text.splitlines() if line.strip()]
     return _stripped(lines[-1]) if lines else None
 
 
+@answer_rule("last_number")
 def last_number(text: str) -> str | None:
     """The last number written, thousands separators removed."""
     numbers = LAST_NUMBER.findall(text)
     return numbers[-1].replace(",", "") if numbers else None
-
-
-def phrase(text: str) -> str | None:
-    """\\boxed{}, else <answer> tags, else "the answer is X", else the answer a final sentence states, else the last
-    line: the first rule that finds one."""
-    for rule in (boxed, answer_tags, answer_is, stated_in_sentence, last_line):
-        answer = rule(text)
-        if answer is not None:
-            return answer
-    return None
-
-
-BUILT_IN: dict[str, AnswerExtractor] = {
-    "stated": stated_answer,
-    "phrase": phrase,
-    "boxed": boxed,
-    "answer_tags": answer_tags,
-    "answer_is": answer_is,
-    "stated_in_sentence": stated_in_sentence,
-    "last_line": last_line,
-    "last_number": last_number,
-}
 
 
 def is_numeric_reference(reference: str) -> bool:

@@ -67,20 +67,76 @@ def wrong(p: Problem) -> str:
     return f"Let me solve it step by step.\n{p.final(p.wrong)}"
 
 
-ATTACKS: dict[str, Callable[[Problem], str]] = {
-    # the right answer among wrong ones, not last: a reward that takes any of them pays for guessing
-    "several_answers": lambda p: f"{p.final(p.wrong)} Or {p.final(p.reference)} Or {p.final(p.wrong + '0')}",
-    "hedge": lambda p: f"The answer is {p.reference} or {p.wrong}.",
-    "question_echoed": lambda p: p.final(question_expression(p.question)),
-    "reference_in_reasoning": lambda p: f"First I get {p.reference}, but checking again it is not.\n{p.final(p.wrong)}",
-    "empty_tags": lambda p: p.final(""),
-    "empty": lambda p: "",
-    "truncated": lambda p: right(p)[: max(1, len(right(p)) // 3)],
-    "very_long": lambda p: FILLER * 40 + p.final(p.wrong),
-    "prompt_copied": lambda p: p.question,
-    "look_alike": lambda p: p.final(p.reference.translate(LOOK_ALIKE)),
-    "refusal": lambda p: "I'm sorry, but I can't help with that question.",
-}
+# name -> f(problem) -> completion, each registered beside its code (`@attack(name)`), in the battery's order
+ATTACKS: dict[str, Callable[[Problem], str]] = {}
+
+
+def attack(name: str) -> Callable[[Callable[[Problem], str]], Callable[[Problem], str]]:
+    """Decorator: the function writes the battery's adversarial completion `name` for a problem."""
+
+    def register(write: Callable[[Problem], str]) -> Callable[[Problem], str]:
+        if name in ATTACKS:
+            raise ValueError(f"an attack named {name!r} is already registered")
+        ATTACKS[name] = write
+        return write
+
+    return register
+
+
+@attack("several_answers")
+def several_answers(p: Problem) -> str:
+    """The right answer among wrong ones, not last: a reward that takes any of them pays for guessing."""
+    return f"{p.final(p.wrong)} Or {p.final(p.reference)} Or {p.final(p.wrong + '0')}"
+
+
+@attack("hedge")
+def hedge(p: Problem) -> str:
+    return f"The answer is {p.reference} or {p.wrong}."
+
+
+@attack("question_echoed")
+def question_echoed(p: Problem) -> str:
+    return p.final(question_expression(p.question))
+
+
+@attack("reference_in_reasoning")
+def reference_in_reasoning(p: Problem) -> str:
+    return f"First I get {p.reference}, but checking again it is not.\n{p.final(p.wrong)}"
+
+
+@attack("empty_tags")
+def empty_tags(p: Problem) -> str:
+    return p.final("")
+
+
+@attack("empty")
+def empty(p: Problem) -> str:
+    return ""
+
+
+@attack("truncated")
+def truncated(p: Problem) -> str:
+    return right(p)[: max(1, len(right(p)) // 3)]
+
+
+@attack("very_long")
+def very_long(p: Problem) -> str:
+    return FILLER * 40 + p.final(p.wrong)
+
+
+@attack("prompt_copied")
+def prompt_copied(p: Problem) -> str:
+    return p.question
+
+
+@attack("look_alike")
+def look_alike(p: Problem) -> str:
+    return p.final(p.reference.translate(LOOK_ALIKE))
+
+
+@attack("refusal")
+def refusal(p: Problem) -> str:
+    return "I'm sorry, but I can't help with that question."
 
 
 def battery(problem: Problem, extra: dict[str, Callable[[Problem], str]] | None = None) -> dict[str, str]:

@@ -40,7 +40,7 @@ from grpo_exp.environments.schemes import build_scheme, builtin_schemes, scheme_
 from grpo_exp.errors import UserError
 from grpo_exp.failure_budget import FailureBudget
 from grpo_exp.plugins import import_callable
-from grpo_exp.rollout.tools import TOOL_NAMES, Tool, user_tool
+from grpo_exp.rollout.tools import TOOLS, Tool, user_tool
 from grpo_exp.rollout.tools.result import ToolResult
 from grpo_exp.rollout.tools.user import UserTool, checked_user_tool, tool_name
 
@@ -377,7 +377,7 @@ def check_environments(environments: dict, mix: list[str], tools: list) -> None:
             f"reward=...environment: {', '.join(unscored)} has no get_reward() to score its episodes with; give it "
             "one, or leave environment out of the reward mix"
         )
-    taken = {tool_name(entry) for entry in tools} | set(TOOL_NAMES)
+    taken = {tool_name(entry) for entry in tools} | set(TOOLS)
     for env in environments.values():
         clash = sorted(taken & set(env.tool_names))
         if clash:

@@ -35,14 +35,44 @@ from grpo_exp.answers import BUILT_IN as BUILT_IN_ANSWERS
 from grpo_exp.answers import AnswerExtractor, build_extractor, normalise_answer
 from grpo_exp.errors import UserError
 from grpo_exp.plugins import import_callable, signature_of
-from grpo_exp.verification.rule import TAIL_CHARS, Verifier, math_verify_verifier
-from grpo_exp.verification.task_score import check_task_rows, task_score_verifier
+from grpo_exp.verification.rule import TAIL_CHARS, Verifier, answer_score
+from grpo_exp.verification.task_score import check_task_rows, missing_entries, task_score
 
 KEY = "verifier.labels"
 CONVENTION = (
     "a correctness function is f(completion: str, solution: str) -> bool | None (None: cannot be judged), or with "
     "verifier.labels_batched=true f(completions: list[str], solutions: list[str]) -> list[bool | None]"
 )
+
+
+# name -> f(the run's answer extractor) -> Verifier, each registered beside its code (`@labels_rule(name)`), in the
+# order the refusals list them
+BUILT_IN: dict[str, Callable[[AnswerExtractor], Verifier]] = {}
+
+
+def labels_rule(name: str) -> Callable:
+    """Decorator: the function, given the run's answer extractor, makes the built-in labels `name`
+    (verifier.labels=name)."""
+
+    def register(make: Callable[[AnswerExtractor], Verifier]) -> Callable[[AnswerExtractor], Verifier]:
+        if name in BUILT_IN:
+            raise ValueError(f"labels named {name!r} are already registered")
+        BUILT_IN[name] = make
+        return make
+
+    return register
+
+
+@labels_rule("math_verify")
+def math_verify_verifier(extract: AnswerExtractor) -> Verifier:
+    """Rule-based: math-verify equivalence of the final answer with the reference (None: no usable reference;
+    grpo_exp.verification.rule)."""
+
+    def verify(texts: list[str], solutions: list[str | None], entries=None) -> list[bool | None]:
+        scores = [None if s is None else answer_score(t, s, extract) for t, s in zip(texts, solutions, strict=True)]
+        return [None if s is None else s >= 0.5 for s in scores]
+
+    return verify
 
 
 def exact_match(completion: str, solution: str, extract: AnswerExtractor) -> bool | None:
@@ -55,6 +85,7 @@ def exact_match(completion: str, solution: str, extract: AnswerExtractor) -> boo
     return answer is not None and normalise_answer(answer) == reference
 
 
+@labels_rule("exact_match")
 def exact_match_verifier(extract: AnswerExtractor) -> Verifier:
     def verify(texts: list[str], solutions: list[str | None], entries=None) -> list[bool | None]:
         return [None if s is None else exact_match(t, s, extract) for t, s in zip(texts, solutions, strict=True)]
@@ -62,11 +93,20 @@ def exact_match_verifier(extract: AnswerExtractor) -> Verifier:
     return verify
 
 
-BUILT_IN: dict[str, Callable[[AnswerExtractor], Verifier]] = {
-    "math_verify": math_verify_verifier,
-    "exact_match": exact_match_verifier,
-    "task_score": task_score_verifier,
-}
+@labels_rule("task_score")
+def task_score_verifier(extract: AnswerExtractor) -> Verifier:
+    """Correct when the reasoning-gym task's own scorer gives the answer full marks
+    (grpo_exp.verification.task_score)."""
+
+    def verify(texts: list[str], solutions: list[str | None], entries: list[str | None] | None = None):
+        if entries is None:
+            raise missing_entries("verifier.labels=task_score")
+        return [
+            None if s is None or e is None else task_score(t, e, extract) >= 1.0
+            for t, s, e in zip(texts, solutions, entries, strict=True)
+        ]
+
+    return verify
 
 
 @dataclass(frozen=True)

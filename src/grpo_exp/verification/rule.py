@@ -61,13 +61,3 @@ def answer_score(text: str, reference: str, extract: AnswerExtractor = stated_an
         return 0.0
     parsed = parse(BOXED + answer + "}", extraction_config=BOXED_ONLY, parsing_timeout=_timeout())
     return float(verify(gold, parsed, timeout_seconds=_timeout()))
-
-
-def math_verify_verifier(extract: AnswerExtractor = stated_answer) -> Verifier:
-    """Rule-based: math-verify equivalence of the final answer with the reference (None: no usable reference)."""
-
-    def verify(texts: list[str], solutions: list[str | None], entries=None) -> list[bool | None]:
-        scores = [None if s is None else answer_score(t, s, extract) for t, s in zip(texts, solutions, strict=True)]
-        return [None if s is None else s >= 0.5 for s in scores]
-
-    return verify

@@ -42,20 +42,6 @@ def missing_entries(where: str) -> UserError:
     )
 
 
-def task_score_verifier(extract: AnswerExtractor):
-    """verifier.labels=task_score: correct when the task's own scorer gives the answer full marks."""
-
-    def verify(texts: list[str], solutions: list[str | None], entries: list[str | None] | None = None):
-        if entries is None:
-            raise missing_entries("verifier.labels=task_score")
-        return [
-            None if s is None or e is None else task_score(t, e, extract) >= 1.0
-            for t, s, e in zip(texts, solutions, entries, strict=True)
-        ]
-
-    return verify
-
-
 def entries_of(dataset, repeat: int = 1) -> list[str | None] | None:
     """The rows' task entries, each repeated `repeat` times (one per answer); None for a dataset without them."""
     if ENTRY not in dataset.column_names:

@@ -45,6 +45,24 @@ class ToolCall:
     end: int  # where the call ends in the turn's text
 
 
+OBSERVATION = "\n<result>{output}</result>\n"
+# name -> f(the python sandbox's limits) -> Tool, each registered beside its code (`@builtin_tool(name)`)
+TOOLS: dict[str, Callable[[SandboxLimits], Tool]] = {}
+
+
+def builtin_tool(name: str) -> Callable:
+    """Decorator: the function, given the python sandbox's limits (rollout.python), makes the built-in tool `name`
+    (rollout.tools=[name])."""
+
+    def register(make: Callable[[SandboxLimits], Tool]) -> Callable[[SandboxLimits], Tool]:
+        if name in TOOLS:
+            raise ValueError(f"a tool named {name!r} is already registered")
+        TOOLS[name] = make
+        return make
+
+    return register
+
+
 def run_calculator(expression: str) -> ToolResult:
     try:
         return ToolResult(format_number(calculate(expression)), False)
@@ -52,25 +70,25 @@ def run_calculator(expression: str) -> ToolResult:
         return ToolResult(f"error: {err}", True)
 
 
-TOOL_NAMES = ("calculator", "python")
-OBSERVATION = "\n<result>{output}</result>\n"
+@builtin_tool("calculator")
+def calculator_tool(python_limits: SandboxLimits) -> Tool:
+    return Tool("calculator", re.compile(r"<calc>(.*?)</calc>", re.S), OBSERVATION, run_calculator, stop="</calc>")
+
+
+@builtin_tool("python")
+def python_tool(python_limits: SandboxLimits) -> Tool:
+    return Tool(
+        "python",
+        re.compile(r"```python\n(.*?)```", re.S),
+        "\n```output\n{output}\n```\n",
+        functools.partial(run_python, limits=python_limits),
+    )
 
 
 def build_tools(names: list[str], python_limits: SandboxLimits) -> list[Tool]:
     """The named tools, built-in or the user's by import path (check_tool_names first: the resolve phase)."""
-    available = {
-        "calculator": Tool(
-            "calculator", re.compile(r"<calc>(.*?)</calc>", re.S), OBSERVATION, run_calculator, stop="</calc>"
-        ),
-        "python": Tool(
-            "python",
-            re.compile(r"```python\n(.*?)```", re.S),
-            "\n```output\n{output}\n```\n",
-            functools.partial(run_python, limits=python_limits),
-        ),
-    }
     users = iter([user_tool(tool) for tool in check_user_tools(user_tool_paths(names))])
-    return [next(users) if is_import_path(name) else available[name] for name in names]
+    return [next(users) if is_import_path(name) else TOOLS[name](python_limits) for name in names]
 
 
 def user_tool(tool: UserTool) -> Tool:
@@ -88,13 +106,13 @@ def check_tool_names(names: list[str]) -> None:
     """The resolve phase: built-in names known, the user's functions imported and checked (one UserError each)."""
     if not names:
         raise UserError(
-            f"rollout.tools is empty; rollout=multiturn needs some of {sorted(TOOL_NAMES)} or your own functions "
+            f"rollout.tools is empty; rollout=multiturn needs some of {sorted(TOOLS)} or your own functions "
             "(module:name)"
         )
-    unknown = [name for name in names if not is_import_path(name) and name not in TOOL_NAMES]
+    unknown = [name for name in names if not is_import_path(name) and name not in TOOLS]
     if unknown:
         raise UserError(
-            f"rollout.tools: unknown tool(s) {unknown}; the tools are {sorted(TOOL_NAMES)}, or your own function "
+            f"rollout.tools: unknown tool(s) {unknown}; the tools are {sorted(TOOLS)}, or your own function "
             "by import path (module:name, e.g. rollout.tools=[calculator,my_tools:lookup])"
         )
     repeated = sorted({name for name in names if names.count(name) > 1})

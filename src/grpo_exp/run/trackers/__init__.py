@@ -4,8 +4,9 @@ A run opens with grpo_exp's identity (named by what differs, grouped by sweep, r
 `report_to` callback is attached to it; the Tracker (grpo_exp.run.tracking) holds it, hands grpo_exp's own
 histograms and sample tables to it, adds the summary and finishes it."""
 
-import importlib
 import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from grpo_exp.config_rules import OnlyWith
 from grpo_exp.errors import UserError
@@ -14,18 +15,62 @@ from grpo_exp.schema import LoggerBackend
 
 __all__ = ["RunInfo", "TrackerRun", "open_run", "require"]
 
-# backend: (its module here, its class, the module it imports, the package that provides it)
-BACKENDS = {
-    LoggerBackend.wandb: ("wandb_run", "WandbRun", "wandb", "wandb"),
-    LoggerBackend.trackio: ("trackio_run", "TrackioRun", "trackio", "trackio"),
-    LoggerBackend.tensorboard: ("tensorboard_run", "TensorBoardRun", "tensorboard", "tensorboard"),
-    LoggerBackend.mlflow: ("mlflow_run", "MlflowRun", "mlflow", "mlflow-skinny"),
-}
+
+@dataclass(frozen=True)
+class Backend:
+    run: Callable[[], type[TrackerRun]]  # its TrackerRun, its module (and so its library) imported only when called
+    library: str  # the module it imports
+    package: str  # the package that provides it
+
+
+# logger backend -> Backend, each registered beside the function that imports its run (`@tracker_backend(...)`)
+BACKENDS: dict[LoggerBackend, Backend] = {}
+
+
+def tracker_backend(backend: LoggerBackend, library: str, package: str | None = None) -> Callable:
+    """Decorator: the function imports and returns logger=backend's TrackerRun; its module imports `library`, which
+    `pip install <package>` provides (by default the library's own name), checked before any model loads."""
+
+    def register(run: Callable[[], type[TrackerRun]]) -> Callable[[], type[TrackerRun]]:
+        if backend in BACKENDS:
+            raise ValueError(f"a logger backend {backend.value!r} is already registered")
+        BACKENDS[backend] = Backend(run, library, package or library)
+        return run
+
+    return register
+
+
+@tracker_backend(LoggerBackend.wandb, library="wandb")
+def wandb_tracker() -> type[TrackerRun]:
+    from grpo_exp.run.trackers.wandb_run import WandbRun
+
+    return WandbRun
+
+
+@tracker_backend(LoggerBackend.trackio, library="trackio")
+def trackio_tracker() -> type[TrackerRun]:
+    from grpo_exp.run.trackers.trackio_run import TrackioRun
+
+    return TrackioRun
+
+
+@tracker_backend(LoggerBackend.tensorboard, library="tensorboard")
+def tensorboard_tracker() -> type[TrackerRun]:
+    from grpo_exp.run.trackers.tensorboard_run import TensorBoardRun
+
+    return TensorBoardRun
+
+
+@tracker_backend(LoggerBackend.mlflow, library="mlflow", package="mlflow-skinny")
+def mlflow_tracker() -> type[TrackerRun]:
+    from grpo_exp.run.trackers.mlflow_run import MlflowRun
+
+    return MlflowRun
 
 
 def require(backend: LoggerBackend) -> None:
     """Before any model loads: the backend's library is installed, or one message saying how to get it."""
-    _, _, module, package = BACKENDS[backend]
+    module, package = BACKENDS[backend].library, BACKENDS[backend].package
     if importlib.util.find_spec(module) is None:
         raise UserError(
             f"logger={backend.value} needs {module}: pip install {package} (or pip install -e '.[trackers]')"
@@ -35,9 +80,7 @@ def require(backend: LoggerBackend) -> None:
 def open_run(logger_cfg, info: RunInfo) -> TrackerRun:
     """Open the backend's run."""
     require(logger_cfg.backend)
-    module, name, _, _ = BACKENDS[logger_cfg.backend]
-    kind = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    return kind(logger_cfg, info)
+    return BACKENDS[logger_cfg.backend].run()(logger_cfg, info)
 
 
 # Settings that act only given another (grpo_exp.config_rules; checked by grpo_exp.run.inert)
