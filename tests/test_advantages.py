@@ -210,7 +210,7 @@ def test_pass_rate_scaling_is_accepted_by_the_estimators_that_keep_a_groups_scal
     spec = resolve(
         compose_config([*TINY_RUN, "logger=none", *SCALED_SELFVERIFY, f"algorithm={algorithm}"]), processes=1
     )
-    assert spec.selfverify.scale_by_pass_rate
+    assert spec.components["selfverify"].scale_by_pass_rate
     # Two groups alike but for their pass-rate factors 0.25 and 0.5: the second's advantages are twice the first's.
     rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0]) * torch.tensor([0.25] * 4 + [0.5] * 4)
     advantages = estimate(algorithm, rewards, 4)

@@ -131,7 +131,7 @@ def test_a_batch_older_than_the_bound_is_dropped_and_generated_from_current_weig
 )
 def test_what_cannot_be_generated_ahead_is_refused_naming_the_key(overrides, multiturn, message):
     with pytest.raises(UserError, match="max_staleness") as refused:
-        check_async_generation(compose_config(overrides), multiturn=multiturn, selfverify=False)
+        check_async_generation(compose_config(overrides), multiturn=multiturn)
     assert message in str(refused.value)
 
 
@@ -140,7 +140,7 @@ def test_weight_sync_steps_without_generation_ahead_is_refused_as_inert():
 
     with pytest.raises(UserError, match="trainer.weight_sync_steps=2.*generation=vllm_async"):
         check_only_with(compose_config(["trainer.weight_sync_steps=2"]))
-    check_async_generation(compose_config(["generation=vllm_async"]), multiturn=False, selfverify=False)
+    check_async_generation(compose_config(["generation=vllm_async"]), multiturn=False)
 
 
 # ---- a server that fails -----------------------------------------------------------------------------------------

@@ -170,7 +170,7 @@ def test_a_valid_config_builds():
         compose_config([*TINY_RUN, "reward=math+format+selfverify", "trainer.prompts_per_step=3", "logger=none"])
     )
     parts = build_parts(spec, ["4", "7"])
-    assert parts.reward_weights == [1.0, 0.2, 1.0] and parts.selfverify is not None and parts.p_yes is not None
+    assert parts.reward_weights == [1.0, 0.2, 1.0] and "selfverify" in parts.tasks and parts.p_yes is not None
 
 
 @pytest.mark.parametrize(

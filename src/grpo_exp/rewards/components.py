@@ -2,7 +2,8 @@
 factory, in grpo_exp/rewards/<module>.py, with `Settings` its typed settings (the Hydra structured config of
 reward.components.<name>, defaults under conf/reward/<name>.yaml). Every module of grpo_exp.rewards is imported by
 builtin_components(), so that a new component is its own module and its YAML, nothing else: what the run must check
-of it (`check`) and the shared objects it reads (`needs`) are declared in its registration.
+of it (`check`), the shared objects it reads (`needs`), the settings by which it scales a group's rewards
+(`scales_group`) and the task of its own it brings the trainer (`task`) are declared in its registration.
 
 A factory takes the component's settings that it names as parameters, and any shared object the run built once
 that it names (grpo_exp.rewards.registry), and returns a TRL reward function.
@@ -18,6 +19,20 @@ from omegaconf import DictConfig
 
 
 @dataclass(frozen=True)
+class Task:
+    """A component's task of its own for the trainer: prompts it mixes into the training batches from the run's
+    recent samples (the self-verification task), which the run builds once and held-out evaluation measures too.
+    Such prompts are neither generated ahead (generation=vllm_async) nor played as rollout=multiturn conversations:
+    the run refuses both with the component."""
+
+    what: str  # the task, as the refusals name it: "the self-verification task"
+    # build(settings, **the shared objects it names: verifier, p_yes, seed) -> the task object (grpo_exp.run.build)
+    build: Callable[..., object]
+    # check(settings, cfg): the task against the trainer and the estimator, once those are checked (UserError)
+    check: Callable[[DictConfig, DictConfig], None] | None = None
+
+
+@dataclass(frozen=True)
 class Component:
     name: str
     factory: Callable[..., Callable]
@@ -30,6 +45,10 @@ class Component:
     check: Callable[[DictConfig, DictConfig, int], None] | None = None
     # shared objects the run builds once that it reads besides those its factory names (grpo_exp.rewards.registry)
     needs: tuple[str, ...] = ()
+    # its boolean settings that, true, multiply each group's rewards by one constant: refused with an advantage that
+    # cancels it (grpo_exp.trainer.advantages.check_keeps_group_scale)
+    scales_group: tuple[str, ...] = ()
+    task: Task | None = None  # the task of its own it brings the trainer, if any
 
 
 REGISTERED: dict[str, Component] = {}
@@ -41,14 +60,16 @@ def reward_component(
     graded: bool = False,
     check: Callable[[DictConfig, DictConfig, int], None] | None = None,
     needs: tuple[str, ...] = (),
+    scales_group: tuple[str, ...] = (),
+    task: Task | None = None,
 ) -> Callable:
     """Decorator: the factory is the built-in reward component `name` (reward=name), typed by `settings`; `graded`,
-    `check`, `needs`: Component's."""
+    `check`, `needs`, `scales_group`, `task`: Component's."""
 
     def register(factory: Callable[..., Callable]) -> Callable[..., Callable]:
         if name in REGISTERED:
             raise ValueError(f"a reward component named {name!r} is already registered")
-        REGISTERED[name] = Component(name, factory, settings, graded, check, needs)
+        REGISTERED[name] = Component(name, factory, settings, graded, check, needs, scales_group, task)
         return factory
 
     return register

@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 from grpo_exp.errors import UserError
-from grpo_exp.rewards.components import builtin_components
+from grpo_exp.rewards.components import Task, builtin_components
 from grpo_exp.rewards.custom import build_custom, check_custom, is_custom
 from grpo_exp.schema import CustomReward, check_values
 
@@ -68,6 +68,40 @@ def shared_needs(components: dict[str, DictConfig]) -> set[str]:
         if component is not None:
             needed |= set(inspect.signature(component.factory).parameters) | set(component.needs)
     return needed
+
+
+def tasks(components: dict[str, DictConfig]) -> dict[str, Task]:
+    """The tasks of their own that components of the mix bring the trainer (Component.task), by component."""
+    found = {name: builtin_components()[name].task for name in components if name in builtin_components()}
+    return {name: task for name, task in found.items() if task is not None}
+
+
+def check_tasks(components: dict[str, DictConfig], cfg: DictConfig) -> None:
+    """Each task's check against the trainer and the estimator (Task.check)."""
+    for name, task in tasks(components).items():
+        if task.check is not None:
+            task.check(components[name], cfg)
+
+
+def build_tasks(components: dict[str, DictConfig], shared: dict) -> dict[str, object]:
+    """Each component's task, built from its settings and the shared objects its builder names (Task.build)."""
+    built = {}
+    for name, task in tasks(components).items():
+        parameters = inspect.signature(task.build).parameters
+        built[name] = task.build(components[name], **{key: value for key, value in shared.items() if key in parameters})
+    return built
+
+
+def group_scalings(components: dict[str, DictConfig]) -> list[str]:
+    """The settings of the mix, as `key=true`, that multiply each group's rewards by one constant
+    (Component.scales_group), where set."""
+    scalings = []
+    for name, settings in components.items():
+        component = builtin_components().get(name)
+        for key in component.scales_group if component is not None else ():
+            if settings[key]:
+                scalings.append(f"reward.components.{name}.{key}=true")
+    return scalings
 
 
 def reward_weights(components: dict[str, DictConfig]) -> list[float]:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from omegaconf import MISSING, DictConfig
 
 from grpo_exp.config_rules import OnlyWith
-from grpo_exp.rewards.components import reward_component
+from grpo_exp.rewards.components import Task, reward_component
 from grpo_exp.schema import (
     SelfVerifyBalance,
     SelfVerifyObjective,
@@ -21,6 +21,7 @@ from grpo_exp.schema import (
 )
 from grpo_exp.text import completion_text
 from grpo_exp.verification.selfverify import parse_judgement, verification_reward
+from grpo_exp.verification.task import SelfVerificationTask, check_task
 
 
 @dataclass
@@ -61,7 +62,21 @@ class SelfVerifyReward:
     )
 
 
-@reward_component("selfverify", SelfVerifyReward, needs=("p_yes",))  # its metrics read the P(Yes) of a verdict
+def _check_task(settings: DictConfig, cfg: DictConfig) -> None:
+    check_task(settings, cfg.trainer, cfg.algorithm)
+
+
+# The verification prompts are the task's (grpo_exp.verification.task), mixed into batches by the trainer.
+TASK = Task("the self-verification task", SelfVerificationTask, check=_check_task)
+
+
+@reward_component(
+    "selfverify",
+    SelfVerifyReward,
+    needs=("p_yes",),  # its metrics read the P(Yes) of a verdict
+    scales_group=("scale_by_pass_rate",),  # a constant per group: reward x min(pass rate, 0.5)
+    task=TASK,
+)
 def make_selfverify_reward(scale_by_pass_rate: bool, strict_verdict: bool):
     """The task's other settings (reward.components.selfverify) drive grpo_exp.verification.task."""
 

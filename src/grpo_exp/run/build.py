@@ -1,22 +1,22 @@
 """A resolved run spec -> the cheap objects of a run, each built once and handed to whoever needs it: the
 correctness labels (verifier.labels) with the answer extractor (verifier.answer), the P(Yes) scorer, the judge, the
 reward functions, the multi-turn rollout and the self-verification task. Nothing is checked here:
-grpo_exp.run.resolve has checked everything that can be, and no model loads yet."""
+grpo_exp.run.resolve has checked everything that can be, and no model loads yet. A component's task of its own (the
+self-verification task) is built from what its registration declares (grpo_exp.rewards.components.Task)."""
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from omegaconf import OmegaConf
 
 from grpo_exp.rewards.judge import RubricJudge, build_judge
-from grpo_exp.rewards.registry import build_rewards, shared_needs
+from grpo_exp.rewards.registry import build_rewards, build_tasks, shared_needs
 from grpo_exp.rollout.multiturn import MultiTurnRollout, scored_on_final_turn
 from grpo_exp.rollout.native import Guards, environment_factories
 from grpo_exp.run.resolve import RunSpec
 from grpo_exp.schema import ScorerName, ScorerSchema
 from grpo_exp.verification.labels import Labels, build_labels
 from grpo_exp.verification.p_yes import PYesScorer, build_p_yes
-from grpo_exp.verification.task import SelfVerificationTask
 
 
 @dataclass
@@ -26,10 +26,11 @@ class RunParts:
     verifier: Labels  # the correctness labels (verifier.labels) and answer extractor (verifier.answer), read by all
     p_yes: PYesScorer | None  # the one P(Yes) scorer (confidence reward and self-verification metrics)
     judge: RubricJudge | None  # the one LLM judge (judge reward and held-out judge statistics)
-    selfverify: SelfVerificationTask | None
     rollout: MultiTurnRollout | None  # None for rollout=single
     # rollout.tool_calling=native: TRL's environment_factory (grpo_exp.rollout.native), in place of the rollout's loop
     environment_factory: object = None
+    # the tasks of their own that components bring the trainer (Component.task), by component name
+    tasks: dict[str, object] = field(default_factory=dict)
 
     def bind_policy(self, model, tokenizer) -> None:
         """Point a P(Yes) scorer that follows the policy (scorer=self) at the live, trained weights."""
@@ -59,10 +60,8 @@ def build_parts(spec: RunSpec, references: list) -> RunParts:
     reward_funcs = build_rewards(spec.components, shared)
     if rollout is not None and not spec.native_tool_calling:
         reward_funcs = [scored_on_final_turn(func) for func in reward_funcs]
-    selfverify = None
-    if spec.selfverify is not None:
-        selfverify = SelfVerificationTask(spec.selfverify, verifier, p_yes, cfg.trainer.seed)
-    return RunParts(reward_funcs, spec.reward_weights, verifier, p_yes, judge, selfverify, rollout, factory)
+    tasks = build_tasks(spec.components, {**shared, "seed": cfg.trainer.seed})
+    return RunParts(reward_funcs, spec.reward_weights, verifier, p_yes, judge, rollout, factory, tasks)
 
 
 def p_yes_scorer(spec: RunSpec) -> PYesScorer | None:

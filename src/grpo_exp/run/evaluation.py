@@ -171,8 +171,9 @@ class HeldoutEval:
             log.info(
                 "Held-out episodes won %s training: %.3f (%d/%d)", when, result.rollout[EPISODE_SUCCESS], won, played
             )
-        if parts.selfverify is not None:
-            result.verification = parts.selfverify.heldout_metrics(
+        selfverify = parts.tasks.get("selfverify")
+        if selfverify is not None:
+            result.verification = selfverify.heldout_metrics(
                 model, self.tokenizer, self.heldout, spec.eval_max_new_tokens, spec.cfg.eval.batch_size
             )
             log.info("Held-out self-verification %s training: %s", when, result.verification)

@@ -156,7 +156,7 @@ def make_trainer(
     trainer = GRPOExpTrainer(
         verifier=parts.verifier,
         stats_cfg=cfg.stats,
-        selfverify=parts.selfverify,
+        selfverify=parts.tasks.get("selfverify"),
         curriculum=chooser,
         log_histograms=tracker.log_histograms,
         log_samples=sample_log.write,

@@ -8,8 +8,8 @@ The checks run in this order, each raising one UserError that names the key the 
 3. no value for a setting that this run would ignore (grpo_exp.run.inert: e.g. eval.patience without eval.every);
    then the rules between fields: the P(Yes) scorer a component needs, the judge's settings, the trainer's knobs (batch
    split, zero-variance groups, the sampling copy, pass-through GRPOConfig fields), the advantage estimator
-   (algorithm.*) against them, the rollout, the
-   self-verification task against the trainer;
+   (algorithm.*) against them, the rollout, a component's task of its own (the self-verification task) against the
+   trainer;
 4. the world outside: data files, models and tokenizers named anywhere (local directory or hub), the checkpoint
    to resume from;
 5. for training, TRL's own config (GRPOExpConfig) with GRPOConfig's own checks of the pass-through fields.
@@ -32,8 +32,16 @@ from grpo_exp.deprecated import renamed_config
 from grpo_exp.errors import UserError
 from grpo_exp.models import check_reachable, load_tokenizer, torch_dtype, trained_dtype
 from grpo_exp.paths import CONF_DIR
-from grpo_exp.rewards.components import graded_components
-from grpo_exp.rewards.registry import check_components, reward_weights, shared_needs, typed_components
+from grpo_exp.rewards.components import Task, graded_components
+from grpo_exp.rewards.registry import (
+    check_components,
+    check_tasks,
+    group_scalings,
+    reward_weights,
+    shared_needs,
+    tasks,
+    typed_components,
+)
 from grpo_exp.rewards.rubric import load_rubric_file
 from grpo_exp.rollout.environment import check_environments, load_environments
 from grpo_exp.rollout.native import WHY_NOT_NATIVE, why_not_native
@@ -61,7 +69,6 @@ from grpo_exp.trainer.curriculum import check_curriculum
 from grpo_exp.trainer.losses import is_trls
 from grpo_exp.verification.labels import check_labels
 from grpo_exp.verification.p_yes import check_scorer_reachable
-from grpo_exp.verification.task import check_task
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +98,9 @@ class RunSpec:
         return self.cfg.eval.max_new_tokens or self.cfg.trainer.max_completion_length
 
     @property
-    def selfverify(self) -> DictConfig | None:
-        return self.components.get("selfverify")
+    def tasks(self) -> dict[str, Task]:
+        """The tasks of their own that components of the mix bring the trainer (the self-verification task)."""
+        return tasks(self.components)
 
     @property
     def multiturn(self) -> bool:
@@ -134,7 +142,8 @@ def resolve(
     check_only_with(cfg, read_by_caller)  # once each setting is known to be valid on its own
     check_components(spec.components, cfg, spec.processes)  # what each component of the mix declares
     check_trainer(cfg.trainer, spec.processes, multiturn=spec.multiturn, policy_dtype=spec.policy_dtype)
-    check_async_generation(cfg, multiturn=spec.multiturn, selfverify=spec.selfverify is not None)
+    own_prompts = next((f"{task.what} (reward {name})" for name, task in spec.tasks.items()), None)
+    check_async_generation(cfg, multiturn=spec.multiturn, own_prompts=own_prompts)
     check_algorithm(cfg.algorithm, cfg.trainer)
     environments, native = check_rollout(spec)
     spec = replace(spec, native_tool_calling=native)
@@ -144,11 +153,9 @@ def resolve(
             f"probe.before_training={probing.value}: rollout=multiturn's rewards score whole tool conversations, "
             "which the probe's battery does not write yet: set probe.before_training=off"
         )
-    if spec.selfverify is not None:
-        check_task(spec.selfverify, cfg.trainer, cfg.algorithm)
-        if spec.selfverify.scale_by_pass_rate:
-            scaling = "reward.components.selfverify.scale_by_pass_rate=true"
-            check_keeps_group_scale(cfg.algorithm.name, ScaleRewards(cfg.trainer.scale_rewards), scaling)
+    check_tasks(spec.components, cfg)  # each task against the trainer and the estimator, checked by now
+    for scaling in group_scalings(spec.components):
+        check_keeps_group_scale(cfg.algorithm.name, ScaleRewards(cfg.trainer.scale_rewards), scaling)
     learned = tuple(name for name in spec.components if name in graded_components())
     check_validation(cfg.eval, cfg.trainer, learned, environments)
     check_curriculum(cfg.curriculum)
@@ -199,8 +206,8 @@ def check_rollout(spec: RunSpec) -> tuple[tuple[str, ...], bool]:
     environment = rollout.environment if spec.multiturn else None
     if not spec.multiturn:
         return (), False
-    if spec.selfverify is not None:
-        raise UserError("reward=...selfverify with rollout=multiturn is not supported: use rollout=single")
+    for name in spec.tasks:  # the trainer mixes a task's prompts into single-turn batches only
+        raise UserError(f"reward=...{name} with rollout=multiturn is not supported: use rollout=single")
     if environment is None or list(rollout.tools):
         check_tool_names(list(rollout.tools))
     if rollout.turn_credit is TurnCredit.discounted_return:

@@ -236,9 +236,11 @@ CHOSEN_FROM_RESULTS = (
 )
 
 
-def check_async_generation(cfg, *, multiturn: bool, selfverify: bool) -> None:
+def check_async_generation(cfg, *, multiturn: bool, own_prompts: str | None = None) -> None:
     """trainer.max_staleness (generation=vllm_async): a vLLM server, single-turn batches drawn from the data in order,
-    one generation per optimiser step, and a sync at least as often as the bound allows."""
+    one generation per optimiser step, and a sync at least as often as the bound allows. `own_prompts`: what of the
+    run mixes prompts of its own into the batches, as the refusal names it (a reward component's task,
+    grpo_exp.rewards.components.Task: "the self-verification task (reward selfverify)"), None: nothing."""
     trainer = cfg.trainer
     staleness = trainer.max_staleness
     if staleness is None:
@@ -261,8 +263,8 @@ def check_async_generation(cfg, *, multiturn: bool, selfverify: bool) -> None:
             f"trainer.num_iterations={trainer.num_iterations} with {prefix}: the pipeline sends one batch per "
             "optimiser step; set trainer.num_iterations=1"
         )
-    if multiturn or selfverify:
-        what = "rollout=multiturn / environments" if multiturn else "the self-verification task (reward selfverify)"
+    if multiturn or own_prompts is not None:
+        what = "rollout=multiturn / environments" if multiturn else own_prompts
         raise UserError(
             f"{prefix}: {what} is not generated ahead yet (its prompts come from the rollout or from recent "
             "samples); use generation=vllm_server"
