@@ -135,3 +135,19 @@ def test_a_copy_made_from_the_gguf_is_not_read_again_and_a_copy_of_other_special
     config_file.write_text(json.dumps(json.loads(config_file.read_text()) | {"eos_token": "<|im_start|>"}))
     materialise_embedded(cfg.model, str(tmp_path), with_weights=False)
     assert json.loads(config_file.read_text())["eos_token"] == "<|im_end|>"  # made again, from the GGUF
+
+
+def test_the_tiny_models_directory_holds_its_tokenizer_so_a_server_can_load_it(tmp_path):
+    """`grpo-exp serve --model tiny` hands vLLM the materialised directory: without the tokenizer beside the weights,
+    vLLM's tokenizer load failed with a traceback."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from grpo_exp.models import model_source
+
+    cfg = compose_config(["model=tiny"])
+    tokenizer = load_tokenizer(cfg.model, str(tmp_path))
+    directory = model_source(cfg.model, tokenizer, str(tmp_path), seed=3)
+    saved = AutoTokenizer.from_pretrained(directory)
+    assert saved.get_vocab() == tokenizer.get_vocab() and saved.chat_template == tokenizer.chat_template
+    assert AutoModelForCausalLM.from_pretrained(directory).config.vocab_size == len(tokenizer)
+    assert model_source(cfg.model, tokenizer, str(tmp_path), seed=3) == directory  # built once

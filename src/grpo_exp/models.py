@@ -210,12 +210,20 @@ def build_tiny_model(model_cfg: DictConfig, tokenizer: PreTrainedTokenizerBase, 
 
 
 def materialise_tiny(model_cfg: DictConfig, tokenizer: PreTrainedTokenizerBase, cache_dir: str, seed: int) -> Path:
-    """The tiny model saved once per architecture and seed: loaded from a directory like any other model, so that
-    TRL can build the frozen reference model (beta > 0) from its path."""
-    spec = json.dumps([OmegaConf.to_container(model_cfg.architecture), model_cfg.dtype.value, seed, len(tokenizer)])
+    """The tiny model saved once per architecture and seed, with its tokenizer: loaded from a directory like any other
+    model, so that TRL can build the frozen reference model (beta > 0) from its path and vLLM can serve it
+    (`grpo-exp serve --model tiny`)."""
+    layout = "with-tokenizer"  # in the key: directories of older versions, weights only, are not reused
+    architecture = OmegaConf.to_container(model_cfg.architecture)
+    spec = json.dumps([architecture, model_cfg.dtype.value, seed, len(tokenizer), layout])
     target = Path(cache_dir).expanduser() / "models" / f"tiny-{hashlib.sha256(spec.encode()).hexdigest()[:12]}"
+
+    def build(directory: Path) -> None:
+        build_tiny_model(model_cfg, tokenizer, seed).save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
+
     if not (target / "config.json").is_file():
-        _build_once(target, build_tiny_model(model_cfg, tokenizer, seed).save_pretrained)
+        _build_once(target, build)
     return target
 
 
