@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 
 from grpo_exp.paths import REPO_ROOT
+from grpo_exp.run.config_store import run_schema
 from grpo_exp.run.inert import FEATURES, only_with_rules
-from grpo_exp.schema import Schema
 
 PACKAGE = REPO_ROOT / "src" / "grpo_exp"
 
@@ -30,7 +30,8 @@ def test_every_module_declaring_rules_is_checked():
 
 
 def _schema_keys() -> set[str]:
-    """Every section and option of the run's schema, dotted (reward components' settings aside)."""
+    """Every section and option of the run's schema, dotted (reward components' settings aside; environment schemes'
+    own settings included: rollout.textarena...)."""
     keys = set()
 
     def walk(schema: type, prefix: str) -> None:
@@ -41,7 +42,7 @@ def _schema_keys() -> set[str]:
             if kind is not None and dataclasses.is_dataclass(kind):
                 walk(kind, f"{key}.")
 
-    walk(Schema, "")
+    walk(run_schema(), "")
     return keys
 
 

@@ -142,3 +142,45 @@ def test_a_config_directory_with_options_of_the_old_group_is_refused_naming_the_
     (tmp_path / "verifier" / "mine.yaml").write_text("name: genrm\nmodel: tiny\n")
     with pytest.raises(ConfigCompositionException, match="verifier/: the P.Yes. scorer's options are the `scorer`"):
         compose_with([("command-line", f"file://{tmp_path}")], ["reward=math+format"])
+
+
+# ---- settings that moved: rollout.invalid_move_credit is TextArena's own, rollout.textarena.invalid_move_credit -----
+
+
+@pytest.mark.parametrize(
+    "old,new",
+    [
+        ("rollout.invalid_move_credit=true", "rollout.textarena.invalid_move_credit=true"),
+        ("+rollout.invalid_move_credit=true", "+rollout.textarena.invalid_move_credit=true"),
+        ("~rollout.invalid_move_credit", "~rollout.textarena.invalid_move_credit"),
+        (
+            "hydra.sweeper.params.rollout.invalid_move_credit=true,false",
+            "hydra.sweeper.params.rollout.textarena.invalid_move_credit=true,false",
+        ),
+    ],
+)
+def test_a_moved_setting_is_translated_with_a_message_naming_both(old, new):
+    assert translate_override(old) == (new, f"{old} is deprecated: use {new}")
+
+
+def test_the_moved_settings_new_key_and_its_neighbours_are_left_as_they_are():
+    for override in ("rollout.textarena.invalid_move_credit=true", "rollout.invalid_move_credits=1"):
+        assert translate_override(override) == (override, None)
+
+
+def test_an_old_saved_config_reads_the_moved_setting_at_its_new_key():
+    old = {"rollout": {"name": "multiturn", "invalid_move_credit": True}, "scorer": {"name": "none"}}
+    new = renamed_config(old)
+    assert new["rollout"] == {"name": "multiturn", "textarena": {"invalid_move_credit": True}}
+    assert old["rollout"]["invalid_move_credit"] is True  # the saved dict itself is left as it was
+    assert renamed_config(new) == new
+
+
+def test_the_command_line_translates_a_moved_setting_with_one_warning():
+    result = run_cli("--cfg", "job", "rollout.invalid_move_credit=true")
+    assert result.returncode == 0, result.stderr
+    assert yaml.safe_load(result.stdout)["rollout"]["textarena"] == {"invalid_move_credit": True}
+    warnings = [line for line in result.stderr.splitlines() if "deprecated" in line]
+    assert warnings == [
+        "warning: rollout.invalid_move_credit=true is deprecated: use rollout.textarena.invalid_move_credit=true"
+    ]

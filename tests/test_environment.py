@@ -300,3 +300,63 @@ def test_past_the_failure_budget_the_run_stops_naming_the_environments(user_modu
     assert "the environment(s) raising, hanging, nonsense (rollout.environment) failed 8 of 8 episodes" in error
     assert "rollout.environment_max_failure_rate=0.5" in error
     assert not (user_module / "run" / "checkpoint-final").exists()
+
+
+# ---- a built-in scheme's own settings: its dataclass, a section of the rollout config ---------------------------
+
+
+def test_each_schemes_own_settings_are_a_section_of_the_runs_schema():
+    import dataclasses
+
+    from grpo_exp.environments.schemes import SETTINGS, builtin_schemes, settings_key
+    from grpo_exp.environments.textarena import TextArenaSettings
+    from grpo_exp.run.config_store import run_schema
+
+    builtin_schemes()
+    rollout = {
+        field.name: field.type for field in dataclasses.fields(run_schema().__dataclass_fields__["rollout"].type)
+    }
+    assert SETTINGS["textarena/"] is TextArenaSettings and SETTINGS["openenv/"] is None
+    for prefix, settings in SETTINGS.items():
+        if settings is not None:
+            assert rollout[settings_key(prefix)] is settings, prefix
+    assert compose_config().rollout.textarena.invalid_move_credit is False
+
+
+def test_a_scheme_is_built_with_its_own_settings_and_no_other(monkeypatch):
+    from dataclasses import dataclass
+
+    from grpo_exp.environments import schemes
+
+    @dataclass
+    class GridSettings:
+        walls: bool = False
+
+    seen = {}
+
+    def grid(size: str, walls: bool = False):
+        seen.update(size=size, walls=walls)
+        return lambda: None
+
+    monkeypatch.setitem(schemes.SCHEMES, "grid/", grid)
+    monkeypatch.setitem(schemes.SETTINGS, "grid/", GridSettings)
+    rollout = {"grid": {"walls": True}, "textarena": {"invalid_move_credit": True}, "max_turns": 3}
+    schemes.build_scheme("grid/", "5", rollout)
+    assert seen == {"size": "5", "walls": True}
+    schemes.build_scheme("grid/", "7", None)  # no rollout config: the builder's defaults
+    assert seen == {"size": "7", "walls": False}
+
+
+def test_a_schemes_settings_are_a_dataclass_under_a_name():
+    from dataclasses import dataclass
+
+    from grpo_exp.environments.schemes import environment_scheme
+
+    @dataclass
+    class GridSettings:
+        walls: bool = False
+
+    with pytest.raises(TypeError, match="its settings are a dataclass"):
+        environment_scheme("grid/", settings=("walls",))
+    with pytest.raises(ValueError, match="a scheme with settings is a name"):
+        environment_scheme("my-grid/", settings=GridSettings)

@@ -53,7 +53,8 @@ def test_episodes_are_seeded_rows_with_held_out_games():
 @pytest.mark.parametrize("credit", [False, True])
 def test_a_game_ended_by_an_invalid_move_pays_nothing_unless_its_partial_credit_is_asked_for(credit):
     """GuessTheNumber pays a game ended by invalid moves by how close the guesses came: the exploit the policy found
-    (experiments/README.md). By default that ending scores 0; rollout.invalid_move_credit=true keeps TextArena's."""
+    (experiments/README.md). By default that ending scores 0; rollout.textarena.invalid_move_credit=true keeps
+    TextArena's."""
     played = TextArenaGame("GuessTheNumber-v0", invalid_move_credit=credit)
     played.reset("Play the game.", "11")
     played.move("[10]")  # one guess off by one: a large partial credit
@@ -73,10 +74,28 @@ def test_the_environment_reward_pays_the_game_or_only_a_game_won(pays, expected)
     assert reward(completions=[""] * 4, env_reward=env_reward, env_success=env_success) == expected
 
 
-def test_invalid_move_credit_without_a_textarena_game_is_refused_as_unused():
+# the old key (rollout.invalid_move_credit) still works, translated with a warning (grpo_exp.deprecated)
+@pytest.mark.parametrize("typed", ["rollout.textarena.invalid_move_credit", "rollout.invalid_move_credit"])
+def test_invalid_move_credit_without_a_textarena_game_is_refused_as_unused(typed):
+    from grpo_exp.deprecated import translate_overrides
     from grpo_exp.run.inert import check_only_with
     from support.config import compose_config
 
-    cfg = compose_config(["rollout=multiturn", "rollout.tools=[calculator]", "rollout.invalid_move_credit=true"])
-    with pytest.raises(UserError, match="rollout.invalid_move_credit"):
+    cfg = compose_config(translate_overrides(["rollout=multiturn", "rollout.tools=[calculator]", f"{typed}=true"]))
+    with pytest.raises(UserError) as refused:
         check_only_with(cfg)
+    assert str(refused.value) == (
+        "rollout.textarena.invalid_move_credit=true is read only by TextArena's games "
+        "(rollout.environment=textarena/<game>), but rollout.environment=None plays no TextArena game: set "
+        "rollout.environment=textarena/<game>, or leave rollout.textarena.invalid_move_credit out"
+    )
+
+
+def test_a_games_own_settings_reach_it_from_their_section():
+    from support.config import compose_config
+
+    overrides = ["rollout=environment", "rollout.environment=textarena/GuessTheNumber-v0"]
+    for credit in (False, True):
+        cfg = compose_config([*overrides, f"rollout.textarena.invalid_move_credit={credit}"])
+        (environment,) = load_environments(cfg.rollout.environment, 5.0, cfg.rollout).values()
+        assert environment.factory().invalid_move_credit is credit

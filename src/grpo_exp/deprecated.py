@@ -5,8 +5,13 @@ verifier.model, verifier.template...); it is the `scorer` group now (scorer=none
 and `verifier` holds the run's correctness labels only (verifier.labels, verifier.labels_batched). The command
 lines of `grpo-exp train` / `python -m grpo_exp.train` (sweeps included) and `grpo-exp evaluate` (and the overrides
 an old run directory saved) are translated here before Hydra sees them; a saved config.yaml by `renamed_config`.
+
+Settings that moved (RENAMED_KEYS) are translated the same way: a built-in environment scheme's own settings are a
+section of their own, rollout.<scheme> (grpo_exp.environments.schemes), so rollout.invalid_move_credit is
+rollout.textarena.invalid_move_credit.
 """
 
+import copy
 import re
 import sys
 
@@ -20,11 +25,24 @@ _OVERRIDE = re.compile(
     r"^(?P<prefix>\+\+|\+|~)?(?P<sweeper>hydra\.sweeper\.params\.)?verifier(?:\.(?P<key>\w+))?(?P<rest>=.*)?$",
     re.DOTALL,
 )
+# old dotted key -> its new one
+RENAMED_KEYS = {"rollout.invalid_move_credit": "rollout.textarena.invalid_move_credit"}
+# [+|++|~][hydra.sweeper.params.]<old key>[=value]
+_RENAMED_KEY = re.compile(
+    r"^(?P<prefix>\+\+|\+|~)?(?P<sweeper>hydra\.sweeper\.params\.)?(?P<key>"
+    + "|".join(re.escape(key) for key in RENAMED_KEYS)
+    + r")(?P<rest>=.*)?$",
+    re.DOTALL,
+)
 _OLD_OPTION = re.compile(r"\b(" + "|".join(SCORER_OPTIONS) + r")\b")
 
 
 def translate_override(override: str) -> tuple[str, str | None]:
     """(the override under its new name, the deprecation message; None where nothing was renamed)."""
+    moved = _RENAMED_KEY.match(override)
+    if moved is not None and (moved["rest"] is not None or moved["prefix"] == "~"):
+        new = f"{moved['prefix'] or ''}{moved['sweeper'] or ''}{RENAMED_KEYS[moved['key']]}{moved['rest'] or ''}"
+        return new, f"{override} is deprecated: use {new}"
     found = _OVERRIDE.match(override)
     if found is None or (found["rest"] is None and found["prefix"] != "~"):
         return override, None
@@ -71,7 +89,34 @@ _FLAGS_WITH_VALUE |= {"--package", "-p", "--experimental-rerun"}
 
 def renamed_config(saved: dict) -> dict:
     """A run's saved config (config.yaml, as a dict) under the new names: an old run's verifier.name and P(Yes)
-    settings under scorer (verifier=math_verify: scorer.name=none). A config with a scorer node is returned as is."""
+    settings under scorer (verifier=math_verify: scorer.name=none), its settings that moved under their new keys
+    (RENAMED_KEYS). A config under the new names is returned as is."""
+    return _moved_keys(_scorer_renamed(saved))
+
+
+def _moved_keys(saved: dict) -> dict:
+    """The saved config with each old key of RENAMED_KEYS that it holds moved to its new key (a copy)."""
+    for old, new in RENAMED_KEYS.items():
+        *old_parents, old_name = old.split(".")
+        parent = saved
+        for part in old_parents:
+            parent = parent.get(part) if isinstance(parent, dict) else None
+        if not isinstance(parent, dict) or old_name not in parent:
+            continue
+        saved = copy.deepcopy(saved)
+        *parents, name = new.split(".")
+        node = saved
+        for part in old_parents:
+            node = node[part]
+        value = node.pop(old_name)
+        node = saved
+        for part in parents:
+            node = node.setdefault(part, {})
+        node.setdefault(name, value)
+    return saved
+
+
+def _scorer_renamed(saved: dict) -> dict:
     verifier = saved.get("verifier")
     if "scorer" in saved or not isinstance(verifier, dict) or "name" not in verifier:
         return saved

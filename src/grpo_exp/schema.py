@@ -502,14 +502,13 @@ class RolloutSchema:
     describe_tools: bool = True
     # Your environment class in TRL's convention (rollout=environment rollout.environment=module:Class; or {name:
     # module:Class}, each row choosing by its `environment` column): one instance per trajectory, reset(**row) joins
-    # the prompt, its public methods are the tools, get_reward() is reward=environment (grpo_exp.rollout.environment)
+    # the prompt, its public methods are the tools, get_reward() is reward=environment (grpo_exp.rollout.environment).
+    # A built-in scheme's own settings are a section of their own, rollout.<scheme> (rollout.textarena.*: its
+    # dataclass beside its code, added to this schema from the registry: grpo_exp.run.config_store.run_schema)
     environment: Any = None
     environment_timeout_s: float = knob(10.0, gt=0.0)  # any call to it (made, reset, a method, get_reward)
     # An episode succeeded when its get_reward() is at least this (environment/<name>/success)
     environment_success_at: float = 1.0
-    # TextArena's games (rollout.environment=textarena/<game>): a game ended by an invalid move scores 0; true:
-    # TextArena's own partial credit for it (GuessTheNumber pays how close the guesses came)
-    invalid_move_credit: bool = False
     # Past this share of failed episodes over the last environment_failure_window training steps (every process's
     # together), the run stops naming the environment
     environment_max_failure_rate: float = knob(0.5, ge=0.0, le=1.0)

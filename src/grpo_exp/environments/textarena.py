@@ -15,6 +15,7 @@ TwentyQuestions, GuessWho (an OpenRouter API key); Checkers, Chess, Klondike (th
 """
 
 import functools
+from dataclasses import dataclass
 
 from omegaconf import DictConfig
 
@@ -23,6 +24,7 @@ from grpo_exp.environments.schemes import environment_scheme
 from grpo_exp.errors import UserError
 
 PREFIX = "textarena/"
+SECTION = "rollout.textarena"  # TextArenaSettings, as the run's schema holds them (grpo_exp.environments.schemes)
 SINGLE_PLAYER_OFFLINE = (
     "2048-v0",
     "Bandit-v0",
@@ -47,6 +49,15 @@ SINGLE_PLAYER_OFFLINE = (
     "ThreeCardMonte-v0",
     "TowerOfHanoi-v0",
 )
+
+
+@dataclass
+class TextArenaSettings:
+    """TextArena's own settings, rollout.textarena.* (read only with rollout.environment=textarena/<game>)."""
+
+    # a game ended by an invalid move scores 0; true: TextArena's own partial credit for it (GuessTheNumber pays how
+    # close the guesses came)
+    invalid_move_credit: bool = False
 
 
 class TextArenaGame:
@@ -92,7 +103,7 @@ class TextArenaGame:
         return 0.0 if self.reward is None else self.reward
 
 
-@environment_scheme(PREFIX, settings=("invalid_move_credit",))  # rollout.invalid_move_credit
+@environment_scheme(PREFIX, settings=TextArenaSettings)  # rollout.textarena.*
 def game(game_id: str, invalid_move_credit: bool = False) -> functools.partial:
     """The factory of a game by its TextArena id (rollout.environment=textarena/<id>); `invalid_move_credit`: a game
     ended by an invalid move keeps TextArena's partial credit (else it scores 0)."""
@@ -129,7 +140,7 @@ def _plays_textarena(cfg: DictConfig) -> bool:
 # Settings that act only given another (grpo_exp.config_rules; checked by grpo_exp.run.inert)
 ONLY_WITH = (
     OnlyWith(
-        ("rollout.invalid_move_credit",),
+        (SECTION,),  # each of its settings
         _plays_textarena,
         "by TextArena's games (rollout.environment=textarena/<game>)",
         lambda cfg: f"rollout.environment={cfg.rollout.environment} plays no TextArena game",
