@@ -15,37 +15,19 @@ def test_builtin_environment_schemes_are_registered_beside_their_code():
 
     import grpo_exp.environments
     from grpo_exp.environments.schemes import SETTINGS
-    from grpo_exp.schema import RolloutSchema
 
     names = [module.name for module in pkgutil.iter_modules(grpo_exp.environments.__path__)]
     modules = [importlib.import_module(f"grpo_exp.environments.{name}") for name in names]
     declared = {module.PREFIX: module.__name__ for module in modules if hasattr(module, "PREFIX")}
     schemes = builtin_schemes()
     assert {prefix: builder.__module__ for prefix, builder in schemes.items()} == declared
-    # each scheme's own settings (its registration's `settings`) are rollout settings of the schema
-    rollout_settings = {field.name for field in dataclasses.fields(RolloutSchema)}
+    # each scheme's own settings, where it declares some, are a dataclass of its own module (the schema's section of
+    # it: tests/test_environment.py)
     for prefix in schemes:
         assert scheme_of(f"{prefix}rest") == prefix
-        assert set(SETTINGS[prefix]) <= rollout_settings, prefix
+        settings = SETTINGS[prefix]
+        assert settings is None or (dataclasses.is_dataclass(settings) and settings.__module__ == declared[prefix])
     assert scheme_of("my_module:MyEnv") is None
-
-
-def test_a_scheme_is_built_with_the_rollout_settings_it_declares_and_no_other(monkeypatch):
-    from grpo_exp.environments import schemes
-
-    seen = {}
-
-    def grid(size: str, walls: bool = False):
-        seen.update(size=size, walls=walls)
-        return lambda: None
-
-    monkeypatch.setitem(schemes.SCHEMES, "grid/", grid)
-    monkeypatch.setitem(schemes.SETTINGS, "grid/", ("walls",))
-    rollout = {"walls": True, "invalid_move_credit": True, "max_turns": 3}
-    schemes.build_scheme("grid/", "5", rollout)
-    assert seen == {"size": "5", "walls": True}
-    schemes.build_scheme("grid/", "7", None)  # no rollout config: the builder's defaults
-    assert seen == {"size": "7", "walls": False}
 
 
 @pytest.mark.parametrize("setting", ["foo/bar", "textarena"])
