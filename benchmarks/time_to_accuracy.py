@@ -163,9 +163,11 @@ def run_grpo_exp(seed: int, settings: list[str], overrides: list[str], every: in
 
 def validations(metrics: list[dict]) -> list[list[float]]:
     """[step, training seconds through that step, held-out accuracy] of each validation in a run's metrics.jsonl."""
+    from grpo_exp.run_files import step_seconds  # a step's time with generation ahead's sync (TRL's step_time lacks it)
+
     seconds, elapsed, points = 0.0, {}, []
     for record in sorted(metrics, key=lambda m: m["step"]):
-        seconds += record.get("step_time", 0.0)
+        seconds += step_seconds(record) or 0.0
         elapsed[record["step"]] = seconds
         if "heldout/accuracy" in record:
             points.append([record["step"], elapsed[record["step"]], record["heldout/accuracy"]])

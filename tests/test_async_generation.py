@@ -206,3 +206,47 @@ def test_a_server_that_fails_to_generate_stops_the_run_naming_it(tmp_path, overr
     assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert f"the vLLM server at http://127.0.0.1:{port} failed {failed}" in result.stderr, result.stderr[-3000:]
     assert "EngineDeadError" in result.stderr
+
+
+# ---- the staleness part and the numerical part of a stale batch's difference ----------------------------------
+
+
+def test_a_stale_batch_splits_into_the_policys_move_and_the_numerics():
+    """|current - sampler| is the staleness (same numerics, the policy moved), |trainer - current| the numerics
+    (same weights), over the loss's tokens that were scored again."""
+    import math
+
+    import torch
+
+    from grpo_exp.trainer.mismatch import staleness_split_metrics, staleness_split_sums
+
+    exact = torch.float64  # the sums' own precision, so that the figures below are exact
+    sampler = torch.tensor([[-1.0, -2.0, -3.0], [-1.0, -1.0, math.nan]], dtype=exact)
+    current = torch.tensor([[-1.5, -2.0, -2.0], [-1.2, math.nan, -1.0]], dtype=exact)  # row 1's 2nd: not scored
+    trainer = current + torch.tensor([[1e-5, -1e-5, 1e-5], [2e-5, 0.0, 0.0]], dtype=exact)
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])  # row 0's 3rd token outside the loss; row 1's 3rd is padding (NaN)
+    sums = staleness_split_sums(trainer, sampler, current, mask)
+    assert sums.tolist() == pytest.approx([3.0, 0.5 + 0.0 + 0.2, 1e-5 + 1e-5 + 2e-5])
+    other_process = torch.tensor([1.0, 0.3, 0.0], dtype=torch.float64)
+    metrics = staleness_split_metrics(torch.stack([sums, other_process]))
+    assert metrics == pytest.approx(
+        {"async/staleness_logp_difference/mean": 1.0 / 4, "async/numerics_logp_difference/mean": 4e-5 / 4}
+    )
+    assert staleness_split_metrics(torch.zeros(2, 3, dtype=torch.float64)) == {}  # no token scored: nothing said
+
+
+def test_the_scores_again_sit_beside_trls_rows_and_only_on_the_rows_scored():
+    import math
+
+    import torch
+
+    from grpo_exp.trainer.async_generation import Rescored, prompt_logprobs
+
+    choice = {"prompt_logprobs": [None, {"7": {"logprob": -0.5}}, {"4": {"logprob": -0.25}}, {"9": {"logprob": -2.0}}]}
+    assert prompt_logprobs(choice, [4, 9]) == [-0.25, -2.0]  # the completion's tokens, the prompt's left out
+    assert prompt_logprobs(choice, []) == []
+    rescored = Rescored(completion_ids=[[4, 9], [5]], logprobs=[[-0.25, -2.0], [-1.0]])
+    trls = torch.tensor([[4, 9, 0], [6, 0, 0]])  # row 1 is another completion (a resampled row): not scored
+    aligned = rescored.aligned(trls)
+    assert aligned[0, :2].tolist() == [-0.25, -2.0] and math.isnan(aligned[0, 2])
+    assert torch.isnan(aligned[1]).all()

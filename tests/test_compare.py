@@ -114,6 +114,19 @@ def test_the_time_to_accuracy_benchmark_runs_each_arm_and_continues_where_it_sto
     assert "seed 1 best" in printed and "seed 1 trl" not in printed  # the changed arm alone is measured again
 
 
+def test_a_steps_time_counts_what_generation_ahead_did_before_trls_step_time():
+    """generation=vllm_async syncs the weights where transformers draws the step's batches, before TRL's step_time
+    starts: a step's time (compare's s/step, time to accuracy) adds it; validating is still not training."""
+    from benchmarks.time_to_accuracy import validations
+    from grpo_exp.run_files import BEFORE_STEP_SECONDS, step_seconds
+
+    assert step_seconds({"step": 1, "step_time": 2.0, BEFORE_STEP_SECONDS: 0.5}) == 2.5
+    assert step_seconds({"step": 1, "step_time": 2.0}) == 2.0  # a synchronous run's
+    assert step_seconds({"step": 1, "heldout/accuracy": 0.5}) is None  # not a training step's record
+    metrics = [{"step": 1, "step_time": 2.0, BEFORE_STEP_SECONDS: 0.5, "heldout/accuracy": 0.3}]
+    assert validations(metrics) == [[1, 2.5, 0.3]]
+
+
 def test_time_to_accuracy_is_the_training_time_through_the_first_validation_at_the_target(capsys):
     """Training time sums TRL's step_time (validating is not training); the first validation at or above the bare
     TRL run's final accuracy of the same seed counts; the ratio is taken seed by seed."""

@@ -332,6 +332,7 @@ def test_a_judge_writing_its_rubric_through_vllms_structured_output_never_fails(
 # stale batch's log-probabilities then differ from the trainer's by more than the numerical mismatch.
 MOVING = ["reward=math+format+length", "trainer.zero_variance_groups=keep", "trainer.learning_rate=1e-4"]
 STALENESS = "async/staleness_max"
+SPLIT_STALENESS, SPLIT_NUMERICS = "async/staleness_logp_difference/mean", "async/numerics_logp_difference/mean"
 
 
 @pytest.mark.e2e
@@ -339,8 +340,9 @@ def test_async_trains_on_batches_at_most_max_staleness_old_corrected_and_resumes
     """generation=vllm_async with max_staleness=1 against the server: the first step's batch is on-policy, every
     later one a step old; nothing is dropped. Interrupted after its first checkpoint and resumed, it goes on with an
     empty pipeline: its first batch on-policy again (the server synced to the moved policy: TRL's sampler/trainer
-    difference within numerics), the next a step old (the difference is the staleness's). Evaluated after training
-    from the server synced to the final policy. (max_staleness=0, synchronous: tests/test_async_generation.py.)"""
+    difference within numerics), the next a step old (the difference is the staleness's, as the server's scores of
+    the stale batch under the trainer's weights show). Evaluated after training from the server synced to the final
+    policy. (max_staleness=0, synchronous: tests/test_async_generation.py.)"""
     from grpo_exp.run.tracking import read_metrics
     from tests.helpers.cli import run_cli
     from tests.test_resume import interrupt_after_first_checkpoint, run_dirs
@@ -350,6 +352,7 @@ def test_async_trains_on_batches_at_most_max_staleness_old_corrected_and_resumes
     args = [
         "generation=vllm_async",
         f"trainer.extra.vllm_server_port={port}",
+        "trainer.mismatch_metrics=true",  # the stale batches' mismatch split into staleness and numerics
         *MOVING,
         "trainer.max_steps=4",
         "trainer.save_steps=1",
@@ -377,4 +380,39 @@ def test_async_trains_on_batches_at_most_max_staleness_old_corrected_and_resumes
     # has moved) within numerics, every stale one off by the staleness
     on_policy, stale = steps[resumed_at + 1], steps[resumed_at + 2]
     assert on_policy[MISMATCH] < 1e-3 and stale[MISMATCH] > 100 * on_policy[MISMATCH], (on_policy, stale)
+    # ...and within each stale batch, scored again by the server under the trainer's weights, the two parts apart: the
+    # policy's move (the server's old against its new log-probabilities) is TRL's difference but for the numerics,
+    # which are those of an on-policy batch (the trainer's against the server's, same weights)
+    split = [m for m in steps.values() if m[STALENESS] > 0]
+    assert split and all(SPLIT_STALENESS not in m for m in steps.values() if m[STALENESS] == 0)
+    for m in split:
+        assert m[SPLIT_NUMERICS] < 1e-3 and m[SPLIT_STALENESS] > 100 * m[SPLIT_NUMERICS], m
+        assert m[SPLIT_STALENESS] == pytest.approx(m[MISMATCH], abs=2 * m[SPLIT_NUMERICS] + 1e-4), m
     assert summary["steps"] == 4 and summary["heldout_accuracy_after"] is not None
+
+
+@pytest.mark.e2e
+def test_async_under_two_processes_makes_the_same_collective_calls_on_both_ranks(server, tmp_path):
+    """generation=vllm_async under `accelerate launch` with 2 processes against the server: the main process sends
+    every rank's prompts ahead and broadcasts the answers (and, with trainer.mismatch_metrics=true, the stale
+    batches' scores under the trainer's weights); both ranks make the same torch.distributed calls, train on batches
+    at most a step old, and log the staleness split of every stale batch."""
+    from grpo_exp.run.tracking import read_metrics
+    from tests.helpers.cli import recorded_launch
+    from tests.test_collectives import assert_same_calls
+
+    port = server.rsplit(":", 1)[1]
+    overrides = (
+        "model=smollm2_135m", "generation=vllm_async", f"trainer.extra.vllm_server_port={port}",
+        "trainer.mismatch_metrics=true", *MOVING, "trainer.max_steps=3", *QUIET_RUN, "eval.before=false",
+    )  # fmt: skip
+    launched = recorded_launch(tmp_path, *overrides, launch_args=("--num_processes", "2"))
+    assert launched.returncode == 0, launched.stderr[-4000:]
+    assert_same_calls(tmp_path)
+    run_dir = tmp_path / "run"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["processes"] == 2 and summary["steps"] == 3
+    steps = [m for m in read_metrics(run_dir / "metrics.jsonl") if STALENESS in m]
+    assert [m[STALENESS] for m in steps] == [0.0, 1.0, 1.0]
+    for m in steps[1:]:  # both ranks' rows scored again: the numerics of an on-policy batch, the rest staleness
+        assert m[SPLIT_NUMERICS] < 1e-3 and m[SPLIT_STALENESS] > 100 * m[SPLIT_NUMERICS], m

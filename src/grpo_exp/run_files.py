@@ -23,6 +23,19 @@ EVALUATION_FILE = "evaluation.json"  # python -m grpo_exp.evaluate's results (a 
 BENCHMARK_FILE = "verification_benchmark.json"  # the verification benchmark's examples this run measured on
 
 
+# Seconds generation ahead spends at the start of a step, before TRL's step_time starts (transformers draws the step's
+# batches there): the weight sync and the wait for the requests in flight before it (grpo_exp.trainer.async_generation)
+BEFORE_STEP_SECONDS = "async/before_step_seconds"
+
+
+def step_seconds(record: dict) -> float | None:
+    """A logged step's training time: TRL's step_time, and what generation ahead did before it (None: no step_time,
+    not a training step's record)."""
+    if "step_time" not in record:
+        return None
+    return record["step_time"] + record.get(BEFORE_STEP_SECONDS, 0.0)
+
+
 def read_jsonl(path: Path) -> list[dict]:
     """The records of a JSON-lines file (metrics.jsonl, samples.jsonl, eval_*.jsonl), [] where it is absent. A last
     line that is not JSON is the one a process was stopped while writing (killed, out of time or disk): left out, so

@@ -437,7 +437,9 @@ class TrainerSchema:
     # (sampling/sampling_logp_difference/*, sampling/importance_sampling_ratio/*) and a KL estimate
     # (sampling/mismatch_kl). Costs one forward without gradient per step where TRL makes none (+15% of a default
     # step on CPU). null (auto): on for the bfloat16 copy, whose samples come from other weights; the float32 paths
-    # sample the policy's own distribution (1e-5 apart, experiments/README.md). Not with continuous batching.
+    # sample the policy's own distribution (1e-5 apart, experiments/README.md). Not with continuous batching. With
+    # generation ahead (generation=vllm_async), true also splits each stale batch's into its staleness and numerical
+    # parts, the server scoring the batch again (async/*_logp_difference/mean; docs/async.md).
     mismatch_metrics: bool | None = None
     # How the loss corrects for it: none | behaviour_ratio (PPO's ratio and clip against the sampler) | TRL's
     # importance weights token_truncate | token_mask | sequence_truncate | sequence_mask, within mismatch_clip_min/max.

@@ -10,7 +10,15 @@ from rich.table import Table
 
 from grpo_exp.analysis.diagnosis import diagnose, read_run
 from grpo_exp.run_files import HELDOUT_ACCURACY as HELDOUT
-from grpo_exp.run_files import METRICS_FILE, STATUS_FILE, SUMMARY_FILE, read_json, read_metrics, read_yaml
+from grpo_exp.run_files import (
+    METRICS_FILE,
+    STATUS_FILE,
+    SUMMARY_FILE,
+    read_json,
+    read_metrics,
+    read_yaml,
+    step_seconds,
+)
 from grpo_exp.stats import mean_interval, paired_differences, quarter_means
 
 CURVES = ["reward", "groups/pass@1", "groups/reward/frac_zero_std", "kl", "advantages/mean_abs", "entropy"]
@@ -131,7 +139,7 @@ def comparison_rows(runs: list[Run], swept: list[str]) -> list[dict]:
         rewards = [v for _, v in _series(run, "reward")]
         pass_key = _largest_pass_key(run)
         kl = [v for _, v in _series(run, "kl")]
-        step_times = [v for _, v in _series(run, "step_time")]
+        step_times = [seconds for m in run.metrics if _is_number(seconds := step_seconds(m))]
         row = {"run": Path(run.name).name}
         row |= {key: run.overrides.get(key, "(default)") for key in swept}
         row |= {

@@ -14,7 +14,10 @@ start of each optimiser step (transformers' `get_batch_samples`, where the step'
 
 TRL's importance-sampling correction (vllm_importance_sampling_correction) weighs each token by the current policy
 against the sampler's log-probability, which the server returns: it corrects staleness as it corrects the
-sampler/trainer mismatch. With max_staleness=0 nothing is drawn ahead and the run is synchronous.
+sampler/trainer mismatch. With max_staleness=0 nothing is drawn ahead and the run is synchronous. To tell the two
+apart, a stale batch's completions are scored again by the server once it holds the trainer's weights (`Rescored`):
+the old against the new server log-probabilities is the staleness, the new against the trainer's the numerics
+(grpo_exp.trainer.mismatch.staleness_split_sums).
 
 TRL's VLLMGeneration stays the server's client and the weight sync (NCCL on GPUs, a reload from the run directory
 on CPU: grpo_exp.trainer.vllm_reload); `AsyncGeneration` stands in its place on the trainer, so TRL's own generation
@@ -22,11 +25,14 @@ code asks it for completions.
 """
 
 import logging
+import math
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
+import requests
+import torch
 from accelerate.utils import broadcast_object_list, gather_object
 from omegaconf import OmegaConf
 from transformers import TrainerCallback
@@ -34,6 +40,7 @@ from transformers import TrainerCallback
 from grpo_exp.config_rules import OnlyWith
 from grpo_exp.errors import UserError
 from grpo_exp.rollout.vllm_turns import served_failure, server_url
+from grpo_exp.run_files import BEFORE_STEP_SECONDS
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +66,34 @@ class Pipeline:
     regenerated: int = 0  # batches generated afresh (too old, or not the prompts sent)
     waited: float = 0.0  # seconds the trainer waited for the server's answers (before a sync too), since then
     synced: float = 0.0  # seconds the weight syncs took, since the last metrics
+    rescored: float = 0.0  # seconds the server took to score stale batches again, since the last metrics
+    before_step: float = 0.0  # seconds at the start of the steps (sync, waits, sending), outside TRL's step_time
     staleness: list[int] = field(default_factory=list)  # each batch's, since the last metrics
+
+
+@dataclass
+class Rescored:
+    """A stale batch's completions (this process's rows) and their log-probabilities under the server's current
+    weights, the trainer's."""
+
+    completion_ids: list[list[int]]
+    logprobs: list[list[float]]
+
+    def aligned(self, completion_ids: torch.Tensor) -> torch.Tensor:
+        """[rows, tokens] beside TRL's batch (its padded completion ids); NaN where a row is not the one scored
+        (another batch's: a resampled row) and past each completion."""
+        out = torch.full(completion_ids.shape, math.nan, dtype=torch.float32)
+        for row, (ids, logprobs) in enumerate(zip(self.completion_ids, self.logprobs, strict=True)):
+            if row < len(out) and completion_ids[row, : len(ids)].tolist() == ids:
+                out[row, : len(logprobs)] = torch.tensor(logprobs)
+        return out.to(completion_ids.device)
+
+
+def prompt_logprobs(choice: dict, completion: list[int]) -> list[float]:
+    """The completion's tokens' log-probabilities from a /v1/completions choice of prompt + completion, scored
+    with prompt_logprobs=0 (each position holds its own token's)."""
+    scored = choice["prompt_logprobs"][-len(completion) :] if completion else []
+    return [position[str(token)]["logprob"] for position, token in zip(scored, completion, strict=True)]
 
 
 def sampling_params(generation, num_generations: int) -> dict:
@@ -82,8 +116,13 @@ class AsyncGeneration:
     """TRL's VLLMGeneration (server mode) with requests sent ahead: on the trainer in its place. `step()`: the
     trainer's optimiser step (global_step); `tokenize(rows)`: TRL's prompt ids of a batch's rows."""
 
-    def __init__(self, generation, *, max_staleness: int, weight_sync_steps: int, num_generations: int, step, tokenize):
+    def __init__(
+        self, generation, *, max_staleness: int, weight_sync_steps: int, num_generations: int, step, tokenize,
+        split_mismatch: bool = False,
+    ):  # fmt: skip
+        """`split_mismatch`: stale batches are scored again to split the mismatch (trainer.mismatch_metrics=true)."""
         self.generation, self.accelerator = generation, generation.accelerator
+        self.split_mismatch = split_mismatch
         self.max_staleness, self.weight_sync_steps = max_staleness, weight_sync_steps
         # A batch sent `ahead` steps early, from weights up to weight_sync_steps - 1 steps older than the step it was
         # sent at, is at most max_staleness old when trained on (check_async_generation: weight_sync_steps <=
@@ -97,6 +136,8 @@ class AsyncGeneration:
         self.iterator = None  # the epoch's data iterator the batches ahead were drawn from
         self.version = -1  # the optimiser step whose weights the server holds (-1: not synced yet)
         self.counts = Pipeline()
+        self.rescored: Rescored | None = None  # the last batch's, where it was stale (take_rescored)
+        self.served_name: str | None = None  # the server's name for its model, asked once
 
     def __getattr__(self, name):  # everything else is TRL's VLLMGeneration's
         return getattr(self.generation, name)
@@ -105,7 +146,14 @@ class AsyncGeneration:
 
     def batches_for_step(self, epoch_iterator, draw):
         """This step's (batches, items), drawn by `draw(epoch_iterator)` (transformers' own get_batch_samples), with
-        the steps up to max_staleness ahead drawn and sent to the server."""
+        the steps up to max_staleness ahead drawn and sent to the server. Timed: TRL's step_time starts after it."""
+        started = time.perf_counter()
+        try:
+            return self._batches_for_step(epoch_iterator, draw)
+        finally:
+            self.counts.before_step += time.perf_counter() - started
+
+    def _batches_for_step(self, epoch_iterator, draw):
         if epoch_iterator is not self.iterator:  # a new epoch: nothing of the last one is left ahead
             self.ahead.clear()
             self.iterator = epoch_iterator
@@ -133,7 +181,7 @@ class AsyncGeneration:
 
     def generate(self, prompts, images, num_generations, profiler=None):
         """TRL's generate: the completions sent ahead for these prompts, or (too old, or other prompts) afresh."""
-        request, self.current = self.current, None
+        request, self.current, self.rescored = self.current, None, None
         sent = request is not None and request.prompt_ids == prompts and images is None
         staleness = self.step() - request.version if sent else 0
         fresh = sent and staleness <= self.max_staleness
@@ -145,19 +193,27 @@ class AsyncGeneration:
             self.counts.staleness.append(0)
             return self.generation.generate(prompts, images, num_generations, profiler)
         self.counts.staleness.append(staleness)
-        payload = [self._answer(request) if self.accelerator.is_main_process else None]
+        payload = [self._answer(request, staleness) if self.accelerator.is_main_process else None]
         broadcast_object_list(payload, from_process=0)  # the server's failure too: every process stops with it
         if isinstance(payload[0], str):
             raise UserError(payload[0])
-        prompt_ids, completion_ids, logprobs, logprob_token_ids = payload[0]
+        prompt_ids, completion_ids, logprobs, logprob_token_ids, rescored = payload[0]
         rows = slice(self.accelerator.process_index * len(prompts), (self.accelerator.process_index + 1) * len(prompts))
         prompt_ids = [ids for ids in prompt_ids for _ in range(num_generations)]
+        if rescored is not None:
+            self.rescored = Rescored(completion_ids[rows], rescored[rows])
         return (
             prompt_ids[rows],
             completion_ids[rows],
             None if logprobs is None else logprobs[rows],
             None if logprob_token_ids is None else logprob_token_ids[rows],
         )
+
+    def take_rescored(self) -> Rescored | None:
+        """The last batch's completions scored again under the trainer's weights (the same on every process: set or
+        not), once: None where it was on-policy, or could not be scored again (see _rescoring)."""
+        rescored, self.rescored = self.rescored, None
+        return rescored
 
     # ---- metrics and the end ---------------------------------------------------------------------------------
 
@@ -170,11 +226,13 @@ class AsyncGeneration:
             "async/regenerated_total": float(counts.regenerated),
             "async/wait_seconds": counts.waited,
             "async/sync_seconds": counts.synced,
+            "async/rescore_seconds": counts.rescored,
+            BEFORE_STEP_SECONDS: counts.before_step,
         }
         if counts.staleness:
             figures["async/staleness_mean"] = sum(counts.staleness) / len(counts.staleness)
             figures["async/staleness_max"] = float(max(counts.staleness))
-        counts.staleness, counts.waited, counts.synced = [], 0.0, 0.0
+        counts.staleness, counts.waited, counts.synced, counts.rescored, counts.before_step = [], 0.0, 0.0, 0.0, 0.0
         return figures
 
     def close(self) -> None:
@@ -194,9 +252,10 @@ class AsyncGeneration:
             answer = self.pool.submit(self.generation.vllm_client.generate, prompts=unique, **params)
         return Request(prompt_ids, self.version, answer)
 
-    def _answer(self, request: Request) -> tuple | str:
-        """The server's answer (main process), waited for: a wait is timed, and said when it is long. Where the server
-        failed, what to tell the user."""
+    def _answer(self, request: Request, staleness: int) -> tuple | str:
+        """The server's answer (main process), waited for: a wait is timed, and said when it is long; with a stale
+        batch's log-probabilities under the current weights (None: not scored again). Where the server failed, what
+        to tell the user."""
         started = time.perf_counter()
         while True:
             try:
@@ -212,7 +271,39 @@ class AsyncGeneration:
             except Exception as err:  # the server died or refused: the run stops, naming it
                 return str(served_failure(self.url, f"to generate the batch of step {self.step()}", err))
         self.counts.waited += time.perf_counter() - started
-        return output["prompt_ids"], output["completion_ids"], output["logprobs"], output.get("logprob_token_ids")
+        prompt_ids, completion_ids = output["prompt_ids"], output["completion_ids"]
+        rescored = self._rescore(prompt_ids, completion_ids) if self._rescoring(staleness) else None
+        return prompt_ids, completion_ids, output["logprobs"], output.get("logprob_token_ids"), rescored
+
+    def _rescoring(self, staleness: int) -> bool:
+        """A stale batch is scored again, where asked, where the server holds the trainer's weights (a sync this step)
+        and samples at temperature 1: vLLM's prompt log-probabilities are the model's own, not its sampler's at a
+        temperature."""
+        current = self.version == self.step() and self.generation.temperature == 1.0
+        return self.split_mismatch and staleness > 0 and current
+
+    def _rescore(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]] | None:
+        """Each completion's log-probabilities under the server's current weights: prompt and completion sent back
+        as a prompt, scored by vLLM's prompt_logprobs (a prefill, no generation). None (said) where the server
+        cannot: the split is a measurement, the batch trains without it."""
+        started = time.perf_counter()
+        rows = [prompt_ids[i // self.num_generations] + ids for i, ids in enumerate(completion_ids)]
+        try:
+            if self.served_name is None:
+                self.served_name = requests.get(f"{self.url}/v1/models", timeout=60).json()["data"][0]["id"]
+            request = {"model": self.served_name, "prompt": rows, "max_tokens": 1, "prompt_logprobs": 0}
+            response = requests.post(f"{self.url}/v1/completions", json=request, timeout=600)
+            response.raise_for_status()
+            choices = sorted(response.json()["choices"], key=lambda choice: choice["index"])
+            scored = [prompt_logprobs(choice, ids) for choice, ids in zip(choices, completion_ids, strict=True)]
+        except (requests.RequestException, KeyError, IndexError, ValueError) as err:
+            log.warning(
+                "generation=vllm_async: the server at %s did not score the stale batch again (%s)", self.url, err
+            )
+            return None
+        finally:
+            self.counts.rescored += time.perf_counter() - started
+        return scored
 
     def _sync(self) -> None:
         """The server's weights brought to the policy's, once the requests in flight are answered (each completion
@@ -304,6 +395,7 @@ def generation_ahead(trainer) -> AsyncGeneration | None:
         num_generations=trainer.num_generations,
         step=lambda: trainer.state.global_step,
         tokenize=trainer.prompt_ids,
+        split_mismatch=bool(args.mismatch_metrics),
     )
     trainer.vllm_generation = pipeline
     trainer.add_callback(PipelineCallback(trainer, pipeline))

@@ -121,6 +121,35 @@ def mismatch_metrics(sums: torch.Tensor) -> dict[str, float]:
     }
 
 
+# ---- generation ahead: how much of a stale batch's difference is staleness, how much numerics ----------------------
+
+SPLIT_PREFIX = "async/"
+
+
+def staleness_split_sums(
+    trainer_logps: torch.Tensor, sampler_logps: torch.Tensor, current_logps: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """[tokens, staleness sum, numerics sum] of this process's stale batch: `current_logps` are the sampler's (the
+    server's) log-probabilities of the same tokens under the trainer's weights, so |current - sampler| is the
+    policy's move since the batch was made (same numerics) and |trainer - current| the numerical part (same
+    weights); NaN where a token was not scored again."""
+    counted = mask.bool() & ~torch.isnan(sampler_logps) & ~torch.isnan(current_logps)
+    staleness = (current_logps - sampler_logps)[counted].double().abs()
+    numerics = (trainer_logps - current_logps)[counted].double().abs()
+    return torch.tensor([float(staleness.numel()), float(staleness.sum()), float(numerics.sum())], dtype=torch.float64)
+
+
+def staleness_split_metrics(sums: torch.Tensor) -> dict[str, float]:
+    """The mean |log-probability difference| per token of each part, over every process's sums ([processes, 3])."""
+    tokens = float(sums[:, 0].sum())
+    if not tokens:
+        return {}
+    return {
+        f"{SPLIT_PREFIX}staleness_logp_difference/mean": float(sums[:, 1].sum()) / tokens,
+        f"{SPLIT_PREFIX}numerics_logp_difference/mean": float(sums[:, 2].sum()) / tokens,
+    }
+
+
 # ---- the float64 reference: does the sampler disagree with the trainer, or do both round away from the model? ----
 
 REFERENCE_SUMS = ("tokens", "sampler_sum", "sampler_max", "trainer_sum", "trainer_max")
@@ -333,7 +362,16 @@ class MismatchWatch:
             trainer_logps = output.get("old_per_token_logps")  # TRL's own forward, where it made one
             if trainer_logps is None:
                 trainer_logps = trainer.trainer_log_probs(output)
-        return self.apply(output, trainer_logps, step, trainer.gather_sums, trainer.policy, trainer.temperature)
+        metrics = self.apply(output, trainer_logps, step, trainer.gather_sums, trainer.policy, trainer.temperature)
+        current = trainer.current_sampler_log_probs(output)  # a stale batch scored again (generation ahead)
+        if current is not None:
+            if trainer_logps is None:
+                trainer_logps = output.get("old_per_token_logps")
+                trainer_logps = trainer.trainer_log_probs(output) if trainer_logps is None else trainer_logps
+            sampler = output["sampling_per_token_logps"]
+            sums = staleness_split_sums(trainer_logps, sampler, current.to(sampler.device), loss_mask(output))
+            metrics |= staleness_split_metrics(trainer.gather_sums(sums))
+        return metrics
 
     def weighted(self, inputs: dict, loss_type: str) -> dict:
         """TRL applies the importance weights (its importance_sampling_ratio) on vLLM only: elsewhere the same loss,

@@ -115,6 +115,14 @@ class TRLSurface:
         """The policy model itself (unwrapped from its accelerator wrapper)."""
         return self.accelerator.unwrap_model(self.model)
 
+    def current_sampler_log_probs(self, output: dict) -> torch.Tensor | None:
+        """The batch's completions scored again by the sampler under the trainer's weights, beside TRL's batch
+        ([rows, tokens], NaN where not scored): generation ahead's stale batches (grpo_exp.trainer.async_generation);
+        None elsewhere, the same on every process."""
+        take = getattr(self.vllm_generation, "take_rescored", None) if self.use_vllm else None
+        rescored = take() if take is not None else None
+        return None if rescored is None else rescored.aligned(output["completion_ids"])
+
     @torch.no_grad()
     def trainer_log_probs(self, output: dict) -> torch.Tensor:
         """The completions' log-probabilities under the trainer's forward (the loss's), before any update."""
