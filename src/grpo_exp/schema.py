@@ -21,11 +21,17 @@ from grpo_exp.errors import UserError
 BOXED_PROMPT = "{question}\nPut your final answer within \\boxed{}."
 
 
-def knob(default: Any = MISSING, *, ge=None, gt=None, le=None, lt=None, contains=(), why=None, nonfinite=None):
+def knob(
+    default: Any = MISSING, *, ge=None, gt=None, le=None, lt=None, contains=(), why=None, nonfinite=None,
+    trainer_arg: bool = False,
+):  # fmt: skip
     """A field with the bounds its value must respect (checked by check_values; None always passes: a field that
-    may be None says so in its type). Every float must be finite (nan, inf, -inf are refused) unless nonfinite=True."""
+    may be None says so in its type). Every float must be finite (nan, inf, -inf are refused) unless nonfinite=True.
+    `trainer_arg`: a trainer setting of grpo_exp's own that the trainer reads from its `args` as TRL reads its own
+    (a field of grpo_exp.trainer.config.GRPOExpConfig, taken from here)."""
     limits = {"ge": ge, "gt": gt, "le": le, "lt": lt, "contains": contains, "why": why, "nonfinite": nonfinite}
-    return field(default=default, metadata={k: v for k, v in limits.items() if v not in (None, ())})
+    metadata = {k: v for k, v in limits.items() if v not in (None, ())} | ({"trainer_arg": True} if trainer_arg else {})
+    return field(default=default, metadata=metadata)
 
 
 class ModelSource(Enum):
@@ -413,24 +419,25 @@ class TrainerSchema:
     # `resample` also generates up to max_resample_batches more batches of fresh prompts per step until
     # prompts_per_step groups have a spread (DAPO's dynamic sampling), then trains on those.
     # skip is the default: TRL's update for less work (BENCHMARKS.md: time to accuracy).
-    zero_variance_groups: ZeroVarianceGroups = ZeroVarianceGroups.skip
-    max_resample_batches: int = knob(4, ge=1)  # resample: extra generation batches a step may take at most
+    zero_variance_groups: ZeroVarianceGroups = knob(ZeroVarianceGroups.skip, trainer_arg=True)
+    # resample: extra generation batches a step may take at most
+    max_resample_batches: int = knob(4, ge=1, trainer_arg=True)
     # The loss forward (and the reference model's) reads each group's prompt once, its G completions packed as
     # branches of one sequence: TRL's log-probabilities up to float rounding, for fewer tokens (text models with
     # sdpa or eager attention and no sliding window; others use TRL's forward).
-    shared_prompt_forward: bool = True
+    shared_prompt_forward: bool = knob(True, trainer_arg=True)
     # TRL's transformers generation samples from a bfloat16 copy of the policy (refreshed every step; ~0.57x the
     # decode time on CPU), and the loss's ratio is taken against the copy's log-probabilities (PPO-clipped), which
     # corrects for it. Set by generation=transformers_bf16; not with vLLM, multi-turn rollouts, or DeepSpeed/FSDP
     # with a float32 policy (a bfloat16 policy samples itself). An option: BENCHMARKS.md, time to accuracy.
-    bfloat16_generation: bool = False
+    bfloat16_generation: bool = knob(False, trainer_arg=True)
     # CPU: TRL's transformers generation samples from a copy of the policy in its own dtype (one more copy of the
     # weights in memory), its Linear weights prepacked for oneDNN and each prompt's prefill computed once for its G
     # completions (refreshed every step): the policy's distribution, in ~0.6x the time (BENCHMARKS.md). null
     # (auto): on for training on an x86-64 CPU (not DeepSpeed/FSDP) with TRL's transformers generation. true
     # (generation=transformers_fast): on, refused where it cannot be (a GPU: use vLLM; vLLM; multi-turn rollouts;
     # DeepSpeed/FSDP). With bfloat16_generation the copy is bfloat16, corrected as above. false: TRL's generate().
-    fast_generation: bool | None = None
+    fast_generation: bool | None = knob(None, trainer_arg=True)
     # The sampler/trainer mismatch (grpo_exp.trainer.mismatch), measured every step on every generation path (TRL's
     # generate(), the float32 or bfloat16 copy, the multi-turn rollout; vLLM through TRL's own): the sampler's
     # log-probability of each sampled token against the trainer's forward, as TRL names it for vLLM
@@ -440,24 +447,24 @@ class TrainerSchema:
     # sample the policy's own distribution (1e-5 apart, experiments/README.md). Not with continuous batching. With
     # generation ahead (generation=vllm_async), true also splits each stale batch's into its staleness and numerical
     # parts, the server scoring the batch again (async/*_logp_difference/mean; docs/async.md).
-    mismatch_metrics: bool | None = None
+    mismatch_metrics: bool | None = knob(None, trainer_arg=True)
     # How the loss corrects for it: none | behaviour_ratio (PPO's ratio and clip against the sampler) | TRL's
     # importance weights token_truncate | token_mask | sequence_truncate | sequence_mask, within mismatch_clip_min/max.
     # null: the path's own (the bfloat16 copy: behaviour_ratio; vLLM: TRL's vllm_importance_sampling_*; else none).
-    mismatch_correction: MismatchCorrection | None = None
-    mismatch_clip_min: float | None = knob(None, gt=0.0)
-    mismatch_clip_max: float | None = knob(3.0, gt=0.0)  # TRL's default
+    mismatch_correction: MismatchCorrection | None = knob(None, trainer_arg=True)
+    mismatch_clip_min: float | None = knob(None, gt=0.0, trainer_arg=True)
+    mismatch_clip_max: float | None = knob(3.0, gt=0.0, trainer_arg=True)  # TRL's default
     # Every N steps (0: never), a sample of the step's completions is scored by a float64 copy of the policy too
     # (sampling/float64/*): the sampler disagreeing with the trainer, or both rounding away from the exact model.
-    float64_reference_every: int = knob(0, ge=0)
-    float64_reference_completions: int = knob(4, ge=1)  # per process
+    float64_reference_every: int = knob(0, ge=0, trainer_arg=True)
+    float64_reference_completions: int = knob(4, ge=1, trainer_arg=True)  # per process
     # generation=vllm_async (grpo_exp.trainer.async_generation, docs/async.md): a vLLM server generates the batches
     # of the coming steps while the trainer trains; a batch is made by a policy at most max_staleness optimiser steps
     # older than the one it trains (older ones are dropped and generated afresh), corrected by TRL's importance
     # sampling. null: synchronous. 0: synchronous through the same pipeline. weight_sync_steps: every how many steps
     # the server gets the policy's weights (at most max_staleness + 1).
-    max_staleness: int | None = knob(None, ge=0)
-    weight_sync_steps: int = knob(1, ge=1)
+    max_staleness: int | None = knob(None, ge=0, trainer_arg=True)
+    weight_sync_steps: int = knob(1, ge=1, trainer_arg=True)
     # Resumable checkpoints (weights, optimiser, RNG) every N steps under <run dir>/trainer (0: only when a run is
     # interrupted); deleted when the run finishes unless keep_checkpoints.
     save_steps: int = knob(10, ge=0, why="must be 0 (off) or a number of steps")

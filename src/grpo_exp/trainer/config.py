@@ -31,22 +31,9 @@ from grpo_exp.trainer.vllm_engine import check_vllm_installed, check_vllm_sampli
 from grpo_exp.trainer.zero_variance import check_zero_variance_groups
 
 # grpo_exp's own trainer knobs, read by the trainer from its `args` as TRL reads its own: declared once, in
-# grpo_exp.schema.TrainerSchema (type, default, meaning), and taken from there as GRPOExpConfig fields.
-OWN_KNOBS = (
-    "zero_variance_groups",
-    "max_resample_batches",
-    "shared_prompt_forward",
-    "bfloat16_generation",
-    "fast_generation",
-    "mismatch_metrics",
-    "mismatch_correction",
-    "mismatch_clip_min",
-    "mismatch_clip_max",
-    "float64_reference_every",
-    "float64_reference_completions",
-    "max_staleness",
-    "weight_sync_steps",
-)
+# grpo_exp.schema.TrainerSchema (type, default, meaning; marked knob(..., trainer_arg=True)), and taken from there as
+# GRPOExpConfig fields.
+OWN_KNOBS = tuple(f.name for f in dataclasses.fields(TrainerSchema) if f.metadata.get("trainer_arg"))
 
 
 def _own_knob_fields() -> list[tuple]:
