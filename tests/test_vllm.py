@@ -416,3 +416,14 @@ def test_async_under_two_processes_makes_the_same_collective_calls_on_both_ranks
     assert [m[STALENESS] for m in steps] == [0.0, 1.0, 1.0]
     for m in steps[1:]:  # both ranks' rows scored again: the numerics of an on-policy batch, the rest staleness
         assert m[SPLIT_NUMERICS] < 1e-3 and m[SPLIT_STALENESS] > 100 * m[SPLIT_NUMERICS], m
+
+
+def test_serve_refuses_on_cpu_a_model_whose_heads_vllms_cpu_attention_does_not_serve(monkeypatch):
+    """The tiny model's heads are of 16 dimensions: vLLM's CPU build started it, and its engine died at the first
+    request. Refused before vLLM starts, naming --model and the sizes it serves."""
+    from grpo_exp import serve
+
+    monkeypatch.setattr(serve.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(serve.os, "execve", lambda *args: pytest.fail("vLLM was started"))
+    with pytest.raises(UserError, match=r"--model=tiny: its attention heads are of 16 dimensions.*32, 64"):
+        serve.main(["--model", "tiny", "--port", "8123"])

@@ -16,6 +16,7 @@ import json
 import os
 import shlex
 import sys
+from pathlib import Path
 
 import torch
 
@@ -69,7 +70,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     from grpo_exp.models import check_reachable, load_tokenizer, model_option_config, model_source, torch_dtype
-    from grpo_exp.trainer.vllm_engine import check_vllm_installed
+    from grpo_exp.trainer.vllm_engine import check_cpu_head_size, check_vllm_installed
 
     args = parse(sys.argv[1:] if argv is None else argv)
     if not 0 < args.port < 65536:
@@ -90,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         print(shlex.join(command))
         return 0
     check_vllm_installed()
+    if not cuda:
+        check_cpu_head_size(Path(source), f"--model={args.model}")
     print(f"grpo-exp serve: {shlex.join(command)}", file=sys.stderr, flush=True)
     os.execve(sys.executable, command, serve_environment(cuda))
     return 0

@@ -10,6 +10,7 @@ Everywhere else TRL's own sync runs, untouched.
 """
 
 import importlib.util
+import json
 import logging
 import os
 from contextlib import contextmanager
@@ -30,6 +31,32 @@ TRUNCATING = {"top_p": 1.0, "top_k": 0, "min_p": 0.0}
 
 # Where a run's trainer writes the weights a vLLM server reloads on CPU, in its output directory.
 VLLM_WEIGHTS_DIR = "vllm_weights"
+
+
+def cpu_attention_head_sizes() -> list[int] | None:
+    """The attention head sizes vLLM's CPU build serves (None: this vLLM does not say)."""
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+    except ImportError:
+        return None
+    return list(CPUAttentionBackend.get_supported_head_sizes())
+
+
+def check_cpu_head_size(model_dir: Path, key: str) -> None:
+    """On CPU, a model whose attention heads vLLM's CPU attention does not serve is refused here, naming `key`: vLLM
+    starts it, then its engine dies at the first request ("Unsupported CPU attention configuration")."""
+    config_file = Path(model_dir) / "config.json"
+    sizes = cpu_attention_head_sizes() if config_file.is_file() else None
+    if sizes is None:
+        return
+    config = json.loads(config_file.read_text(encoding="utf-8"))
+    heads, hidden = config.get("num_attention_heads"), config.get("hidden_size")
+    head_size = config.get("head_dim") or (hidden // heads if heads and hidden else None)
+    if head_size is not None and head_size not in sizes:
+        raise UserError(
+            f"{key}: its attention heads are of {head_size} dimensions, and vLLM's CPU attention serves "
+            f"{', '.join(map(str, sizes))}: serve it on a GPU, or serve a model with heads of one of those sizes"
+        )
 
 
 def check_vllm_installed() -> None:
