@@ -250,3 +250,56 @@ def test_the_scores_again_sit_beside_trls_rows_and_only_on_the_rows_scored():
     aligned = rescored.aligned(trls)
     assert aligned[0, :2].tolist() == [-0.25, -2.0] and math.isnan(aligned[0, 2])
     assert torch.isnan(aligned[1]).all()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["trainer.temperature=0.7"],
+            "trainer.temperature=0.7 samples another distribution: set trainer.temperature=1.0",
+        ),
+        (["trainer.top_p=0.9", "trainer.mismatch_correction=none"], "trainer.top_p=0.9 samples another distribution"),
+        (["+trainer.extra.repetition_penalty=1.1"], "trainer.extra.repetition_penalty=1.1 samples another"),
+        (["trainer.max_staleness=0"], "every batch is on-policy"),
+        (["trainer.max_staleness=2", "trainer.weight_sync_steps=3"], "trainer.weight_sync_steps to at most 2"),
+    ],
+)
+def test_the_mismatch_split_is_refused_where_it_could_not_be_exact_or_never_measured(overrides, message):
+    """trainer.mismatch_metrics=true splits stale batches with vLLM's prompt log-probabilities, the model's own: not
+    with a sampler that transforms them, nor where no stale batch is trained while the server holds the trainer's
+    weights; refused naming the key, and accepted at the defaults and where a sync comes before the bound."""
+    cfg = compose_config(["generation=vllm_async", "trainer.mismatch_metrics=true", *overrides])
+    with pytest.raises(UserError, match="trainer.mismatch_metrics=true") as refused:
+        check_async_generation(cfg, multiturn=False)
+    assert message in str(refused.value)
+    for accepted in ([], ["trainer.max_staleness=3", "trainer.weight_sync_steps=2"], ["+trainer.extra.top_k=-1"]):
+        check_async_generation(
+            compose_config(["generation=vllm_async", "trainer.mismatch_metrics=true", *accepted]), multiturn=False
+        )
+
+
+def test_a_server_that_cannot_score_a_batch_again_leaves_it_to_train_without_the_split(caplog):
+    """The split is a measurement: an answer the pipeline cannot read (a server that ignores prompt_logprobs) is
+    said in a warning, and the stale batch trains as it came."""
+    step = {"now": 0}
+    server = ServerGeneration(lambda: step["now"])
+    pipeline = AsyncGeneration(
+        server,
+        max_staleness=1,
+        weight_sync_steps=1,
+        num_generations=G,
+        step=lambda: step["now"],
+        tokenize=lambda rows: [[row["prompt"]] for row in rows],
+        split_mismatch=True,
+    )
+    pipeline.url = "http://127.0.0.1:9"  # nothing listens there: the request fails at once
+    data = iter([[{"prompt": b}] * G] for b in range(4))
+    draw = lambda iterator: (next(iterator), None)  # noqa: E731
+    for now in range(2):
+        step["now"] = now
+        (rows,), _ = pipeline.batches_for_step(data, draw)
+        _, completion_ids, _, _ = pipeline.generate([[row["prompt"]] for row in rows], None, G)
+    assert completion_ids == [[0]] * G  # step 1 trained on step 0's weights' batch, unscored
+    assert pipeline.take_rescored() is None and "did not score the stale batch again" in caplog.text
+    pipeline.close()

@@ -215,7 +215,8 @@ def materialise_tiny(model_cfg: DictConfig, tokenizer: PreTrainedTokenizerBase, 
     (`grpo-exp serve --model tiny`)."""
     layout = "with-tokenizer"  # in the key: directories of older versions, weights only, are not reused
     architecture = OmegaConf.to_container(model_cfg.architecture)
-    spec = json.dumps([architecture, model_cfg.dtype.value, seed, len(tokenizer), layout])
+    tokens = [len(tokenizer), sorted(tokenizer.special_tokens_map.items()), tokenizer.chat_template]  # as saved
+    spec = json.dumps([architecture, model_cfg.dtype.value, seed, tokens, layout])
     target = Path(cache_dir).expanduser() / "models" / f"tiny-{hashlib.sha256(spec.encode()).hexdigest()[:12]}"
 
     def build(directory: Path) -> None:

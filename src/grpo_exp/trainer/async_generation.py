@@ -276,11 +276,9 @@ class AsyncGeneration:
         return prompt_ids, completion_ids, output["logprobs"], output.get("logprob_token_ids"), rescored
 
     def _rescoring(self, staleness: int) -> bool:
-        """A stale batch is scored again, where asked, where the server holds the trainer's weights (a sync this step)
-        and samples at temperature 1: vLLM's prompt log-probabilities are the model's own, not its sampler's at a
-        temperature."""
-        current = self.version == self.step() and self.generation.temperature == 1.0
-        return self.split_mismatch and staleness > 0 and current
+        """A stale batch is scored again, where asked, where the server holds the trainer's weights (a sync this
+        step) and samples the model's own distribution (check_split_sampling)."""
+        return self.split_mismatch and staleness > 0 and self.version == self.step()
 
     def _rescore(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]] | None:
         """Each completion's log-probabilities under the server's current weights: prompt and completion sent back
@@ -296,7 +294,7 @@ class AsyncGeneration:
             response.raise_for_status()
             choices = sorted(response.json()["choices"], key=lambda choice: choice["index"])
             scored = [prompt_logprobs(choice, ids) for choice, ids in zip(choices, completion_ids, strict=True)]
-        except (requests.RequestException, KeyError, IndexError, ValueError) as err:
+        except Exception as err:  # any server's answer, well formed or not: the batch trains without the split
             log.warning(
                 "generation=vllm_async: the server at %s did not score the stale batch again (%s)", self.url, err
             )
@@ -363,6 +361,42 @@ def check_async_generation(cfg, *, multiturn: bool, own_prompts: str | None = No
     for key, why in CHOSEN_FROM_RESULTS:
         if OmegaConf.select(cfg, key):
             raise UserError(f"{key}=true with {prefix}: {why}, which prompts sent ahead cannot follow")
+    if trainer.mismatch_metrics:
+        check_split_sampling(trainer, prefix)
+
+
+# What changes vLLM's sampling distribution from the model's own, at the values that leave it as it is.
+UNTRANSFORMED = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}
+
+
+def check_split_sampling(trainer, prefix: str) -> None:
+    """trainer.mismatch_metrics=true with generation ahead splits each stale batch's mismatch by scoring it again
+    with vLLM's prompt log-probabilities, which are the model's own: exact only where the sampler's are too
+    (processed_logprobs: after temperature, truncation and penalties), and only on steps where the server holds the
+    trainer's weights, which a stale batch reaches only if the server syncs before the bound."""
+    extra = trainer.extra
+    given = {"temperature": trainer.temperature, "top_p": trainer.top_p}
+    given |= {key: extra[key] for key in ("top_k", "min_p", "repetition_penalty") if extra.get(key) is not None}
+    for key, value in given.items():
+        if value != UNTRANSFORMED[key] and not (key == "top_k" and value == -1):
+            where = f"trainer.{key}" if key in ("temperature", "top_p") else f"trainer.extra.{key}"
+            raise UserError(
+                f"trainer.mismatch_metrics=true with {prefix} splits the mismatch by scoring stale batches again "
+                f"with the model's own log-probabilities, and {where}={value} samples another distribution: set "
+                f"{where}={UNTRANSFORMED[key]}, or trainer.mismatch_metrics=null"
+            )
+    if trainer.max_staleness == 0:
+        raise UserError(
+            f"trainer.mismatch_metrics=true with {prefix}: every batch is on-policy, with no staleness to split from "
+            "the numerics (TRL's sampling/* are the numerics alone); set trainer.mismatch_metrics=null"
+        )
+    if trainer.weight_sync_steps > trainer.max_staleness:
+        raise UserError(
+            f"trainer.mismatch_metrics=true with {prefix} and trainer.weight_sync_steps={trainer.weight_sync_steps}: "
+            "the split is measured on the steps where the server holds the trainer's weights, and with a sync "
+            f"every {trainer.weight_sync_steps} steps no stale batch is trained on such a step; set "
+            f"trainer.weight_sync_steps to at most {trainer.max_staleness}, or trainer.mismatch_metrics=null"
+        )
 
 
 # ---- on the trainer ----------------------------------------------------------------------------------------------
