@@ -46,10 +46,9 @@ class ServerGeneration:
         return prompts, output["completion_ids"], output["logprobs"], None
 
 
-def trained_versions(max_staleness: int, weight_sync_steps: int, steps: int = 12) -> tuple[list, list, dict]:
-    """A training loop's use of the pipeline: each step draws its batch, then asks for its completions. Returns each
-    step's batch (its prompt), the version its completions came from, and the pipeline's last figures."""
-    step = {"now": 0}
+def pipeline_over(step: dict, max_staleness: int = 1, weight_sync_steps: int = 1, **settings):
+    """The pipeline in front of a ServerGeneration, both at the training loop's step (`step["now"]`); each row's prompt
+    its own token."""
     server = ServerGeneration(lambda: step["now"])
     pipeline = AsyncGeneration(
         server,
@@ -58,7 +57,16 @@ def trained_versions(max_staleness: int, weight_sync_steps: int, steps: int = 12
         num_generations=G,
         step=lambda: step["now"],
         tokenize=lambda rows: [[row["prompt"]] for row in rows],
+        **settings,
     )
+    return server, pipeline
+
+
+def trained_versions(max_staleness: int, weight_sync_steps: int, steps: int = 12) -> tuple[list, list, dict]:
+    """A training loop's use of the pipeline: each step draws its batch, then asks for its completions. Returns each
+    step's batch (its prompt), the version its completions came from, and the pipeline's last figures."""
+    step = {"now": 0}
+    server, pipeline = pipeline_over(step, max_staleness, weight_sync_steps)
     data = iter([[{"prompt": b}] * G] for b in range(steps))
 
     def draw(iterator):
@@ -97,15 +105,7 @@ def test_max_staleness_0_is_on_policy():
 
 def test_a_batch_older_than_the_bound_is_dropped_and_generated_from_current_weights():
     step = {"now": 0}
-    server = ServerGeneration(lambda: step["now"])
-    pipeline = AsyncGeneration(
-        server,
-        max_staleness=1,
-        weight_sync_steps=1,
-        num_generations=G,
-        step=lambda: step["now"],
-        tokenize=lambda rows: [[row["prompt"]] for row in rows],
-    )
+    server, pipeline = pipeline_over(step)
     data = iter([[{"prompt": b}] * G] for b in range(4))
     pipeline.batches_for_step(data, lambda iterator: (next(iterator), None))  # step 0: sent with version 0
     step["now"] = 3  # its completions are asked for 3 steps later
@@ -283,16 +283,7 @@ def test_a_server_that_cannot_score_a_batch_again_leaves_it_to_train_without_the
     """The split is a measurement: an answer the pipeline cannot read (a server that ignores prompt_logprobs) is
     said in a warning, and the stale batch trains as it came."""
     step = {"now": 0}
-    server = ServerGeneration(lambda: step["now"])
-    pipeline = AsyncGeneration(
-        server,
-        max_staleness=1,
-        weight_sync_steps=1,
-        num_generations=G,
-        step=lambda: step["now"],
-        tokenize=lambda rows: [[row["prompt"]] for row in rows],
-        split_mismatch=True,
-    )
+    _, pipeline = pipeline_over(step, split_mismatch=True)
     pipeline.url = "http://127.0.0.1:9"  # nothing listens there: the request fails at once
     data = iter([[{"prompt": b}] * G] for b in range(4))
     draw = lambda iterator: (next(iterator), None)  # noqa: E731

@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 from grpo_exp.errors import UserError
 from grpo_exp.plugins import call_user, import_callable, signature_of
+from grpo_exp.registries import by_name
 from grpo_exp.text import LAST_NUMBER, boxed_content, stated_answer
 
 AnswerExtractor = Callable[[str], str | None]
@@ -59,16 +60,8 @@ LATEX_REFERENCE = re.compile(r"\s*\\(?:frac|sqrt|dfrac|pi)\b.*|\s*\$.*\$\s*", re
 BUILT_IN: dict[str, AnswerExtractor] = {}
 
 
-def answer_rule(name: str) -> Callable[[AnswerExtractor], AnswerExtractor]:
-    """Decorator: the function is the built-in answer rule `name` (verifier.answer=name)."""
-
-    def register(extract: AnswerExtractor) -> AnswerExtractor:
-        if name in BUILT_IN:
-            raise ValueError(f"an answer rule named {name!r} is already registered")
-        BUILT_IN[name] = extract
-        return extract
-
-    return register
+# Decorator: `@answer_rule(name)` makes the function the built-in answer rule `name` (verifier.answer=name).
+answer_rule = by_name(BUILT_IN, "an answer rule named")
 
 
 answer_rule("stated")(stated_answer)  # grpo_exp.text's: for mathematics

@@ -13,6 +13,8 @@ sees them.
 import dataclasses
 from collections.abc import Callable, Mapping
 
+from grpo_exp.registries import add
+
 SCHEMES: dict[str, Callable[..., Callable]] = {}
 SETTINGS: dict[str, type | None] = {}  # scheme -> its own settings' dataclass (rollout.<key>), None: none
 
@@ -32,9 +34,7 @@ def environment_scheme(prefix: str, settings: type | None = None) -> Callable:
         raise ValueError(f"environment scheme {prefix!r}: a scheme with settings is a name, e.g. 'mygame/'")
 
     def register(builder: Callable[..., Callable]) -> Callable[..., Callable]:
-        if prefix in SCHEMES:
-            raise ValueError(f"an environment scheme {prefix!r} is already registered")
-        SCHEMES[prefix] = builder
+        add(SCHEMES, prefix, builder, "an environment scheme")
         SETTINGS[prefix] = settings
         return builder
 

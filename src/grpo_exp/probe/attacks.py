@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from grpo_exp.answers import is_numeric_reference
+from grpo_exp.registries import by_name
 
 RIGHT, WRONG = "right", "wrong"  # the two references every attack is compared with
 FILLER = "Let me think about this carefully and check every step once more. "
@@ -71,16 +72,8 @@ def wrong(p: Problem) -> str:
 ATTACKS: dict[str, Callable[[Problem], str]] = {}
 
 
-def attack(name: str) -> Callable[[Callable[[Problem], str]], Callable[[Problem], str]]:
-    """Decorator: the function writes the battery's adversarial completion `name` for a problem."""
-
-    def register(write: Callable[[Problem], str]) -> Callable[[Problem], str]:
-        if name in ATTACKS:
-            raise ValueError(f"an attack named {name!r} is already registered")
-        ATTACKS[name] = write
-        return write
-
-    return register
+# Decorator: `@attack(name)` on a function that writes the battery's adversarial completion `name` for a problem.
+attack = by_name(ATTACKS, "an attack named")
 
 
 @attack("several_answers")

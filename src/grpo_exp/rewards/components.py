@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig
 
+from grpo_exp.registries import add
+
 
 @dataclass(frozen=True)
 class Task:
@@ -67,9 +69,8 @@ def reward_component(
     `check`, `needs`, `scales_group`, `task`: Component's."""
 
     def register(factory: Callable[..., Callable]) -> Callable[..., Callable]:
-        if name in REGISTERED:
-            raise ValueError(f"a reward component named {name!r} is already registered")
-        REGISTERED[name] = Component(name, factory, settings, graded, check, needs, scales_group, task)
+        component = Component(name, factory, settings, graded, check, needs, scales_group, task)
+        add(REGISTERED, name, component, "a reward component named")
         return factory
 
     return register

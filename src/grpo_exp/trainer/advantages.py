@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from grpo_exp.errors import UserError
 from grpo_exp.plugins import import_callable, signature_of
+from grpo_exp.registries import add
 from grpo_exp.schema import ScaleRewards, TrainerSchema
 
 # verl's whitening: (x - mean) * rsqrt(var + 1e-8)
@@ -109,9 +110,8 @@ def register_estimator(
     """Decorator: the function is the estimator `name` (algorithm=name), its keyword parameters its settings."""
 
     def register(function: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-        if name in ESTIMATORS:
-            raise ValueError(f"an estimator named {name!r} is already registered")
-        ESTIMATORS[name] = Estimator(name, function, requires, keeps_group_scale, settings_of(function))
+        estimator = Estimator(name, function, requires, keeps_group_scale, settings_of(function))
+        add(ESTIMATORS, name, estimator, "an estimator named")
         return function
 
     return register

@@ -35,6 +35,7 @@ from grpo_exp.answers import BUILT_IN as BUILT_IN_ANSWERS
 from grpo_exp.answers import AnswerExtractor, build_extractor, normalise_answer
 from grpo_exp.errors import UserError
 from grpo_exp.plugins import import_callable, signature_of
+from grpo_exp.registries import by_name
 from grpo_exp.verification.rule import TAIL_CHARS, Verifier, answer_score
 from grpo_exp.verification.task_score import check_task_rows, missing_entries, task_score
 
@@ -50,17 +51,9 @@ CONVENTION = (
 BUILT_IN: dict[str, Callable[[AnswerExtractor], Verifier]] = {}
 
 
-def labels_rule(name: str) -> Callable:
-    """Decorator: the function, given the run's answer extractor, makes the built-in labels `name`
-    (verifier.labels=name)."""
-
-    def register(make: Callable[[AnswerExtractor], Verifier]) -> Callable[[AnswerExtractor], Verifier]:
-        if name in BUILT_IN:
-            raise ValueError(f"labels named {name!r} are already registered")
-        BUILT_IN[name] = make
-        return make
-
-    return register
+# Decorator: `@labels_rule(name)` on a function that, given the run's answer extractor, makes the built-in labels
+# `name` (verifier.labels=name).
+labels_rule = by_name(BUILT_IN, "labels named")
 
 
 @labels_rule("math_verify")

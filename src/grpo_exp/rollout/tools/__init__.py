@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from grpo_exp.errors import UserError
+from grpo_exp.registries import by_name
 from grpo_exp.rollout.tools.calculator import CalculatorError, calculate, format_number
 from grpo_exp.rollout.tools.python_sandbox import SandboxLimits, run_python
 from grpo_exp.rollout.tools.result import ToolResult
@@ -50,17 +51,9 @@ OBSERVATION = "\n<result>{output}</result>\n"
 TOOLS: dict[str, Callable[[SandboxLimits], Tool]] = {}
 
 
-def builtin_tool(name: str) -> Callable:
-    """Decorator: the function, given the python sandbox's limits (rollout.python), makes the built-in tool `name`
-    (rollout.tools=[name])."""
-
-    def register(make: Callable[[SandboxLimits], Tool]) -> Callable[[SandboxLimits], Tool]:
-        if name in TOOLS:
-            raise ValueError(f"a tool named {name!r} is already registered")
-        TOOLS[name] = make
-        return make
-
-    return register
+# Decorator: `@builtin_tool(name)` on a function that, given the python sandbox's limits (rollout.python), makes the
+# built-in tool `name` (rollout.tools=[name]).
+builtin_tool = by_name(TOOLS, "a tool named")
 
 
 def run_calculator(expression: str) -> ToolResult:

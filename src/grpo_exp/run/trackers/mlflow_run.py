@@ -16,8 +16,8 @@ from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH, MAX_PARAMS_TAGS_PER_BA
 from transformers.integrations import MLflowCallback
 
 from grpo_exp.errors import UserError
+from grpo_exp.redaction import redact
 from grpo_exp.run.trackers.base import RunInfo, TrackerRun, WithoutMissingValues, flatten, replace_callback, table
-from grpo_exp.run.tracking import redact
 
 
 class ActiveRunCallback(WithoutMissingValues, MLflowCallback):
