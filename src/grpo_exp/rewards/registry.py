@@ -72,7 +72,8 @@ def shared_needs(components: dict[str, DictConfig]) -> set[str]:
 
 def tasks(components: dict[str, DictConfig]) -> dict[str, Task]:
     """The tasks of their own that components of the mix bring the trainer (Component.task), by component."""
-    found = {name: builtin_components()[name].task for name in components if name in builtin_components()}
+    registered = builtin_components()
+    found = {name: registered[name].task for name in components if name in registered}
     return {name: task for name, task in found.items() if task is not None}
 
 

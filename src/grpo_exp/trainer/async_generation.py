@@ -41,6 +41,7 @@ from grpo_exp.config_rules import OnlyWith
 from grpo_exp.errors import UserError
 from grpo_exp.rollout.vllm_turns import served_failure, server_url
 from grpo_exp.run_files import BEFORE_STEP_SECONDS
+from grpo_exp.trainer.vllm_engine import TRUNCATING
 
 log = logging.getLogger(__name__)
 
@@ -366,7 +367,7 @@ def check_async_generation(cfg, *, multiturn: bool, own_prompts: str | None = No
 
 
 # What changes vLLM's sampling distribution from the model's own, at the values that leave it as it is.
-UNTRANSFORMED = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}
+UNTRANSFORMED = {"temperature": 1.0, **TRUNCATING, "repetition_penalty": 1.0}
 
 
 def check_split_sampling(trainer, prefix: str) -> None:

@@ -355,19 +355,16 @@ class MismatchWatch:
         """The sampler's log-probabilities against the trainer's own, for one generation batch: the correction put
         into `output`, the metrics to record. `trainer`: TRLSurface's reads of TRL's state (its forward without
         gradient, a gather, the policy, the step); the forward runs only where TRL has not made it itself
-        (old_per_token_logps) and this watch asks for it."""
+        (old_per_token_logps) and this watch asks for it, or a stale batch was scored again (generation ahead)."""
         step = trainer.state.global_step
+        current = trainer.current_sampler_log_probs(output)  # a stale batch scored again under the trainer's weights
         trainer_logps = None
-        if self.wants_trainer_log_probs(output, step):
+        if self.wants_trainer_log_probs(output, step) or current is not None:
             trainer_logps = output.get("old_per_token_logps")  # TRL's own forward, where it made one
             if trainer_logps is None:
                 trainer_logps = trainer.trainer_log_probs(output)
         metrics = self.apply(output, trainer_logps, step, trainer.gather_sums, trainer.policy, trainer.temperature)
-        current = trainer.current_sampler_log_probs(output)  # a stale batch scored again (generation ahead)
         if current is not None:
-            if trainer_logps is None:
-                trainer_logps = output.get("old_per_token_logps")
-                trainer_logps = trainer.trainer_log_probs(output) if trainer_logps is None else trainer_logps
             sampler = output["sampling_per_token_logps"]
             sums = staleness_split_sums(trainer_logps, sampler, current.to(sampler.device), loss_mask(output))
             metrics |= staleness_split_metrics(trainer.gather_sums(sums))
