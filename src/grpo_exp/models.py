@@ -15,7 +15,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaC
 from grpo_exp.config_rules import OnlyWith
 from grpo_exp.errors import UserError
 from grpo_exp.hub import hub_unreachable
-from grpo_exp.model_shapes import save_padded_tokenizer, published_model, shape_config
+from grpo_exp.model_shapes import published_model, save_padded_tokenizer, shape_config
 from grpo_exp.paths import CONF_DIR, FINAL_CHECKPOINT_DIR
 from grpo_exp.schema import DType, ModelSchema, ModelSource
 

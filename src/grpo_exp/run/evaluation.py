@@ -18,6 +18,7 @@ from transformers import TrainerCallback
 from grpo_exp.analysis.diagnosis.evidence import RunEvidence
 from grpo_exp.analysis.diagnosis.rules import answer_collapse
 from grpo_exp.errors import UserError
+from grpo_exp.models import random_weights
 from grpo_exp.run.build import RunParts
 from grpo_exp.run.distributed import is_main_process
 from grpo_exp.run.heldout import (
@@ -35,7 +36,6 @@ from grpo_exp.run.resolve import RunSpec
 from grpo_exp.run.resume import Attempt, write_record
 from grpo_exp.run.validation import untouched_rng
 from grpo_exp.run_files import BENCHMARK_FILE, eval_file
-from grpo_exp.models import random_weights
 from grpo_exp.schema import AlarmAction
 from grpo_exp.trainer.levels import TaskLevels, accuracy_by_level
 from grpo_exp.verification.benchmark import load_benchmark
