@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import PrinterCallback, ProgressCallback, set_seed
 
 from grpo_exp.analysis.diagnosis import diagnose, read_run
-from grpo_exp.models import describe, lora_config
+from grpo_exp.models import describe, load_tokenizer, lora_config
 from grpo_exp.rewards.components import graded_components
 from grpo_exp.rollout.native import with_system
 from grpo_exp.run.build import RunParts
@@ -25,6 +25,7 @@ from grpo_exp.run.distributed import is_main_process, shared_run_dir, world_size
 from grpo_exp.run.evaluation import BeforeTraining, HeldoutEval, OnPolicy
 from grpo_exp.run.health import PolicyHealth
 from grpo_exp.run.kept_models import KeptModels, carry_best
+from grpo_exp.run.memory_estimate import check_run_memory
 from grpo_exp.run.probe_first import probe_first
 from grpo_exp.run.report import build_summary, print_summary, write_summary
 from grpo_exp.run.resolve import RunSpec, resolve
@@ -68,6 +69,7 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
     if attempt and attempt.finished:
         return report_finished(attempt, run_dir)
 
+    check_run_memory(spec, list(train_set["prompt"]), load_tokenizer(cfg.model, cfg.cache_dir))
     tokenizer, model = load_policy(spec, spec.policy_dtype)
     probed = probe_first(spec, parts, tokenizer, heldout, run_dir)
     tracked = open_tracker(spec, hydra_cfg, run_dir)

@@ -27,7 +27,7 @@ from grpo_exp.rollout.multiturn import MultiTurnRollout, greedy_generation
 from grpo_exp.rollout.vllm_turns import ANSWERING_ENGINE, engine_completions
 from grpo_exp.run.build import RunParts
 from grpo_exp.run.distributed import is_main_process
-from grpo_exp.run.prepacked_eval import greedy_completions, prepacked_copy
+from grpo_exp.run.prepacked_eval import greedy_completions, prepacked_copy, release_prepacked
 from grpo_exp.run.resolve import RunSpec
 from grpo_exp.run_files import BENCHMARK_FILE
 from grpo_exp.stats import (
@@ -122,9 +122,12 @@ def answer(
         if prepacked and temperature == 0 and share and engine is None:
             sampling_copy = prepacked_copy(model, prompt_ids(tokenizer, share[0]))
             player = model if sampling_copy is None else sampling_copy.copy
-        trajectories = rollout.run(
-            player, tokenizer, share, generation, batch_size, shown, rows=share_rows, engine=engine
-        )
+        try:
+            trajectories = rollout.run(
+                player, tokenizer, share, generation, batch_size, shown, rows=share_rows, engine=engine
+            )
+        finally:
+            release_prepacked(model)
         return [
             (t.final_turn, {"trajectory": tokenizer.decode(t.completion_ids, skip_special_tokens=True), **t.fields()})
             for t in trajectories

@@ -57,6 +57,13 @@ def prepacked_copy(model, probe: list[int]) -> SamplingCopy | None:
     return sampling_copy
 
 
+def release_prepacked(model) -> None:
+    """The model's prepacked copy's weights freed until its next use (SamplingCopy.release): between evaluations a
+    run trains, and the copy would add the policy's size to the step's peak."""
+    if model in _copies:
+        _copies[model].release()
+
+
 @torch.no_grad()
 def greedy_completions(
     model, tokenizer, prompts: list, max_new_tokens: int, batch_size: int, desc: str | None
@@ -75,7 +82,10 @@ def greedy_completions(
     )
     settings.temperature = None
     completions: list[str] = []
-    for start in tqdm(range(0, len(ids), batch_size), desc=desc, unit="batch", disable=desc is None):
-        tokens, _ = sampling_copy.generate(ids[start : start + batch_size], settings, with_log_probs=False)
-        completions += tokenizer.batch_decode(tokens, skip_special_tokens=True)
+    try:
+        for start in tqdm(range(0, len(ids), batch_size), desc=desc, unit="batch", disable=desc is None):
+            tokens, _ = sampling_copy.generate(ids[start : start + batch_size], settings, with_log_probs=False)
+            completions += tokenizer.batch_decode(tokens, skip_special_tokens=True)
+    finally:
+        sampling_copy.release()
     return completions

@@ -29,6 +29,7 @@ from omegaconf import DictConfig
 from grpo_exp.config_rules import OnlyWith
 from grpo_exp.errors import UserError
 from grpo_exp.schema import MismatchCorrection
+from grpo_exp.token_log_probs import token_log_probs
 from grpo_exp.trainer.sampling_copy import SamplingCopy
 from grpo_exp.trainer.trl_batch import loss_mask
 
@@ -389,9 +390,10 @@ class MismatchWatch:
         completion_ids = output["completion_ids"][rows]
         ids = torch.cat([output["prompt_ids"][rows], completion_ids], dim=1)
         attention = torch.cat([output["prompt_mask"][rows], output["completion_mask"][rows]], dim=1)
-        logits = self.exact.copy(input_ids=ids, attention_mask=attention).logits
-        logits = logits[:, -completion_ids.shape[1] - 1 : -1].double() / temperature
-        return torch.log_softmax(logits, dim=-1).gather(2, completion_ids[..., None]).squeeze(2)
+        try:
+            return token_log_probs(self.exact.copy, ids, attention, completion_ids, temperature)
+        finally:
+            self.exact.release()  # twice the policy's size: held only while it scores
 
 
 # Settings that act only given another (grpo_exp.config_rules; checked by grpo_exp.run.inert)

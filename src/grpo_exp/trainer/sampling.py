@@ -169,6 +169,11 @@ class Sampler:
         self.copy.sync(policy, step)
         return self.copy.generate(prompt_ids, generation_config, with_log_probs=with_log_probs)
 
+    def release(self) -> None:
+        """The copy's weights freed once a step's batch is generated (made again at the next step's sync)."""
+        if self.copy is not None:
+            self.copy.release()
+
     def _new_copy(self, policy, dtype: torch.dtype, probe: list[int]) -> SamplingCopy | None:
         """The sampling copy; a prepacked one must reproduce the policy's logits on `probe` (a prompt). Where it does
         not (an architecture whose forward reads a Linear's weight, LoRA layers among them), or where this CPU cannot

@@ -46,7 +46,11 @@ class PrepackedLinear(torch.nn.Module):
 
     @torch.no_grad()
     def load(self, weight: torch.Tensor) -> None:
+        self.packed = None  # the old layout freed before the new one is made: one copy of the weight at a time
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(self.dtype))
+
+    def release(self) -> None:
+        self.packed = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
@@ -123,7 +127,9 @@ def prepack_linears(model: torch.nn.Module, probe: list[int] | None) -> dict[str
 
 class SamplingCopy:
     """A copy of `policy` with its parameters in `dtype` (its buffers, such as rotary frequencies, stay as they are),
-    refreshed from the policy whenever the training step has changed since the last refresh. With `prepack` (CPU),
+    refreshed from the policy whenever the training step has changed since the last refresh. `release` frees its
+    weights between uses (the next `sync` makes them again): a copy costs memory only while it samples, when the
+    policy holds no gradients and no activations, so it does not raise the peak of a step. With `prepack` (CPU),
     its Linear layers are PrepackedLinear (checked on `probe`: prepack_linears) and each prompt's prefill is shared
     by its repeats; RuntimeError, with the reason, where this CPU cannot prepack `dtype` (prepack_unsupported)."""
 
@@ -155,11 +161,21 @@ class SamplingCopy:
             return
         sources = dict(policy.named_parameters())
         for name, target in self.copy.named_parameters():
+            if target.shape != sources[name].shape:  # released
+                target.data = torch.empty(sources[name].shape, dtype=target.dtype, device=target.device)
             target.copy_(sources[name])  # cast to the copy's dtype on the way
         modules = dict(policy.named_modules())
         for name, packed in self.prepacked.items():
             packed.load(modules[name].weight)
         self.synced_step = step
+
+    def release(self) -> None:
+        """Frees the copy's weights (its parameters and prepacked layouts) until the next `sync`."""
+        for parameter in self.copy.parameters():
+            parameter.data = torch.empty(0, dtype=parameter.dtype, device=parameter.device)
+        for packed in self.prepacked.values():
+            packed.release()
+        self.synced_step = None
 
     @torch.no_grad()
     def generate(

@@ -75,17 +75,20 @@ class HookedGRPOTrainer(TrainingHooks, TRLSurface, GRPOTrainer):
         args, size = self.args, self.num_generations
         groups, step = len(inputs) // size, self.state.global_step
         more = resampler(self._generate_scored, self.train_dataset, groups, size, args.seed, step)
-        output, metrics = settle(
-            self._generate_scored(self.before_generation(inputs)),
-            len(inputs),
-            size,
-            args.zero_variance_groups,
-            args.max_resample_batches,
-            more,
-            self.processing_class.pad_token_id,
-            self.leaves_out_no_spread,
-            self.accelerator.process_index,
-        )
+        try:
+            output, metrics = settle(
+                self._generate_scored(self.before_generation(inputs)),
+                len(inputs),
+                size,
+                args.zero_variance_groups,
+                args.max_resample_batches,
+                more,
+                self.processing_class.pad_token_id,
+                self.leaves_out_no_spread,
+                self.accelerator.process_index,
+            )
+        finally:
+            self.sampler.release()  # the copy's weights are not needed again before the next step's generation
         self._record(metrics)
         return output
 

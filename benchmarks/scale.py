@@ -1,0 +1,122 @@
+"""grpo_exp at the seed's scale against bare TRL: `python -m benchmarks.scale` (docs/scale.md, BENCHMARKS.md).
+
+A model of a real architecture's shape with random weights (model=shape), the seed's settings (G=8, completions up
+to 512 or 1,024 tokens, 2 prompts a step, a few steps), a reward with spread on any text (length: every group
+trains), run as grpo_exp with its defaults and as a bare TRL GRPOTrainer, each in a fresh process. For each run: peak
+memory (the resident set; on a GPU torch's peak allocated and reserved bytes), seconds a step (TRL's step_time, the
+first step left out), the phase in which the peak happens, and grpo_exp's pre-load estimate of its peak
+(grpo_exp.run.memory_estimate). `--features` also runs grpo_exp with each memory-heavy feature of its own turned on
+(or off) alone.
+
+    python -m benchmarks.scale [--shape qwen2.5-0.5b] [--lengths 512 1024] [--steps 3] [--features] [overrides...]
+"""
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+# grpo_exp's memory-heavy features, each on (or off) alone against its defaults: the arm's name -> its overrides
+FEATURES = {
+    "no sampling copy": ["trainer.fast_generation=false"],
+    "bfloat16 copy": ["generation=transformers_bf16"],
+    "float64 reference": ["trainer.float64_reference_every=1"],
+    "mismatch metrics": ["trainer.mismatch_metrics=true"],
+    "no shared prompt": ["trainer.shared_prompt_forward=false"],
+    "gradient checkpointing": ["+trainer.extra.gradient_checkpointing=true"],
+}
+
+
+def seed_settings(shape: str, length: int, prompts: int, generations: int) -> list[str]:
+    return [
+        "model=shape",
+        f"model.shape={shape}",
+        "reward=length",
+        "reward.components.length.target_chars=1000000",  # never reached: the reward is the length, spread in a group
+        f"trainer.prompts_per_step={prompts}",
+        f"trainer.num_generations={generations}",
+        f"trainer.max_completion_length={length}",
+    ]
+
+
+def run(variant: str, steps: int, overrides: list[str]) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        command = [sys.executable, "-m", "benchmarks.scale_worker", variant, str(steps), str(out), *overrides]
+        completed = subprocess.run(command, capture_output=True, text=True)
+        if completed.returncode != 0 or not out.is_file():
+            tail = completed.stderr[-3000:]
+            return {"variant": variant, "overrides": overrides, "failed": tail.strip().splitlines()[-1:] or ["?"]}
+        return json.loads(out.read_text())
+
+
+def estimate(overrides: list[str]) -> float | None:
+    """grpo_exp's pre-load estimate of the run's peak (GiB), as the run itself computes it."""
+    from grpo_exp.run.memory_estimate import estimate_run
+    from support.config import resolved_config
+
+    return estimate_run(resolved_config(overrides)).total_gib
+
+
+def seconds_per_step(result: dict) -> float | None:
+    times = result.get("step_times") or []
+    return statistics.median(times[1:] or times) if times else None
+
+
+def peak_phase(result: dict) -> str:
+    by_phase = result.get("cuda_allocated_gib_by_phase") or result.get("rss_gib_by_phase") or {}
+    return max(by_phase, key=by_phase.get) if by_phase else "?"
+
+
+def row(name: str, length: int, result: dict, estimated: float | None) -> str:
+    if "failed" in result:
+        return f"| {name} | {length} | failed: {result['failed'][0][:80]} | | | | |"
+    peak = result["peak_rss_gib"]
+    gpu = result.get("cuda_allocated_gib_by_phase") or {}
+    if gpu:
+        allocated, reserved = max(gpu.values()), max(result["cuda_reserved_gib_by_phase"].values())
+        peak_text = f"{allocated:.2f} alloc / {reserved:.2f} res (RSS {peak:.2f})"
+        measured = allocated
+    else:
+        peak_text, measured = f"{peak:.2f}", peak
+    off = "" if estimated is None else f"{estimated:.2f} ({(estimated - measured) / measured:+.0%})"
+    step = seconds_per_step(result)
+    return f"| {name} | {length} | {peak_text} | {peak_phase(result)} | {step:.1f} | {off} |"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.scale", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", default="qwen2.5-0.5b")
+    parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024])
+    parser.add_argument("--prompts", type=int, default=2)
+    parser.add_argument("--generations", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--features", action="store_true", help="each memory-heavy feature alone, too")
+    parser.add_argument("--out", type=Path, help="the results as JSON")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run (both variants)")
+    args = parser.parse_args(argv)
+    arms = {"bare TRL": ("trl", []), "grpo_exp defaults": ("grpo_exp", [])}
+    if args.features:
+        arms |= {f"grpo_exp, {name}": ("grpo_exp", extra) for name, extra in FEATURES.items()}
+    results = []
+    print(
+        f"{args.shape}, {args.prompts} prompts x G={args.generations}, {args.steps} steps, {' '.join(args.overrides)}"
+    )
+    print("| run | completion tokens | peak GiB | peak in | s/step | estimate GiB |")
+    print("|---|---|---|---|---|---|")
+    for length in args.lengths:
+        settings = seed_settings(args.shape, length, args.prompts, args.generations) + args.overrides
+        for name, (variant, extra) in arms.items():
+            result = run(variant, args.steps, settings + extra)
+            estimated = estimate(settings + extra)
+            results.append(result | {"arm": name, "length": length, "estimate_gib": estimated})
+            print(row(name, length, result, estimated), flush=True)
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,205 @@
+"""One training run of `benchmarks.scale`, in a fresh process (its peak memory is its own).
+
+    python -m benchmarks.scale_worker grpo_exp|trl STEPS OUT.json [overrides...]
+
+`grpo_exp`: `python -m grpo_exp.train` with its defaults (and the overrides), in-process. `trl`: the same experiment
+as a bare TRL GRPOTrainer (the same model, data, rewards, seed and settings, GRPOConfig's own defaults otherwise).
+Both are watched the same way: a thread samples the resident set every few milliseconds and the trainer's phases are
+marked (generation, the loss forward, the backward, the optimiser), so that the peak is placed in its phase; on a GPU,
+torch.cuda's peak allocated and reserved bytes are read per phase too.
+"""
+
+import functools
+import json
+import os
+import resource
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+PHASES = ("load", "generation", "loss forward", "backward", "optimiser", "other")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def resident_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * PAGE
+
+
+class PhaseMemory:
+    """The peak resident set (and on a GPU, torch's peak allocated / reserved bytes) of each phase of a run."""
+
+    def __init__(self, interval_s: float = 0.005):
+        self.phase = "load"
+        self.rss: dict[str, int] = {}
+        self.cuda_allocated: dict[str, int] = {}
+        self.cuda_reserved: dict[str, int] = {}
+        self._interval, self._stop = interval_s, threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            rss = resident_bytes()
+            self.rss[self.phase] = max(self.rss.get(self.phase, 0), rss)
+            time.sleep(self._interval)
+
+    def enter(self, phase: str) -> str:
+        """Marks `phase` as running; returns the phase it replaces."""
+        import torch
+
+        previous = self.phase
+        if torch.cuda.is_available():
+            self._close_cuda(previous)
+            torch.cuda.reset_peak_memory_stats()
+        self.phase = phase
+        return previous
+
+    def _close_cuda(self, phase: str) -> None:
+        import torch
+
+        self.cuda_allocated[phase] = max(self.cuda_allocated.get(phase, 0), torch.cuda.max_memory_allocated())
+        self.cuda_reserved[phase] = max(self.cuda_reserved.get(phase, 0), torch.cuda.max_memory_reserved())
+
+    def stop(self) -> None:
+        import torch
+
+        self._stop.set()
+        self._thread.join()
+        if torch.cuda.is_available():
+            self._close_cuda(self.phase)
+
+    def in_phase(self, owner, name: str, phase: str) -> None:
+        """owner.name runs as `phase` (the phase it interrupted resumes after it)."""
+        original = getattr(owner, name)
+
+        @functools.wraps(original)
+        def wrapper(*args, **kwargs):
+            previous = self.enter(phase)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.enter(previous if previous != "load" else "other")
+
+        setattr(owner, name, wrapper)
+
+
+def watch(memory: PhaseMemory) -> None:
+    """Marks TRL's phases on the classes both variants train with."""
+    from accelerate import Accelerator
+    from trl import GRPOTrainer
+
+    memory.in_phase(GRPOTrainer, "_generate", "generation")
+    memory.in_phase(GRPOTrainer, "compute_loss", "loss forward")
+    memory.in_phase(Accelerator, "backward", "backward")
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    def optimiser_step(*_) -> None:
+        memory.enter("optimiser")
+
+    def after_optimiser_step(*_) -> None:
+        memory.enter("other")
+
+    register_optimizer_step_pre_hook(optimiser_step)  # every optimiser's step (TRL's AdamW)
+    register_optimizer_step_post_hook(after_optimiser_step)
+
+
+def run_grpo_exp(steps: int, out_dir: Path, overrides: list[str]) -> list[float]:
+    from grpo_exp import train
+    from grpo_exp.run.tracking import read_metrics
+
+    sys.argv = [
+        "grpo_exp.train",
+        *overrides,
+        f"trainer.max_steps={steps}",
+        "eval.before=false",
+        "eval.after=false",
+        "save_model=false",
+        "trainer.save_steps=0",
+        "logger=none",
+        f"hydra.run.dir={out_dir}",
+    ]
+    train.main()
+    metrics = read_metrics(out_dir / "metrics.jsonl")
+    return [m["step_time"] for m in metrics if "step_time" in m]
+
+
+def run_bare_trl(steps: int, out_dir: Path, overrides: list[str]) -> list[float]:
+    import torch
+    from trl import GRPOConfig, GRPOTrainer
+
+    from grpo_exp.data import load_splits
+    from grpo_exp.models import torch_dtype
+    from grpo_exp.rewards.registry import build_rewards
+    from grpo_exp.run.setup import load_policy
+    from grpo_exp.verification.labels import built_in_labels
+    from support.config import resolved_config
+
+    spec = resolved_config(overrides)  # only to read the same values the grpo_exp run uses
+    cfg, t = spec.cfg, spec.cfg.trainer
+    train_set, _ = load_splits(cfg.dataset)
+    tokenizer, model = load_policy(spec, dtype=spec.policy_dtype)
+    reward_funcs = build_rewards(spec.components, {"verifier": built_in_labels()})
+    peft_config = None
+    if cfg.model.lora.enabled:
+        from grpo_exp.models import lora_config
+
+        peft_config = lora_config(cfg.model)
+    args = GRPOConfig(
+        output_dir=str(out_dir),
+        per_device_train_batch_size=t.prompts_per_step * t.num_generations,
+        num_generations=t.num_generations,
+        max_completion_length=t.max_completion_length,
+        max_steps=steps,
+        learning_rate=t.learning_rate,
+        beta=t.beta,
+        loss_type=t.loss_type,
+        temperature=t.temperature,
+        lr_scheduler_type=t.lr_scheduler_type,
+        seed=t.seed,
+        reward_weights=spec.reward_weights,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        bf16=torch_dtype(cfg.model.dtype) == torch.bfloat16,
+        use_cpu=not torch.cuda.is_available(),
+        **dict(t.extra),
+    )
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward_funcs,
+        args=args,
+        train_dataset=train_set,
+        processing_class=tokenizer,
+        peft_config=peft_config,
+    )
+    trainer.train()
+    return [h["step_time"] for h in trainer.state.log_history if "step_time" in h]
+
+
+def main() -> None:
+    variant, steps, out_file, *overrides = sys.argv[1:]
+    memory = PhaseMemory()
+    watch(memory)
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        runner = run_grpo_exp if variant == "grpo_exp" else run_bare_trl
+        step_times = runner(int(steps), Path(tmp) / "run", overrides)
+    memory.stop()
+    result = {
+        "variant": variant,
+        "overrides": overrides,
+        "step_times": step_times,
+        "wall_s": time.perf_counter() - started,
+        "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+        "rss_gib_by_phase": {p: memory.rss[p] / 2**30 for p in PHASES if p in memory.rss},
+        "cuda_allocated_gib_by_phase": {p: v / 2**30 for p, v in memory.cuda_allocated.items()},
+        "cuda_reserved_gib_by_phase": {p: v / 2**30 for p, v in memory.cuda_reserved.items()},
+    }
+    Path(out_file).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

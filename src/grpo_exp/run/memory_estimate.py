@@ -1,0 +1,308 @@
+"""What a training run needs in memory, estimated before the policy loads: from the model's architecture (its config,
+no weights), the trainer's settings and the prompts' length. As accelerate's `estimate-memory` does for the weights,
+plus what training adds: gradients, AdamW's two moments, the loss forward's activations, the generation's KV cache,
+and grpo_exp's copies (the sampling copy, the float64 reference, TRL's reference model). Checked against measured peaks
+in docs/scale.md (benchmarks.scale).
+
+The step's peak is the largest of its phases: generation (the weights, the optimiser's moments, the sampling copy and
+the KV cache: no gradients then, TRL sets them to None after each step) and the loss's forward and backward (the
+weights, the moments, the gradients and the activations).
+"""
+
+import logging
+import os
+from dataclasses import dataclass, field, replace
+
+import psutil
+import torch
+from transformers import PretrainedConfig
+
+from grpo_exp.errors import UserError
+
+log = logging.getLogger(__name__)
+
+GIB = 2**30
+# What a process holds before any model: torch, transformers, TRL and the vLLM modules TRL imports (measured on CPU:
+# 0.85 GiB after `from trl import GRPOTrainer`, docs/scale.md). Not in a GPU's allocated bytes.
+RUNTIME_BYTES_CPU = int(0.9 * GIB)
+# Activations a decoder layer keeps for the backward, per token, in elements: hidden_size x HIDDEN_ACTIVATIONS +
+# intermediate_size x MLP_ACTIVATIONS (the norms' inputs and outputs, q/k/v/o, the attention's output; the MLP's gate,
+# up, activation and product), fitted to measured peaks (docs/scale.md).
+HIDDEN_ACTIVATIONS = 10
+MLP_ACTIVATIONS = 4
+
+
+@dataclass(frozen=True)
+class RunShape:
+    """What the estimate reads of a run (plain values, so that it is a pure function)."""
+
+    parameters: int  # the policy's
+    hidden_size: int
+    intermediate_size: int
+    layers: int
+    kv_size: int  # key/value heads x head dimension
+    vocab_size: int
+    tied_embeddings: bool
+    weight_bytes: int  # a trained weight's (float32 master weights unless LoRA)
+    compute_bytes: int  # an activation's (bfloat16 under autocast)
+    trainable: int  # parameters the optimiser updates
+    rows: int  # completions a process's loss forward takes at once (its micro-batch)
+    tokens: int  # a row's length: the longest prompt + the completion limit
+    gradient_checkpointing: bool = False
+    copies: dict[str, int] = field(default_factory=dict)  # grpo_exp's copies of the weights, by setting, in bytes
+    on_gpu: bool = False
+    generates: bool = True  # the process generates (not a vLLM server elsewhere): it holds the KV cache
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    phases: dict[str, int]  # bytes at each phase's peak
+    parts: dict[str, int]  # what the peak phase holds, by part
+
+    @property
+    def total(self) -> int:
+        return max(self.phases.values())
+
+    @property
+    def total_gib(self) -> float:
+        return self.total / GIB
+
+    @property
+    def peak_phase(self) -> str:
+        return max(self.phases, key=self.phases.get)
+
+
+def activation_bytes(shape: RunShape) -> int:
+    """The loss forward's activations kept for the backward (with gradient checkpointing: each layer's input, and one
+    layer's whole set while it is recomputed)."""
+    per_layer_token = shape.hidden_size * HIDDEN_ACTIVATIONS + shape.intermediate_size * MLP_ACTIVATIONS
+    tokens = shape.rows * shape.tokens
+    if shape.gradient_checkpointing:
+        return tokens * shape.compute_bytes * (shape.layers * shape.hidden_size + per_layer_token)
+    return tokens * shape.compute_bytes * shape.layers * per_layer_token
+
+
+def estimate(shape: RunShape) -> MemoryEstimate:
+    """The peak of a training step, by phase (a pure function of the run's shape)."""
+    runtime = 0 if shape.on_gpu else RUNTIME_BYTES_CPU
+    weights = shape.parameters * shape.weight_bytes
+    moments = 2 * shape.trainable * 4  # AdamW's, float32
+    gradients = shape.trainable * 4
+    kv_cache = 2 * shape.layers * shape.kv_size * shape.rows * shape.tokens * shape.compute_bytes * shape.generates
+    sampling = shape.copies.get("sampling copy", 0)
+    held = {k: v for k, v in shape.copies.items() if k != "sampling copy"}  # the reference model: held all along
+    always = {"runtime": runtime, "weights": weights, "optimiser moments": moments} | held
+    generation = always | {"sampling copy": sampling, "KV cache": kv_cache}
+    loss = always | {"gradients": gradients, "activations": activation_bytes(shape)}
+    phases = {"generation": sum(generation.values()), "loss forward and backward": sum(loss.values())}
+    parts = generation if phases["generation"] >= phases["loss forward and backward"] else loss
+    return MemoryEstimate(phases, {k: v for k, v in parts.items() if v})
+
+
+# ---- from a run's config ---------------------------------------------------------------------------------------
+
+
+def lora_parameters(config: PretrainedConfig, r: int) -> int:
+    """LoRA adapters' parameters on every Linear of the decoder layers (all-linear): r x (in + out) each."""
+    h, i, kv = config.hidden_size, config.intermediate_size, _kv_size(config)
+    per_layer = r * ((h + h) + (h + kv) * 2 + (h + h) + (h + i) * 2 + (i + h))
+    return per_layer * config.num_hidden_layers
+
+
+def _kv_size(config: PretrainedConfig) -> int:
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return config.num_key_value_heads * head_dim
+
+
+def run_shape(config: PretrainedConfig, parameters: int, settings: dict) -> RunShape:
+    """The run's shape from the model's config and `settings`: weight_bytes, compute_bytes, rows, tokens,
+    lora_r (None: full fine-tuning), gradient_checkpointing, copies, on_gpu."""
+    lora_r = settings.get("lora_r")
+    trainable = parameters if lora_r is None else lora_parameters(config, lora_r)
+    return RunShape(
+        parameters=parameters,
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        layers=config.num_hidden_layers,
+        kv_size=_kv_size(config),
+        vocab_size=config.vocab_size,
+        tied_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+        weight_bytes=settings["weight_bytes"],
+        compute_bytes=settings["compute_bytes"],
+        trainable=trainable,
+        rows=settings["rows"],
+        tokens=settings["tokens"],
+        gradient_checkpointing=settings.get("gradient_checkpointing", False),
+        copies=settings.get("copies", {}),
+        on_gpu=settings.get("on_gpu", False),
+    )
+
+
+def available_bytes(on_gpu: bool) -> tuple[int, str]:
+    """Free memory where the policy trains, and what it is."""
+    if on_gpu:
+        return torch.cuda.mem_get_info()[0], "free on the GPU"
+    return psutil.virtual_memory().available, "available on this machine"
+
+
+def describe(estimate_: MemoryEstimate) -> str:
+    parts = ", ".join(f"{name} {size / GIB:.1f}" for name, size in estimate_.parts.items())
+    return f"{estimate_.total_gib:.1f} GiB at its peak ({estimate_.peak_phase}: {parts})"
+
+
+def check_fits(estimate_: MemoryEstimate, available: int, where: str, remedies: list[str]) -> None:
+    """Refuses a run whose estimated peak exceeds `available`, naming what would make it fit; warns within 10%."""
+    said = describe(estimate_)
+    if estimate_.total > available:
+        raise UserError(
+            f"this run would need about {said}, more than the {available / GIB:.1f} GiB {where}. To fit: "
+            + "; ".join(remedies)
+            + " (docs/scale.md; health.memory=warn trains anyway)"
+        )
+    if estimate_.total > 0.9 * available:
+        log.warning("This run needs about %s, close to the %.1f GiB %s", said, available / GIB, where)
+    else:
+        log.info("Memory: this run needs about %s; %.1f GiB %s", said, available / GIB, where)
+
+
+def model_config(model_cfg, cache_dir: str) -> PretrainedConfig:
+    """The policy's architecture, without its weights."""
+    from transformers import AutoConfig, LlamaConfig
+
+    from grpo_exp.model_shapes import shape_config
+    from grpo_exp.models import materialise_embedded
+    from grpo_exp.schema import ModelSource
+
+    if model_cfg.source is ModelSource.shape:
+        return shape_config(model_cfg.shape, model_cfg.architecture)
+    if model_cfg.source is ModelSource.tiny:
+        return LlamaConfig(vocab_size=TINY_VOCABULARY, **model_cfg.architecture)
+    if model_cfg.source is ModelSource.embedded:
+        return AutoConfig.from_pretrained(materialise_embedded(model_cfg, cache_dir))
+    return AutoConfig.from_pretrained(model_cfg.name_or_path, trust_remote_code=model_cfg.trust_remote_code)
+
+
+TINY_VOCABULARY = 49152  # the embedded tokenizer's, which the tiny model takes
+
+
+def longest_prompt_tokens(tokenizer, prompts: list, count: int = 256) -> int:
+    """The longest of the first `count` prompts, in tokens, as the chat template renders them."""
+    from grpo_exp.generation import prompt_ids
+
+    return max((len(prompt_ids(tokenizer, p)) for p in prompts[:count]), default=0)
+
+
+def estimate_run(spec, prompt_tokens: int | None = None) -> MemoryEstimate:
+    """The training run's peak per process (on CPU, the processes of a node together share its memory)."""
+    from grpo_exp.model_shapes import parameter_count
+    from grpo_exp.models import load_tokenizer, torch_dtype, trained_dtype
+    from grpo_exp.trainer.sampling import fast_generation_pays, runs_sharded, training_device
+
+    cfg = spec.cfg
+    t = cfg.trainer
+    config = model_config(cfg.model, cfg.cache_dir)
+    if prompt_tokens is None:
+        from grpo_exp.data import load_splits
+
+        train, _ = load_splits(cfg.dataset)
+        prompt_tokens = longest_prompt_tokens(load_tokenizer(cfg.model, cfg.cache_dir), list(train["prompt"]))
+    parameters = parameter_count(config)
+    on_gpu = training_device(bool(t.extra.get("use_cpu", False))) == "cuda"
+    compute = torch_dtype(cfg.model.dtype)
+    compute_bytes = torch.finfo(compute).bits // 8
+    use_vllm = bool(t.extra.get("use_vllm", False))
+    copies = {}
+    fast = t.fast_generation
+    if fast is None:
+        device = "cuda" if on_gpu else "cpu"
+        fast = fast_generation_pays(device=device, sharded=runs_sharded(), trl_samples_elsewhere=use_vllm)
+    if (fast or t.bfloat16_generation) and not use_vllm:
+        copy_bytes = 2 if t.bfloat16_generation else torch.finfo(trained_dtype(cfg.model)).bits // 8
+        tied_head = config.vocab_size * config.hidden_size if getattr(config, "tie_word_embeddings", False) else 0
+        copies["sampling copy"] = (parameters + (tied_head if fast else 0)) * copy_bytes
+    if t.float64_reference_every:
+        copies["sampling copy"] = max(copies.get("sampling copy", 0), parameters * 8)  # held after generation, alone
+    if t.beta > 0:
+        copies["reference model"] = parameters * compute_bytes
+    settings = {
+        "weight_bytes": torch.finfo(trained_dtype(cfg.model)).bits // 8,
+        "compute_bytes": compute_bytes,
+        "rows": max(t.prompts_per_step * t.num_generations // spec.processes, 1),
+        "tokens": prompt_tokens + t.max_completion_length,
+        "lora_r": cfg.model.lora.r if cfg.model.lora.enabled else None,
+        "gradient_checkpointing": bool(t.extra.get("gradient_checkpointing", False)),
+        "copies": copies,
+        "on_gpu": on_gpu,
+        "generates": not use_vllm or t.extra.get("vllm_mode") == "colocate",
+    }
+    return RunEstimate(config, run_shape(config, parameters, settings), prompt_tokens)
+
+
+@dataclass(frozen=True)
+class RunEstimate:
+    """A run's estimate, with what it was computed from (to try the settings that would make it fit)."""
+
+    config: PretrainedConfig
+    shape: RunShape
+    prompt_tokens: int
+
+    @property
+    def estimate(self) -> MemoryEstimate:
+        return estimate(self.shape)
+
+    @property
+    def total_gib(self) -> float:
+        return self.estimate.total_gib
+
+    def remedies(self, cfg, available: int) -> list[str]:
+        """The settings that would each make the run fit in `available` bytes, as overrides."""
+        fits = lambda shape: estimate(shape).total <= available  # noqa: E731
+        shape, t, found = self.shape, cfg.trainer, []
+        if not shape.gradient_checkpointing and fits(replace(shape, gradient_checkpointing=True)):
+            found.append("+trainer.extra.gradient_checkpointing=true")
+        if not cfg.model.lora.enabled:
+            lora = replace(shape, trainable=lora_parameters(self.config, cfg.model.lora.r))
+            in_bfloat16 = replace(lora, weight_bytes=2, compute_bytes=2)  # frozen weights in bfloat16
+            if fits(lora):
+                found.append("model.lora.enabled=true")
+            elif shape.weight_bytes > 2 and fits(in_bfloat16):
+                found.append("model.lora.enabled=true model.dtype=bfloat16")
+        if shape.copies.get("sampling copy") and fits(replace(shape, copies={}, generates=False)):
+            found.append("generation=vllm_server (vLLM generates in its own process)")
+        group = next(
+            (
+                g
+                for g in range(t.num_generations - 1, 1, -1)
+                if fits(replace(shape, rows=shape.rows * g // t.num_generations))
+            ),
+            None,
+        )
+        if group:
+            found.append(f"trainer.num_generations={group}")
+        length = t.max_completion_length
+        while length > 16 and not fits(replace(shape, tokens=self.prompt_tokens + length)):
+            length //= 2
+        if length < t.max_completion_length and fits(replace(shape, tokens=self.prompt_tokens + length)):
+            found.append(f"trainer.max_completion_length={length}")
+        return found or ["a smaller model, or a machine with more memory"]
+
+
+def check_run_memory(spec, prompts: list, tokenizer) -> RunEstimate | None:
+    """Before the policy loads: the run's estimated peak against the memory free where it trains (health.memory: stop
+    refuses a run that would not fit, warn says so, off does not estimate)."""
+    from grpo_exp.schema import AlarmAction
+
+    action = AlarmAction(spec.cfg.health.memory)
+    if action is AlarmAction.off:
+        return None
+    run = estimate_run(spec, longest_prompt_tokens(tokenizer, prompts))
+    available, where = available_bytes(run.shape.on_gpu)
+    if not run.shape.on_gpu:  # the processes of this node share its memory
+        available //= max(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), 1)
+    try:
+        check_fits(run.estimate, available, where, run.remedies(spec.cfg, available))
+    except UserError as err:
+        if action is AlarmAction.stop:
+            raise
+        log.warning("%s", err)
+    return run
