@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from grpo_exp.run import prepacked_eval
 from grpo_exp.run.prepacked_eval import greedy_completions, prepack_refusal
 from grpo_exp.trainer.sampling_copy import can_prepack
 from support.config import resolved_config
@@ -22,6 +23,11 @@ def test_the_tiny_model_answers_the_same_from_its_prepacked_copy_and_follows_its
     prompts = questions(5)
     expected = generate_completions(model, tokenizer, prompts, 12, 2, None)
     assert greedy_completions(model, tokenizer, prompts, 12, 2, None) == expected, "batches of 2, one of them partial"
+    # between evaluations the copy holds no weights: a run trains then, and it would add the policy's size to the peak
+    copy = prepacked_eval._copies[model]
+    assert all(p.numel() == 0 for p in copy.copy.parameters()) and all(
+        packed.packed is None for packed in copy.prepacked.values()
+    )
     with torch.no_grad():  # the weights move (a training step): the copy follows them
         for parameter in model.parameters():
             parameter.add_(torch.randn_like(parameter) * 0.05)

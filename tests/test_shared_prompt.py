@@ -76,3 +76,29 @@ def test_a_model_that_cannot_be_packed_uses_trls_forward(tmp_path):
     ids = torch.tensor([[1, 2, 3, 4]], device=trainer.model.device)
     trainer.per_token_logps(trainer.model, ids, torch.ones_like(ids), 2)
     assert calls == [(1, 4)]
+
+
+def test_with_gradient_checkpointing_the_shared_prompt_forward_gives_trls_log_probabilities_and_gradients(tmp_path):
+    """Gradient checkpointing (what users set at size, docs/scale.md) recomputes each layer in the backward: the packed
+    forward's mask and positions reach the recomputation too."""
+    checkpointing = ["+trainer.extra.gradient_checkpointing=true"]
+    trainer = make_trainer(tmp_path, distinct, shared_prompt_forward=True, overrides=checkpointing)
+    batch = generation_batch(trainer, prompts=3)
+    assert trainer.args.gradient_checkpointing
+    # as transformers' Trainer turns it on when training starts
+    trainer.model.gradient_checkpointing_enable(trainer.args.gradient_checkpointing_kwargs)
+    trainer.model.train()
+    assert trainer.model.is_gradient_checkpointing
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    width = batch["completion_ids"].shape[1]
+
+    def read(shared_prompt_forward: bool):
+        trainer.args.shared_prompt_forward = shared_prompt_forward
+        trainer.model.zero_grad(set_to_none=True)
+        logps, _ = trainer.per_token_logps(trainer.model, ids, mask, width)
+        (logps * batch["completion_mask"]).sum().backward()
+        return logps.detach(), torch.cat([p.grad.flatten() for p in trainer.model.parameters()])
+
+    for ours, theirs in zip(read(True), read(False), strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-5)

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
+from transformers import AutoConfig, PretrainedConfig
 
 from grpo_exp.errors import UserError
 
@@ -50,8 +50,10 @@ def shape_config(name: str, overrides: dict | None = None, key: str = "model.sha
 
 def parameter_count(config: PretrainedConfig) -> int:
     """Parameters of a model of `config`, counted on the meta device (nothing allocated)."""
-    with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(config)
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    with torch.device("meta"):  # the class itself: nothing loads, not even through AutoModel's factory
+        skeleton = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)](config)
     return sum(p.numel() for p in skeleton.parameters())
 
 

@@ -25,11 +25,13 @@ GIB = 2**30
 # What a process holds before any model: torch, transformers, TRL and the vLLM modules TRL imports (measured on CPU:
 # 0.85 GiB after `from trl import GRPOTrainer`, docs/scale.md). Not in a GPU's allocated bytes.
 RUNTIME_BYTES_CPU = int(0.9 * GIB)
-# Activations a decoder layer keeps for the backward, per token, in elements: hidden_size x HIDDEN_ACTIVATIONS +
-# intermediate_size x MLP_ACTIVATIONS (the norms' inputs and outputs, q/k/v/o, the attention's output; the MLP's gate,
-# up, activation and product), fitted to measured peaks (docs/scale.md).
-HIDDEN_ACTIVATIONS = 10
-MLP_ACTIVATIONS = 4
+# Activations the loss forward keeps for the backward, per token, in elements: each decoder layer hidden_size x
+# HIDDEN_ACTIVATIONS + intermediate_size x MLP_ACTIVATIONS, and hidden_size x OUTSIDE_LAYERS besides (the embeddings'
+# output, the final norm). Counted with autograd's saved-tensor hooks on one and two layers of the Qwen2.5 shapes
+# (0.5B: 15,210 elements a layer against 15,104 here; 1.5B: 27,240 against 27,136; docs/scale.md).
+HIDDEN_ACTIVATIONS = 6
+MLP_ACTIVATIONS = 2
+OUTSIDE_LAYERS = 2
 
 
 @dataclass(frozen=True)
@@ -76,10 +78,9 @@ def activation_bytes(shape: RunShape) -> int:
     """The loss forward's activations kept for the backward (with gradient checkpointing: each layer's input, and one
     layer's whole set while it is recomputed)."""
     per_layer_token = shape.hidden_size * HIDDEN_ACTIVATIONS + shape.intermediate_size * MLP_ACTIVATIONS
-    tokens = shape.rows * shape.tokens
-    if shape.gradient_checkpointing:
-        return tokens * shape.compute_bytes * (shape.layers * shape.hidden_size + per_layer_token)
-    return tokens * shape.compute_bytes * shape.layers * per_layer_token
+    kept_layers = shape.layers * shape.hidden_size + per_layer_token if shape.gradient_checkpointing else None
+    per_token = (kept_layers or shape.layers * per_layer_token) + shape.hidden_size * OUTSIDE_LAYERS
+    return shape.rows * shape.tokens * shape.compute_bytes * per_token
 
 
 def estimate(shape: RunShape) -> MemoryEstimate:
@@ -192,6 +193,27 @@ def longest_prompt_tokens(tokenizer, prompts: list, count: int = 256) -> int:
     return max((len(prompt_ids(tokenizer, p)) for p in prompts[:count]), default=0)
 
 
+def frozen_models(spec) -> list[tuple[str, object]]:
+    """The frozen models a run loads in each process beside the policy (a P(Yes) scorer's, a local judge's), as
+    model configs; the ones behind an endpoint load elsewhere."""
+    from grpo_exp.models import model_option_config
+    from grpo_exp.rewards.judge import LocalJudge
+    from grpo_exp.rewards.registry import shared_needs
+    from grpo_exp.schema import JudgeBackend, ScorerName
+
+    cfg, frozen = spec.cfg, []
+    if spec.needs_p_yes and cfg.scorer.name is ScorerName.genrm and not cfg.scorer.base_url:
+        policy = cfg.scorer.model == "initial_policy"
+        frozen.append(("P(Yes) scorer", cfg.model if policy else model_option_config(cfg.scorer.model, "scorer.model")))
+    if "judge" in shared_needs(spec.components) and cfg.judge.backend is JudgeBackend.local:
+        frozen.append(("local judge", LocalJudge(cfg.judge, "").model_cfg))
+    return frozen
+
+
+def _bytes(dtype: torch.dtype) -> int:
+    return torch.finfo(dtype).bits // 8
+
+
 def estimate_run(spec, prompt_tokens: int | None = None) -> MemoryEstimate:
     """The training run's peak per process (on CPU, the processes of a node together share its memory)."""
     from grpo_exp.model_shapes import parameter_count
@@ -216,6 +238,8 @@ def estimate_run(spec, prompt_tokens: int | None = None) -> MemoryEstimate:
     if fast is None:
         device = "cuda" if on_gpu else "cpu"
         fast = fast_generation_pays(device=device, sharded=runs_sharded(), trl_samples_elsewhere=use_vllm)
+    if fast and t.fast_generation is None and cfg.model.lora.enabled:
+        fast = False  # the prepacked copy does not run LoRA layers: auto fast_generation turns itself off
     if (fast or t.bfloat16_generation) and not use_vllm:
         copy_bytes = 2 if t.bfloat16_generation else torch.finfo(trained_dtype(cfg.model)).bits // 8
         tied_head = config.vocab_size * config.hidden_size if getattr(config, "tie_word_embeddings", False) else 0
@@ -224,6 +248,8 @@ def estimate_run(spec, prompt_tokens: int | None = None) -> MemoryEstimate:
         copies["sampling copy"] = max(copies.get("sampling copy", 0), parameters * 8)  # held after generation, alone
     if t.beta > 0:
         copies["reference model"] = parameters * compute_bytes
+    for name, frozen in frozen_models(spec):
+        copies[name] = parameter_count(model_config(frozen, cfg.cache_dir)) * _bytes(torch_dtype(frozen.dtype))
     settings = {
         "weight_bytes": torch.finfo(trained_dtype(cfg.model)).bits // 8,
         "compute_bytes": compute_bytes,
@@ -255,36 +281,54 @@ class RunEstimate:
         return self.estimate.total_gib
 
     def remedies(self, cfg, available: int) -> list[str]:
-        """The settings that would each make the run fit in `available` bytes, as overrides."""
-        fits = lambda shape: estimate(shape).total <= available  # noqa: E731
-        shape, t, found = self.shape, cfg.trainer, []
-        if not shape.gradient_checkpointing and fits(replace(shape, gradient_checkpointing=True)):
-            found.append("+trainer.extra.gradient_checkpointing=true")
+        """The settings that would each make the run fit in `available` bytes, as overrides; where none does alone,
+        the first of them together that do."""
+        t, shape = cfg.trainer, self.shape
+        fits = lambda candidate: estimate(candidate).total <= available  # noqa: E731
+        changes = []  # (overrides, the shape with them), in the order a user would try them
+        if not shape.gradient_checkpointing:
+            changes.append(("+trainer.extra.gradient_checkpointing=true", {"gradient_checkpointing": True}))
         if not cfg.model.lora.enabled:
-            lora = replace(shape, trainable=lora_parameters(self.config, cfg.model.lora.r))
-            in_bfloat16 = replace(lora, weight_bytes=2, compute_bytes=2)  # frozen weights in bfloat16
-            if fits(lora):
-                found.append("model.lora.enabled=true")
-            elif shape.weight_bytes > 2 and fits(in_bfloat16):
-                found.append("model.lora.enabled=true model.dtype=bfloat16")
-        if shape.copies.get("sampling copy") and fits(replace(shape, copies={}, generates=False)):
-            found.append("generation=vllm_server (vLLM generates in its own process)")
-        group = next(
-            (
-                g
-                for g in range(t.num_generations - 1, 1, -1)
-                if fits(replace(shape, rows=shape.rows * g // t.num_generations))
-            ),
-            None,
-        )
+            # the prepacked copy does not run LoRA layers: auto fast_generation turns itself off
+            held = {k: v for k, v in shape.copies.items() if k != "sampling copy" or t.bfloat16_generation}
+            lora = {"trainable": lora_parameters(self.config, cfg.model.lora.r), "copies": held}
+            changes.append(("model.lora.enabled=true", lora))
+            if shape.weight_bytes > 2:  # the frozen weights in bfloat16 too
+                changes.append(("model.lora.enabled=true model.dtype=bfloat16", lora | BFLOAT16))
+        if shape.copies.get("sampling copy"):
+            changes.append(("generation=vllm_server", {"copies": {}, "generates": False}))
+        found = [overrides for overrides, change in changes if fits(replace(shape, **change))]
+        group = next((g for g in range(t.num_generations - 1, 1, -1) if fits(self._with_group(g, t))), None)
         if group:
             found.append(f"trainer.num_generations={group}")
-        length = t.max_completion_length
-        while length > 16 and not fits(replace(shape, tokens=self.prompt_tokens + length)):
-            length //= 2
-        if length < t.max_completion_length and fits(replace(shape, tokens=self.prompt_tokens + length)):
+        length = next((n for n in _halvings(t.max_completion_length) if fits(self._with_length(n))), None)
+        if length:
             found.append(f"trainer.max_completion_length={length}")
-        return found or ["a smaller model, or a machine with more memory"]
+        if found:
+            return found
+        together, combined = [], shape
+        for overrides, change in changes:
+            if together and overrides.startswith(together[-1]):  # LoRA, then LoRA on bfloat16 weights: the latter
+                together.pop()
+            together.append(overrides)
+            combined = replace(combined, **change)
+            if fits(combined):
+                return [" ".join(together)]
+        return ["a smaller model, or a machine with more memory"]
+
+    def _with_group(self, group: int, trainer_cfg) -> RunShape:
+        return replace(self.shape, rows=max(self.shape.rows * group // trainer_cfg.num_generations, 1))
+
+    def _with_length(self, length: int) -> RunShape:
+        return replace(self.shape, tokens=self.prompt_tokens + length)
+
+
+BFLOAT16 = {"weight_bytes": 2, "compute_bytes": 2}
+
+
+def _halvings(length: int) -> list[int]:
+    """length / 2, / 4, ... down to 16 tokens."""
+    return [length >> k for k in range(1, 32) if length >> k >= 16]
 
 
 def check_run_memory(spec, prompts: list, tokenizer) -> RunEstimate | None:

@@ -1,0 +1,169 @@
+"""The seed's scale (docs/scale.md): models of a real architecture's shape with random weights, the pre-load memory
+estimate, and grpo_exp's tensors that grow with the vocabulary or the weights (chunked, or freed between uses)."""
+
+import json
+import logging
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+from grpo_exp.errors import UserError
+from grpo_exp.model_shapes import parameter_count, shape_config
+from grpo_exp.models import load_tokenizer
+from grpo_exp.run import memory_estimate
+from grpo_exp.run.memory_estimate import RunShape, check_run_memory, estimate, estimate_run
+from grpo_exp.run.resolve import resolve
+from grpo_exp.token_log_probs import token_log_probs
+from support.config import TINY_RUN, compose_config, resolved_config
+from tests.helpers.cli import run_cli
+
+GIB = 2**30
+LENGTH_REWARD = ["reward=length", "reward.components.length.target_chars=1000000"]  # a spread on any text
+# Qwen2.5-0.5B's vocabulary and layout, narrowed to a test's size: what is under test is the 151,936-token vocabulary
+SMALL_SHAPE = [
+    "model=shape",
+    "model.shape=qwen2.5-0.5b",
+    "+model.architecture={num_hidden_layers: 1, hidden_size: 64, intermediate_size: 128, num_attention_heads: 4}",
+]
+
+
+@pytest.mark.parametrize(
+    ("shape", "billions"), [("qwen2.5-0.5b", 0.494), ("qwen2.5-1.5b", 1.544), ("qwen2.5-7b", 7.616)]
+)
+def test_a_shape_has_its_published_models_parameters(shape, billions):
+    """Qwen2.5's model cards: 0.49B, 1.54B and 7.61B parameters (7B: untied embeddings, 152,064 tokens)."""
+    assert parameter_count(shape_config(shape)) / 1e9 == pytest.approx(billions, abs=0.001)
+
+
+def test_the_shapes_tokenizer_covers_every_id_and_decodes_each_to_text():
+    cfg = compose_config(["model=shape", "model.shape=qwen2.5-0.5b"])
+    tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
+    base = load_tokenizer(compose_config(["model=tiny"]).model, cfg.cache_dir)
+    assert len(tokenizer) == shape_config("qwen2.5-0.5b").vocab_size == 151936
+    padding = [len(base), 100_000, len(tokenizer) - 1]
+    texts = [tokenizer.decode([i]) for i in padding]
+    assert all(texts) and len(set(texts)) == len(texts)
+    text = "What is 12 + 34? Answer: 46."  # ordinary text encodes as the embedded tokenizer does, and back
+    assert tokenizer(text)["input_ids"] == base(text)["input_ids"]
+    assert tokenizer.decode(tokenizer(text)["input_ids"]) == text
+    chat = [{"role": "user", "content": "hi"}]
+    assert tokenizer.apply_chat_template(chat, tokenize=False) == base.apply_chat_template(chat, tokenize=False)
+
+
+def test_an_unknown_shape_is_refused_naming_the_key_and_the_shapes():
+    with pytest.raises(UserError, match=r"model.shape=qwen9-1b: no such shape; the shapes: .*qwen2.5-1.5b"):
+        resolved_config(["model=shape", "model.shape=qwen9-1b"])
+
+
+def test_a_shape_with_another_model_is_refused_naming_both_keys():
+    with pytest.raises(UserError, match=r"model.shape.*model.source=shape"):
+        resolved_config(["model=tiny", "+model.shape=qwen2.5-0.5b"])
+
+
+@pytest.mark.e2e
+def test_a_shaped_model_trains_and_says_its_weights_are_random(tmp_path):
+    result = run_cli(
+        *TINY_RUN,
+        *SMALL_SHAPE,
+        *LENGTH_REWARD,
+        "logger=none",
+        "eval.before=false",
+        "eval.after=false",
+        f"hydra.run.dir={tmp_path}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "RANDOM WEIGHTS" in (tmp_path / "train.log").read_text()  # the log
+    assert "RANDOM WEIGHTS" in result.stdout  # the printed summary
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["steps"] == 2 and "RANDOM WEIGHTS in the shape of Qwen/Qwen2.5-0.5B-Instruct" in summary["model"]
+    saved = json.loads((tmp_path / "checkpoint-final" / "config.json").read_text())
+    assert saved["vocab_size"] == 151936 and saved["model_type"] == "qwen2"
+
+
+# ---- the estimate ----------------------------------------------------------------------------------------------
+
+SEED_SETTINGS = [*LENGTH_REWARD, "trainer.num_generations=8", "trainer.max_completion_length=512"]
+
+
+def shape_of(**changes) -> RunShape:
+    numbers = dict(
+        parameters=494_032_768, hidden_size=896, intermediate_size=4864, layers=24, kv_size=128, vocab_size=151936,
+        tied_embeddings=True, weight_bytes=4, compute_bytes=4, trainable=494_032_768, rows=16, tokens=563,
+    )  # fmt: skip
+    return RunShape(**(numbers | changes))
+
+
+def test_the_estimate_counts_the_weights_gradients_and_adams_moments_and_grows_with_the_batch():
+    small = estimate(shape_of(rows=1, tokens=1))
+    weights = 494_032_768 * 4
+    parts = small.parts
+    assert parts["weights"] == weights and parts["gradients"] == weights and parts["optimiser moments"] == 2 * weights
+    longer, larger = estimate(shape_of(tokens=1100)), estimate(shape_of(rows=32))
+    assert estimate(shape_of()).total < longer.total and estimate(shape_of()).total < larger.total
+    checkpointed = estimate(shape_of(gradient_checkpointing=True))
+    assert checkpointed.parts["activations"] < estimate(shape_of()).parts["activations"] / 5
+
+
+def test_a_copy_freed_between_generations_counts_at_generation_only():
+    """The sampling copy is held while a batch is generated (no gradients, no activations then): it raises the peak
+    only where generation is the largest phase."""
+    copy = {"sampling copy": 494_032_768 * 8}  # the float64 reference's
+    assert estimate(shape_of(copies=copy)).total == estimate(shape_of()).total  # the loss phase is larger
+    tiny_batch = shape_of(rows=1, tokens=8)
+    with_copy = estimate(shape_of(rows=1, tokens=8, copies=copy))
+    assert with_copy.peak_phase == "generation" and with_copy.total > estimate(tiny_batch).total
+
+
+def test_a_run_that_would_not_fit_is_refused_before_any_model_loads_naming_what_would(
+    monkeypatch, no_model_loads, caplog
+):
+    monkeypatch.setattr(memory_estimate, "available_bytes", lambda on_gpu: (16 * GIB, "available on this machine"))
+    spec = resolved_config(["model=shape", "model.shape=qwen2.5-0.5b", *SEED_SETTINGS])
+    prompts = [[{"role": "user", "content": "What is 2 + 2?"}]]
+    tokenizer = load_tokenizer(spec.cfg.model, spec.cfg.cache_dir)
+    with pytest.raises(UserError) as refused:
+        check_run_memory(spec, prompts, tokenizer)
+    message = str(refused.value)
+    assert "more than the 16.0 GiB available on this machine" in message and "activations" in message
+    for remedy in ("+trainer.extra.gradient_checkpointing=true", "trainer.max_completion_length=", "health.memory"):
+        assert remedy in message
+    warned = resolved_config(["model=shape", "model.shape=qwen2.5-0.5b", *SEED_SETTINGS, "health.memory=warn"])
+    with caplog.at_level(logging.WARNING):
+        assert check_run_memory(warned, prompts, tokenizer) is not None
+    assert "more than the 16.0 GiB" in caplog.text
+    fits = resolve(compose_config(["model=shape", "model.shape=qwen2.5-0.5b", *LENGTH_REWARD]), processes=1)
+    assert check_run_memory(fits, prompts, tokenizer).total_gib < 16
+
+
+def test_lora_at_7b_is_what_the_estimate_names_where_full_fine_tuning_cannot_fit(monkeypatch):
+    spec = resolved_config(["model=shape", "model.shape=qwen2.5-7b", *SEED_SETTINGS])
+    run = estimate_run(spec, prompt_tokens=100)
+    assert run.total_gib > 100  # float32 weights, gradients and moments of 7.6B parameters
+    # no one setting fits it into 40 GiB; gradient checkpointing and LoRA together do
+    assert run.remedies(spec.cfg, 40 * GIB) == ["+trainer.extra.gradient_checkpointing=true model.lora.enabled=true"]
+    lora_settings = ["model.lora.enabled=true", "model.dtype=bfloat16", "+trainer.extra.gradient_checkpointing=true"]
+    lora = estimate_run(resolved_config(["model=shape", "model.shape=qwen2.5-7b", *SEED_SETTINGS, *lora_settings]), 100)
+    assert lora.shape.trainable < 0.01 * lora.shape.parameters and lora.total_gib < 40
+
+
+# ---- grpo_exp's own log-probabilities, in chunks ------------------------------------------------------------------
+
+
+def test_the_float64_references_log_probabilities_in_chunks_equal_the_whole_vocabularys_log_softmax():
+    config = LlamaConfig(
+        vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, tie_word_embeddings=True,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float64).eval()
+    ids = torch.randint(0, 300, (3, 12))
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0  # left padding
+    targets = ids[:, -7:]
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask).logits[:, -8:-1] / 0.7
+    expected = torch.log_softmax(logits, dim=-1).gather(2, targets[..., None]).squeeze(2)
+    chunked = token_log_probs(model, ids, mask, targets, temperature=0.7, chunk_tokens=4)
+    assert chunked.dtype == torch.float64
+    torch.testing.assert_close(chunked, expected)
