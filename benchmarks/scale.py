@@ -19,6 +19,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+import psutil
+
+from benchmarks.arguments import existing_file
+
 # grpo_exp's memory-heavy features, each on (or off) alone against its defaults: the arm's name -> its overrides
 FEATURES = {
     "no sampling copy": ["trainer.fast_generation=false"],
@@ -28,6 +32,9 @@ FEATURES = {
     "no shared prompt": ["trainer.shared_prompt_forward=false"],
     "gradient checkpointing": ["+trainer.extra.gradient_checkpointing=true"],
 }
+
+
+HEADER = "| run | completion tokens | peak GiB | peak in | s/step | estimate GiB |\n|---|---|---|---|---|---|"
 
 
 def seed_settings(shape: str, length: int, prompts: int, generations: int) -> list[str]:
@@ -73,7 +80,9 @@ def peak_phase(result: dict) -> str:
 
 def row(name: str, length: int, result: dict, estimated: float | None) -> str:
     if "failed" in result:
-        return f"| {name} | {length} | failed: {result['failed'][0][:80]} | | | | |"
+        failure = result["failed"][0]
+        said = failure if failure.startswith("not run") else f"failed: {failure[:80]}"
+        return f"| {name} | {length} | {said} | | | {'' if estimated is None else f'{estimated:.2f}'} |"
     peak = result["peak_rss_gib"]
     gpu = result.get("cuda_allocated_gib_by_phase") or {}
     if gpu:
@@ -87,6 +96,48 @@ def row(name: str, length: int, result: dict, estimated: float | None) -> str:
     return f"| {name} | {length} | {peak_text} | {peak_phase(result)} | {step:.1f} | {off} |"
 
 
+# Machines the fit table is made for: (name, GiB free for one training process, on a GPU)
+MACHINES = (("this CPU (24 GiB, about 22 free)", 22.0, False), ("one H200 (139 GiB)", 139.0, True))
+PROMPT_TOKENS = 200  # a GSM8K prompt in a chat template, about
+
+
+def fits_table(shapes: list[str], prompts: int) -> list[str]:
+    """For each shape and machine, the largest group size x completion length whose estimated peak fits, full
+    fine-tuning (float32 master weights; bfloat16 compute on the GPU) with and without gradient checkpointing, and
+    LoRA (r 16, frozen bfloat16 weights) with it: estimates, not measurements (docs/scale.md says which were run)."""
+    from grpo_exp.model_shapes import parameter_count, shape_config
+    from grpo_exp.run.memory_estimate import GIB, estimate, run_shape
+
+    lines = [
+        "| shape | machine | full, no checkpointing | full, checkpointing | LoRA + checkpointing |",
+        "|---|---|---|---|---|",
+    ]
+    for shape in shapes:
+        config = shape_config(shape)
+        parameters = parameter_count(config)
+        for machine, free_gib, on_gpu in MACHINES:
+            cells = []
+            for lora, checkpointing in ((False, False), (False, True), (True, True)):
+                best = None
+                for group in (16, 8, 4, 2):
+                    for length in (1024, 512, 256, 128):
+                        settings = {
+                            "weight_bytes": 2 if lora else 4,
+                            "compute_bytes": 2 if on_gpu or lora else 4,
+                            "rows": prompts * group,
+                            "tokens": PROMPT_TOKENS + length,
+                            "lora_r": 16 if lora else None,
+                            "gradient_checkpointing": checkpointing,
+                            "on_gpu": on_gpu,
+                        }
+                        peak = estimate(run_shape(config, parameters, settings)).total
+                        if peak <= free_gib * GIB and (best is None or group * length > best[0] * best[1]):
+                            best = (group, length, peak / GIB)
+                cells.append("does not fit" if best is None else f"G={best[0]} x {best[1]} ({best[2]:.0f} GiB)")
+            lines.append(f"| {shape} | {machine} | {' | '.join(cells)} |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.scale", description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", default="qwen2.5-0.5b")
@@ -96,8 +147,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--features", action="store_true", help="each memory-heavy feature alone, too")
     parser.add_argument("--out", type=Path, help="the results as JSON")
+    parser.add_argument(
+        "--table", type=existing_file, help="print the table of an earlier --out file (estimates made again) and stop"
+    )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run (both variants)")
+    parser.add_argument("--fits", action="store_true", help="print the estimated fit table for the shapes and stop")
     args = parser.parse_args(argv)
+    if args.fits:
+        print(f"{args.prompts} prompts a step, prompts of {PROMPT_TOKENS} tokens:")
+        print("\n".join(fits_table(["qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b"], args.prompts)))
+        return
+    if args.table:
+        print(HEADER)
+        for result in json.loads(args.table.read_text()):
+            print(row(result["arm"], result["length"], result, estimate(result["overrides"])))
+        return
     arms = {"bare TRL": ("trl", []), "grpo_exp defaults": ("grpo_exp", [])}
     if args.features:
         arms |= {f"grpo_exp, {name}": ("grpo_exp", extra) for name, extra in FEATURES.items()}
@@ -105,13 +169,17 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"{args.shape}, {args.prompts} prompts x G={args.generations}, {args.steps} steps, {' '.join(args.overrides)}"
     )
-    print("| run | completion tokens | peak GiB | peak in | s/step | estimate GiB |")
-    print("|---|---|---|---|---|---|")
+    print(HEADER)
     for length in args.lengths:
         settings = seed_settings(args.shape, length, args.prompts, args.generations) + args.overrides
         for name, (variant, extra) in arms.items():
-            result = run(variant, args.steps, settings + extra)
             estimated = estimate(settings + extra)
+            free = psutil.virtual_memory().available / 2**30
+            if estimated > free:  # the out-of-memory killer would end it, and maybe more than it
+                reason = f"not run: estimated {estimated:.1f} GiB, {free:.1f} GiB available"
+                result = {"variant": variant, "overrides": settings + extra, "failed": [reason]}
+            else:
+                result = run(variant, args.steps, settings + extra)
             results.append(result | {"arm": name, "length": length, "estimate_gib": estimated})
             print(row(name, length, result, estimated), flush=True)
     if args.out:

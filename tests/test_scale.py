@@ -167,3 +167,27 @@ def test_the_float64_references_log_probabilities_in_chunks_equal_the_whole_voca
     chunked = token_log_probs(model, ids, mask, targets, temperature=0.7, chunk_tokens=4)
     assert chunked.dtype == torch.float64
     torch.testing.assert_close(chunked, expected)
+
+
+@pytest.mark.e2e
+def test_gradient_checkpointing_trains_with_grpo_exps_features_on(tmp_path):
+    """What users set at size, with the sampling copy, the shared-prompt forward, the mismatch metrics and the float64
+    reference all on: the run trains, and the trainer's forward is measured against the sampler's as without it."""
+    result = run_cli(
+        *TINY_RUN,
+        *LENGTH_REWARD,
+        "logger=none",
+        "eval.before=false",
+        "+trainer.extra.gradient_checkpointing=true",
+        "trainer.shared_prompt_forward=true",
+        "trainer.mismatch_metrics=true",
+        "trainer.float64_reference_every=1",
+        f"hydra.run.dir={tmp_path}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    saved = json.loads((tmp_path / "summary.json").read_text())
+    assert saved["steps"] == 2
+    steps = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    logged = [m for m in steps if "sampling/sampling_logp_difference/mean" in m]
+    assert len(logged) == 2 and all(m["sampling/sampling_logp_difference/mean"] < 1e-4 for m in logged)
+    assert all(m["sampling/float64/trainer_logp_difference/mean"] < 1e-4 for m in logged)

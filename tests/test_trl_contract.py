@@ -27,6 +27,7 @@ from grpo_exp.trainer.scored_batch import ScoredBatch, aggregated_reward
 from grpo_exp.trainer.seam import HookedGRPOTrainer
 from grpo_exp.trainer.trl_contract import (
     TRL_ATTRIBUTES,
+    TRL_LM_HEAD_TILE,
     TRL_METHODS,
     TRL_PUBLIC,
     TRL_VLLM_ATTRIBUTES,
@@ -330,6 +331,17 @@ def test_the_loss_types_grpo_exp_passes_through_are_trls():
 def test_grpo_trainer_still_sets_what_the_seam_reads_of_its_vllm_generation(name):
     """Set only with use_vllm (no engine starts here): TRL's __init__ still assigns it."""
     assert f"self.{name} =" in inspect.getsource(GRPOTrainer.__init__), f"GRPOTrainer.{name} is gone"
+
+
+def test_trls_fused_lm_head_reads_its_token_tile_where_grpo_exp_sets_it():
+    """grpo_exp.trainer.lm_head_tile sets TRL's module constant: the kernel must still read it at each call, forward
+    and backward (a constant copied at import, or renamed, would silently leave TRL's 4,096-token tile)."""
+    import trl.kernels.chunked_logprob as kernel
+
+    module, name = TRL_LM_HEAD_TILE
+    assert module == kernel.__name__ and isinstance(getattr(kernel, name), int)
+    source = inspect.getsource(kernel.ChunkedLogProbFunction)
+    assert source.count(name) >= 2, f"{module}.{name} is no longer read in the forward and the backward"
 
 
 def test_trls_vllm_generation_is_where_grpo_exp_adjusts_it():

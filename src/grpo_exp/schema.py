@@ -430,6 +430,10 @@ class TrainerSchema:
     # branches of one sequence: TRL's log-probabilities up to float rounding, for fewer tokens (text models with
     # sdpa or eager attention and no sliding window; others use TRL's forward).
     shared_prompt_forward: bool = knob(True, trainer_arg=True)
+    # TRL's fused LM head scores the loss's tokens a tile at a time, [tokens x 32,768 vocabulary entries]: TRL's tile
+    # is 4,096 tokens (512 MB in float32, and its backward holds several: 3-4 GB at a 152k vocabulary on CPU). grpo_exp
+    # takes tiles of this many tokens: the same log-probabilities, the peak bounded by the tile (docs/scale.md).
+    lm_head_tile_tokens: int = knob(1024, ge=1, trainer_arg=True)
     # TRL's transformers generation samples from a bfloat16 copy of the policy (refreshed every step; ~0.57x the
     # decode time on CPU), and the loss's ratio is taken against the copy's log-probabilities (PPO-clipped), which
     # corrects for it. Set by generation=transformers_bf16; not with vLLM, multi-turn rollouts, or DeepSpeed/FSDP

@@ -32,6 +32,10 @@ RUNTIME_BYTES_CPU = int(0.9 * GIB)
 HIDDEN_ACTIVATIONS = 6
 MLP_ACTIVATIONS = 2
 OUTSIDE_LAYERS = 2
+# TRL's fused LM head (grpo_exp.trainer.lm_head_tile): its backward holds about this many [tile tokens x 32,768]
+# float32 buffers at once (measured alone: 3.15 GB for a 2,864-token tile, 8.4 buffers; docs/scale.md).
+HEAD_TILE_BUFFERS = 8
+HEAD_VOCABULARY_CHUNK = 32768  # TRL's _CHUNKED_LOGPROB_CHUNK_SIZE
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,7 @@ class RunShape:
     rows: int  # completions a process's loss forward takes at once (its micro-batch)
     tokens: int  # a row's length: the longest prompt + the completion limit
     gradient_checkpointing: bool = False
+    head_tile_tokens: int = 1024  # trainer.lm_head_tile_tokens
     copies: dict[str, int] = field(default_factory=dict)  # grpo_exp's copies of the weights, by setting, in bytes
     on_gpu: bool = False
     generates: bool = True  # the process generates (not a vLLM server elsewhere): it holds the KV cache
@@ -83,6 +88,12 @@ def activation_bytes(shape: RunShape) -> int:
     return shape.rows * shape.tokens * shape.compute_bytes * per_token
 
 
+def lm_head_bytes(shape: RunShape) -> int:
+    """TRL's fused LM head's buffers in the loss's backward: a few tiles of float32 logits."""
+    tile_tokens = min(shape.rows * shape.tokens, shape.head_tile_tokens)
+    return HEAD_TILE_BUFFERS * tile_tokens * min(shape.vocab_size, HEAD_VOCABULARY_CHUNK) * 4
+
+
 def estimate(shape: RunShape) -> MemoryEstimate:
     """The peak of a training step, by phase (a pure function of the run's shape)."""
     runtime = 0 if shape.on_gpu else RUNTIME_BYTES_CPU
@@ -94,7 +105,11 @@ def estimate(shape: RunShape) -> MemoryEstimate:
     held = {k: v for k, v in shape.copies.items() if k != "sampling copy"}  # the reference model: held all along
     always = {"runtime": runtime, "weights": weights, "optimiser moments": moments} | held
     generation = always | {"sampling copy": sampling, "KV cache": kv_cache}
-    loss = always | {"gradients": gradients, "activations": activation_bytes(shape)}
+    loss = always | {
+        "gradients": gradients,
+        "activations": activation_bytes(shape),
+        "LM head tiles": lm_head_bytes(shape),
+    }
     phases = {"generation": sum(generation.values()), "loss forward and backward": sum(loss.values())}
     parts = generation if phases["generation"] >= phases["loss forward and backward"] else loss
     return MemoryEstimate(phases, {k: v for k, v in parts.items() if v})
@@ -134,6 +149,7 @@ def run_shape(config: PretrainedConfig, parameters: int, settings: dict) -> RunS
         rows=settings["rows"],
         tokens=settings["tokens"],
         gradient_checkpointing=settings.get("gradient_checkpointing", False),
+        head_tile_tokens=settings.get("head_tile_tokens", 1024),
         copies=settings.get("copies", {}),
         on_gpu=settings.get("on_gpu", False),
     )
@@ -257,6 +273,7 @@ def estimate_run(spec, prompt_tokens: int | None = None) -> MemoryEstimate:
         "tokens": prompt_tokens + t.max_completion_length,
         "lora_r": cfg.model.lora.r if cfg.model.lora.enabled else None,
         "gradient_checkpointing": bool(t.extra.get("gradient_checkpointing", False)),
+        "head_tile_tokens": t.lm_head_tile_tokens,
         "copies": copies,
         "on_gpu": on_gpu,
         "generates": not use_vllm or t.extra.get("vllm_mode") == "colocate",

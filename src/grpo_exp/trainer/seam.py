@@ -18,6 +18,7 @@ from grpo_exp.trainer.advantages import TRL_ADVANTAGES, estimate
 from grpo_exp.trainer.async_generation import generation_ahead
 from grpo_exp.trainer.hooks import TrainingHooks
 from grpo_exp.trainer.imputation import impute_failures
+from grpo_exp.trainer.lm_head_tile import set_lm_head_tile
 from grpo_exp.trainer.losses import policy_loss
 from grpo_exp.trainer.mismatch import MismatchWatch
 from grpo_exp.trainer.sampling import Sampler, fast_generation_pays
@@ -36,6 +37,7 @@ class HookedGRPOTrainer(TrainingHooks, TRLSurface, GRPOTrainer):
     def __init__(self, *args, **kwargs):
         with vllm_generation_for(kwargs["args"], kwargs["model"]):  # generation=vllm_*: grpo_exp.trainer.vllm_engine
             super().__init__(*args, **kwargs)
+        set_lm_head_tile(self.args.lm_head_tile_tokens)  # the loss's LM head, tile by tile (docs/scale.md)
         fast_pays = fast_generation_pays(
             device=self.accelerator.device.type,
             sharded=self.sharded,

@@ -33,6 +33,8 @@ TRL_ATTRIBUTES = tuple(
 )
 # What TRL's __init__ sets only with use_vllm (generation=vllm_*): checked in its source, not on a trainer.
 TRL_VLLM_ATTRIBUTES = ("vllm_generation", "_last_loaded_step")
+# The module constant TRL's fused LM head reads its token tile from, at every call (grpo_exp.trainer.lm_head_tile).
+TRL_LM_HEAD_TILE = ("trl.kernels.chunked_logprob", "TOKEN_CHUNK_SIZE")
 # TRL's vLLM generation, which grpo_exp.trainer.vllm_reload subclasses and builds by these module names.
 TRL_VLLM_GENERATION = {
     "trl.trainer.grpo_trainer": ("VLLMGeneration",),
