@@ -8,7 +8,10 @@ first step left out), the phase in which the peak happens, and grpo_exp's pre-lo
 (grpo_exp.run.memory_estimate). `--features` also runs grpo_exp with each memory-heavy feature of its own turned on
 (or off) alone.
 
-    python -m benchmarks.scale [--shape qwen2.5-0.5b] [--lengths 512 1024] [--steps 3] [--features] [overrides...]
+    python -m benchmarks.scale [--shape qwen2.5-0.5b] [--lengths 512 1024] [--steps 3] [--features | --arms ...]
+        [overrides...]
+    python -m benchmarks.scale --fits          # the estimated fit table, by shape and machine
+    python -m benchmarks.scale --table OUT.json  # an earlier run's table, its estimates made again
 """
 
 import argparse
@@ -23,14 +26,20 @@ import psutil
 
 from benchmarks.arguments import existing_file
 
-# grpo_exp's memory-heavy features, each on (or off) alone against its defaults: the arm's name -> its overrides
+# The arms: name -> (variant, overrides on top of the seed's settings). The features: grpo_exp's memory-heavy ones,
+# each on (or off) alone against its defaults.
+ARMS = {
+    "trl": ("trl", []),
+    "grpo_exp": ("grpo_exp", []),
+}
 FEATURES = {
-    "no sampling copy": ["trainer.fast_generation=false"],
-    "bfloat16 copy": ["generation=transformers_bf16"],
-    "float64 reference": ["trainer.float64_reference_every=1"],
-    "mismatch metrics": ["trainer.mismatch_metrics=true"],
-    "no shared prompt": ["trainer.shared_prompt_forward=false"],
-    "gradient checkpointing": ["+trainer.extra.gradient_checkpointing=true"],
+    "no-sampling-copy": ("grpo_exp", ["trainer.fast_generation=false"]),
+    "bfloat16-copy": ("grpo_exp", ["generation=transformers_bf16"]),
+    "float64-reference": ("grpo_exp", ["trainer.float64_reference_every=1"]),
+    "mismatch-metrics": ("grpo_exp", ["trainer.mismatch_metrics=true"]),
+    "no-shared-prompt": ("grpo_exp", ["trainer.shared_prompt_forward=false"]),
+    "trls-lm-head-tile": ("grpo_exp", ["trainer.lm_head_tile_tokens=4096"]),
+    "gradient-checkpointing": ("grpo_exp", ["+trainer.extra.gradient_checkpointing=true"]),
 }
 
 
@@ -146,6 +155,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--generations", type=int, default=8)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--features", action="store_true", help="each memory-heavy feature alone, too")
+    parser.add_argument("--arms", nargs="+", choices=[*ARMS, *FEATURES], help="only these arms (default: trl grpo_exp)")
     parser.add_argument("--out", type=Path, help="the results as JSON")
     parser.add_argument(
         "--table", type=existing_file, help="print the table of an earlier --out file (estimates made again) and stop"
@@ -162,9 +172,9 @@ def main(argv: list[str] | None = None) -> None:
         for result in json.loads(args.table.read_text()):
             print(row(result["arm"], result["length"], result, estimate(result["overrides"])))
         return
-    arms = {"bare TRL": ("trl", []), "grpo_exp defaults": ("grpo_exp", [])}
+    arms = {name: (ARMS | FEATURES)[name] for name in args.arms} if args.arms else dict(ARMS)
     if args.features:
-        arms |= {f"grpo_exp, {name}": ("grpo_exp", extra) for name, extra in FEATURES.items()}
+        arms |= FEATURES
     results = []
     print(
         f"{args.shape}, {args.prompts} prompts x G={args.generations}, {args.steps} steps, {' '.join(args.overrides)}"
