@@ -26,7 +26,7 @@ def test_help_lists_groups_and_options():
     result = run_cli("--help")
     assert result.returncode == 0
     for line in [
-        "model: pretrained, smollm2_135m, tiny",
+        "model: pretrained, shape, smollm2_135m, tiny",
         "reward: confidence, correct, environment, format, judge, length, length_by_correctness, math, overlong,",
         "'+'-joined mix",
     ]:
