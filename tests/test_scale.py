@@ -191,3 +191,15 @@ def test_gradient_checkpointing_trains_with_grpo_exps_features_on(tmp_path):
     logged = [m for m in steps if "sampling/sampling_logp_difference/mean" in m]
     assert len(logged) == 2 and all(m["sampling/sampling_logp_difference/mean"] < 1e-4 for m in logged)
     assert all(m["sampling/float64/trainer_logp_difference/mean"] < 1e-4 for m in logged)
+
+
+def test_an_architecture_the_estimate_cannot_read_is_trained_without_an_estimate(monkeypatch, caplog):
+    def unreadable(*args, **kwargs):
+        raise AttributeError("'GPT2Config' object has no attribute 'intermediate_size'")
+
+    monkeypatch.setattr(memory_estimate, "estimate_run", unreadable)
+    spec = resolved_config(["model=tiny"])
+    tokenizer = load_tokenizer(spec.cfg.model, spec.cfg.cache_dir)
+    with caplog.at_level(logging.INFO):
+        assert check_run_memory(spec, [[{"role": "user", "content": "hi"}]], tokenizer) is None
+    assert "Memory: not estimated for model=tiny (AttributeError" in caplog.text

@@ -356,7 +356,12 @@ def check_run_memory(spec, prompts: list, tokenizer) -> RunEstimate | None:
     action = AlarmAction(spec.cfg.health.memory)
     if action is AlarmAction.off:
         return None
-    run = estimate_run(spec, longest_prompt_tokens(tokenizer, prompts))
+    try:
+        run = estimate_run(spec, longest_prompt_tokens(tokenizer, prompts))
+    except (OSError, ValueError, KeyError, AttributeError, TypeError) as err:
+        # an architecture the estimate cannot read (no intermediate_size, remote code, a config it cannot fetch)
+        log.info("Memory: not estimated for model=%s (%s: %s)", spec.cfg.model.name, type(err).__name__, err)
+        return None
     available, where = available_bytes(run.shape.on_gpu)
     if not run.shape.on_gpu:  # the processes of this node share its memory
         available //= max(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), 1)
