@@ -89,7 +89,7 @@ SEED_SETTINGS = [*LENGTH_REWARD, "trainer.num_generations=8", "trainer.max_compl
 def shape_of(**changes) -> RunShape:
     numbers = dict(
         parameters=494_032_768, hidden_size=896, intermediate_size=4864, layers=24, kv_size=128, vocab_size=151936,
-        tied_embeddings=True, weight_bytes=4, compute_bytes=4, trainable=494_032_768, rows=16, tokens=563,
+        weight_bytes=4, compute_bytes=4, trainable=494_032_768, rows=16, tokens=563,
     )  # fmt: skip
     return RunShape(**(numbers | changes))
 

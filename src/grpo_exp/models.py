@@ -221,11 +221,20 @@ def materialise_tiny(model_cfg: DictConfig, tokenizer: PreTrainedTokenizerBase, 
     layout = "with-tokenizer"  # in the key: directories of older versions, weights only, are not reused
     architecture = OmegaConf.to_container(model_cfg.architecture)
     tokens = [len(tokenizer), sorted(tokenizer.special_tokens_map.items()), tokenizer.chat_template]  # as saved
-    spec = json.dumps([architecture, model_cfg.dtype.value, seed, tokens, layout])
-    target = Path(cache_dir).expanduser() / "models" / f"tiny-{hashlib.sha256(spec.encode()).hexdigest()[:12]}"
+    name = f"tiny-{_digest([architecture, model_cfg.dtype.value, seed, tokens, layout])}"
+    return _random_model_once(name, lambda: build_tiny_model(model_cfg, tokenizer, seed), tokenizer, cache_dir)
+
+
+def _digest(spec: list) -> str:
+    return hashlib.sha256(json.dumps(spec).encode()).hexdigest()[:12]
+
+
+def _random_model_once(name: str, make_model, tokenizer: PreTrainedTokenizerBase, cache_dir: str) -> Path:
+    """`make_model()` (a model with random weights) saved once with its tokenizer as <cache_dir>/models/<name>."""
+    target = Path(cache_dir).expanduser() / "models" / name
 
     def build(directory: Path) -> None:
-        build_tiny_model(model_cfg, tokenizer, seed).save_pretrained(directory)
+        make_model().save_pretrained(directory)
         tokenizer.save_pretrained(directory)
 
     if not (target / "config.json").is_file():
@@ -250,19 +259,15 @@ def materialise_shape(model_cfg: DictConfig, tokenizer: PreTrainedTokenizerBase,
     config.update({"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id})
     config.pad_token_id = tokenizer.pad_token_id
     dtype = torch_dtype(model_cfg.dtype)
-    spec = json.dumps([config.to_diff_dict(), str(dtype), seed, len(tokenizer), tokenizer.chat_template])
-    key = hashlib.sha256(spec.encode()).hexdigest()[:12]
-    target = Path(cache_dir).expanduser() / "models" / f"shape-{model_cfg.shape}-{key}"
+    key = _digest([config.to_diff_dict(), str(dtype), seed, len(tokenizer), tokenizer.chat_template])
+    name = f"shape-{model_cfg.shape}-{key}"
 
-    def build(directory: Path) -> None:
-        log.info("Building a %s-shaped model with random weights (once) into %s", model_cfg.shape, target)
+    def make_model():
+        log.info("Building a %s-shaped model with random weights (once) into %s", model_cfg.shape, name)
         torch.manual_seed(seed)
-        AutoModelForCausalLM.from_config(config, dtype=dtype).save_pretrained(directory)
-        tokenizer.save_pretrained(directory)
+        return AutoModelForCausalLM.from_config(config, dtype=dtype)
 
-    if not (target / "config.json").is_file():
-        _build_once(target, build)
-    return target
+    return _random_model_once(name, make_model, tokenizer, cache_dir)
 
 
 def trained_dtype(model_cfg: DictConfig) -> torch.dtype:

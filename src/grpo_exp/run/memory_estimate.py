@@ -48,7 +48,6 @@ class RunShape:
     layers: int
     kv_size: int  # key/value heads x head dimension
     vocab_size: int
-    tied_embeddings: bool
     weight_bytes: int  # a trained weight's (float32 master weights unless LoRA)
     compute_bytes: int  # an activation's (bfloat16 under autocast)
     trainable: int  # parameters the optimiser updates
@@ -142,7 +141,6 @@ def run_shape(config: PretrainedConfig, parameters: int, settings: dict) -> RunS
         layers=config.num_hidden_layers,
         kv_size=_kv_size(config),
         vocab_size=config.vocab_size,
-        tied_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
         weight_bytes=settings["weight_bytes"],
         compute_bytes=settings["compute_bytes"],
         trainable=trainable,
@@ -246,8 +244,8 @@ def estimate_run(spec, prompt_tokens: int | None = None) -> MemoryEstimate:
         prompt_tokens = longest_prompt_tokens(load_tokenizer(cfg.model, cfg.cache_dir), list(train["prompt"]))
     parameters = parameter_count(config)
     on_gpu = training_device(bool(t.extra.get("use_cpu", False))) == "cuda"
-    compute = torch_dtype(cfg.model.dtype)
-    compute_bytes = torch.finfo(compute).bits // 8
+    compute_bytes = _bytes(torch_dtype(cfg.model.dtype))
+    weight_bytes = _bytes(trained_dtype(cfg.model))
     use_vllm = bool(t.extra.get("use_vllm", False))
     copies = {}
     fast = t.fast_generation
@@ -257,7 +255,7 @@ def estimate_run(spec, prompt_tokens: int | None = None) -> MemoryEstimate:
     if fast and t.fast_generation is None and cfg.model.lora.enabled:
         fast = False  # the prepacked copy does not run LoRA layers: auto fast_generation turns itself off
     if (fast or t.bfloat16_generation) and not use_vllm:
-        copy_bytes = 2 if t.bfloat16_generation else torch.finfo(trained_dtype(cfg.model)).bits // 8
+        copy_bytes = 2 if t.bfloat16_generation else weight_bytes
         tied_head = config.vocab_size * config.hidden_size if getattr(config, "tie_word_embeddings", False) else 0
         copies["sampling copy"] = (parameters + (tied_head if fast else 0)) * copy_bytes
     if t.float64_reference_every:
@@ -267,7 +265,7 @@ def estimate_run(spec, prompt_tokens: int | None = None) -> MemoryEstimate:
     for name, frozen in frozen_models(spec):
         copies[name] = parameter_count(model_config(frozen, cfg.cache_dir)) * _bytes(torch_dtype(frozen.dtype))
     settings = {
-        "weight_bytes": torch.finfo(trained_dtype(cfg.model)).bits // 8,
+        "weight_bytes": weight_bytes,
         "compute_bytes": compute_bytes,
         "rows": max(t.prompts_per_step * t.num_generations // spec.processes, 1),
         "tokens": prompt_tokens + t.max_completion_length,

@@ -13,8 +13,3 @@ def set_lm_head_tile(tokens: int) -> None:
     """Every fused LM head of this process (the policy's, the reference model's) takes tiles of `tokens` tokens."""
     module, name = TRL_LM_HEAD_TILE
     setattr(importlib.import_module(module), name, tokens)
-
-
-def lm_head_tile() -> int:
-    module, name = TRL_LM_HEAD_TILE
-    return getattr(importlib.import_module(module), name)

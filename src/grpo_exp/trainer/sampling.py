@@ -7,6 +7,7 @@ decided by `fast_generation_pays`. `Sampler` is one trainer's choice at run time
 asks it which copy, if any, samples a batch.
 """
 
+import contextlib
 import logging
 import platform
 
@@ -169,10 +170,15 @@ class Sampler:
         self.copy.sync(policy, step)
         return self.copy.generate(prompt_ids, generation_config, with_log_probs=with_log_probs)
 
-    def release(self) -> None:
-        """The copy's weights freed once a step's batch is generated (made again at the next step's sync)."""
-        if self.copy is not None:
-            self.copy.release()
+    @contextlib.contextmanager
+    def generating(self):
+        """A step's generation (resampled batches included): the copy's weights are freed when it ends, made again at
+        the next step's sync, so that they are not held through the loss's forward and backward."""
+        try:
+            yield
+        finally:
+            if self.copy is not None:
+                self.copy.release()
 
     def _new_copy(self, policy, dtype: torch.dtype, probe: list[int]) -> SamplingCopy | None:
         """The sampling copy; a prepacked one must reproduce the policy's logits on `probe` (a prompt). Where it does

@@ -46,7 +46,7 @@ class PrepackedLinear(torch.nn.Module):
 
     @torch.no_grad()
     def load(self, weight: torch.Tensor) -> None:
-        self.packed = None  # the old layout freed before the new one is made: one copy of the weight at a time
+        self.release()  # the old layout freed before the new one is made: one copy of the weight at a time
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(self.dtype))
 
     def release(self) -> None:

@@ -77,7 +77,7 @@ class HookedGRPOTrainer(TrainingHooks, TRLSurface, GRPOTrainer):
         args, size = self.args, self.num_generations
         groups, step = len(inputs) // size, self.state.global_step
         more = resampler(self._generate_scored, self.train_dataset, groups, size, args.seed, step)
-        try:
+        with self.sampler.generating():
             output, metrics = settle(
                 self._generate_scored(self.before_generation(inputs)),
                 len(inputs),
@@ -89,8 +89,6 @@ class HookedGRPOTrainer(TrainingHooks, TRLSurface, GRPOTrainer):
                 self.leaves_out_no_spread,
                 self.accelerator.process_index,
             )
-        finally:
-            self.sampler.release()  # the copy's weights are not needed again before the next step's generation
         self._record(metrics)
         return output
 
