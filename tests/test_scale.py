@@ -203,3 +203,13 @@ def test_an_architecture_the_estimate_cannot_read_is_trained_without_an_estimate
     with caplog.at_level(logging.INFO):
         assert check_run_memory(spec, [[{"role": "user", "content": "hi"}]], tokenizer) is None
     assert "Memory: not estimated for model=tiny (AttributeError" in caplog.text
+
+
+def test_a_run_whose_generation_is_served_elsewhere_holds_no_kv_cache():
+    """generation=vllm_server: the server holds the KV cache, not the training process."""
+    config = shape_config("qwen2.5-0.5b")
+    settings = {"weight_bytes": 4, "compute_bytes": 4, "rows": 16, "tokens": 563}
+    here = estimate(memory_estimate.run_shape(config, 494_032_768, settings)).phases["generation"]
+    served = estimate(memory_estimate.run_shape(config, 494_032_768, settings | {"generates": False}))
+    kv_cache = 2 * 24 * 128 * 16 * 563 * 4
+    assert here - served.phases["generation"] == kv_cache

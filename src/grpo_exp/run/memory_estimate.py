@@ -131,7 +131,7 @@ def _kv_size(config: PretrainedConfig) -> int:
 
 def run_shape(config: PretrainedConfig, parameters: int, settings: dict) -> RunShape:
     """The run's shape from the model's config and `settings`: weight_bytes, compute_bytes, rows, tokens,
-    lora_r (None: full fine-tuning), gradient_checkpointing, copies, on_gpu."""
+    lora_r (None: full fine-tuning), gradient_checkpointing, head_tile_tokens, copies, on_gpu, generates."""
     lora_r = settings.get("lora_r")
     trainable = parameters if lora_r is None else lora_parameters(config, lora_r)
     return RunShape(
@@ -150,6 +150,7 @@ def run_shape(config: PretrainedConfig, parameters: int, settings: dict) -> RunS
         head_tile_tokens=settings.get("head_tile_tokens", 1024),
         copies=settings.get("copies", {}),
         on_gpu=settings.get("on_gpu", False),
+        generates=settings.get("generates", True),
     )
 
 
