@@ -77,10 +77,14 @@ def run_grpo_exp(steps: int, out_dir: Path, overrides: list[str]) -> dict:
 
 
 def bare_trl_trainer(steps: int, out_dir: Path, overrides: list[str]):
-    """The experiment that `overrides` compose, as a bare TRL GRPOTrainer (not trained yet), with its run spec."""
+    """The experiment that `overrides` compose, as a bare TRL GRPOTrainer (not trained yet), with its run spec: the same
+    model, data, rewards and settings (any GRPOConfig field the run passes through, trainer.extra; LoRA), on the GPU
+    where there is one, GRPOConfig's own defaults otherwise."""
+    import torch
     from trl import GRPOConfig, GRPOTrainer
 
     from grpo_exp.data import load_splits
+    from grpo_exp.models import lora_config, torch_dtype
     from grpo_exp.rewards.registry import build_rewards
     from grpo_exp.run.setup import load_policy
     from grpo_exp.verification.labels import built_in_labels
@@ -89,7 +93,7 @@ def bare_trl_trainer(steps: int, out_dir: Path, overrides: list[str]):
     spec = resolved_config(overrides)  # only to read the same values the grpo_exp run uses
     cfg, t = spec.cfg, spec.cfg.trainer
     train_set, _ = load_splits(cfg.dataset)
-    tokenizer, model = load_policy(spec)
+    tokenizer, model = load_policy(spec, spec.policy_dtype)
     reward_funcs, reward_weights = build_rewards(spec.components, {"verifier": built_in_labels()}), spec.reward_weights
     args = GRPOConfig(
         output_dir=str(out_dir),
@@ -107,11 +111,17 @@ def bare_trl_trainer(steps: int, out_dir: Path, overrides: list[str]):
         logging_steps=1,
         report_to="none",
         save_strategy="no",
-        bf16=False,
-        use_cpu=True,
+        bf16=torch_dtype(cfg.model.dtype) == torch.bfloat16,
+        use_cpu=not torch.cuda.is_available(),
+        **dict(t.extra),
     )
     trainer = GRPOTrainer(
-        model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_set, processing_class=tokenizer
+        model=model,
+        reward_funcs=reward_funcs,
+        args=args,
+        train_dataset=train_set,
+        processing_class=tokenizer,
+        peft_config=lora_config(cfg.model),
     )
     return trainer, spec
 

@@ -127,54 +127,9 @@ def run_grpo_exp(steps: int, out_dir: Path, overrides: list[str]) -> list[float]
 
 
 def run_bare_trl(steps: int, out_dir: Path, overrides: list[str]) -> list[float]:
-    import torch
-    from trl import GRPOConfig, GRPOTrainer
+    from benchmarks.overhead_worker import bare_trl_trainer
 
-    from grpo_exp.data import load_splits
-    from grpo_exp.models import torch_dtype
-    from grpo_exp.rewards.registry import build_rewards
-    from grpo_exp.run.setup import load_policy
-    from grpo_exp.verification.labels import built_in_labels
-    from support.config import resolved_config
-
-    spec = resolved_config(overrides)  # only to read the same values the grpo_exp run uses
-    cfg, t = spec.cfg, spec.cfg.trainer
-    train_set, _ = load_splits(cfg.dataset)
-    tokenizer, model = load_policy(spec, dtype=spec.policy_dtype)
-    reward_funcs = build_rewards(spec.components, {"verifier": built_in_labels()})
-    peft_config = None
-    if cfg.model.lora.enabled:
-        from grpo_exp.models import lora_config
-
-        peft_config = lora_config(cfg.model)
-    args = GRPOConfig(
-        output_dir=str(out_dir),
-        per_device_train_batch_size=t.prompts_per_step * t.num_generations,
-        num_generations=t.num_generations,
-        max_completion_length=t.max_completion_length,
-        max_steps=steps,
-        learning_rate=t.learning_rate,
-        beta=t.beta,
-        loss_type=t.loss_type,
-        temperature=t.temperature,
-        lr_scheduler_type=t.lr_scheduler_type,
-        seed=t.seed,
-        reward_weights=spec.reward_weights,
-        logging_steps=1,
-        report_to="none",
-        save_strategy="no",
-        bf16=torch_dtype(cfg.model.dtype) == torch.bfloat16,
-        use_cpu=not torch.cuda.is_available(),
-        **dict(t.extra),
-    )
-    trainer = GRPOTrainer(
-        model=model,
-        reward_funcs=reward_funcs,
-        args=args,
-        train_dataset=train_set,
-        processing_class=tokenizer,
-        peft_config=peft_config,
-    )
+    trainer, _ = bare_trl_trainer(steps, out_dir, overrides)
     trainer.train()
     return [h["step_time"] for h in trainer.state.log_history if "step_time" in h]
 
