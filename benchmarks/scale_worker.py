@@ -9,6 +9,8 @@ marked (generation, the loss forward, the backward, the optimiser), so that the 
 torch.cuda's peak allocated and reserved bytes are read per phase too.
 """
 
+import ctypes
+import ctypes.util
 import functools
 import json
 import os
@@ -28,6 +30,35 @@ def resident_bytes() -> int:
         return int(statm.read().split()[1]) * PAGE
 
 
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks")
+    ] + [("keepcost", ctypes.c_size_t)]
+
+
+def _mallinfo2():
+    try:
+        function = ctypes.CDLL(ctypes.util.find_library("c")).mallinfo2
+    except (OSError, AttributeError, TypeError):
+        return None  # not glibc 2.33+
+    function.restype = _MallInfo2
+    return function
+
+
+MALLINFO2 = _mallinfo2()
+
+
+def heap_bytes() -> tuple[int, int] | None:
+    """glibc's view of the process's memory: (bytes in use by live allocations, bytes freed but still held by the
+    allocator); None where the C library does not say. The resident set's excess over the first is what the
+    allocator keeps, which no tensor accounts for."""
+    if MALLINFO2 is None:
+        return None
+    info = MALLINFO2()
+    return info.uordblks + info.hblkhd, info.fordblks
+
+
 class PhaseMemory:
     """The peak resident set (and on a GPU, torch's peak allocated / reserved bytes) of each phase of a run."""
 
@@ -36,14 +67,19 @@ class PhaseMemory:
         self.rss: dict[str, int] = {}
         self.cuda_allocated: dict[str, int] = {}
         self.cuda_reserved: dict[str, int] = {}
+        self.heap_at_peak: dict[str, tuple[int, int]] = {}  # (in use, held free) when the phase's peak was seen
         self._interval, self._stop = interval_s, threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
 
     def _sample(self) -> None:
         while not self._stop.is_set():
-            rss = resident_bytes()
-            self.rss[self.phase] = max(self.rss.get(self.phase, 0), rss)
+            rss, phase = resident_bytes(), self.phase
+            if rss > self.rss.get(phase, 0):
+                self.rss[phase] = rss
+                heap = heap_bytes()
+                if heap is not None:
+                    self.heap_at_peak[phase] = heap
             time.sleep(self._interval)
 
     def enter(self, phase: str) -> str:
@@ -150,6 +186,9 @@ def main() -> None:
         "wall_s": time.perf_counter() - started,
         "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
         "rss_gib_by_phase": {p: memory.rss[p] / 2**30 for p in PHASES if p in memory.rss},
+        # at each phase's peak: what live allocations held, and what the allocator held freed (glibc)
+        "heap_in_use_gib_at_peak": {p: v[0] / 2**30 for p, v in memory.heap_at_peak.items()},
+        "heap_free_held_gib_at_peak": {p: v[1] / 2**30 for p, v in memory.heap_at_peak.items()},
         "cuda_allocated_gib_by_phase": {p: v / 2**30 for p, v in memory.cuda_allocated.items()},
         "cuda_reserved_gib_by_phase": {p: v / 2**30 for p, v in memory.cuda_reserved.items()},
     }

@@ -18,6 +18,13 @@ from grpo_exp.token_log_probs import token_log_probs
 from support.config import TINY_RUN, compose_config, resolved_config
 from tests.helpers.cli import run_cli
 
+
+def has_malloc_trim() -> bool:
+    from grpo_exp.freed_memory import _malloc_trim
+
+    return _malloc_trim() is not None
+
+
 GIB = 2**30
 LENGTH_REWARD = ["reward=length", "reward.components.length.target_chars=1000000"]  # a spread on any text
 # Qwen2.5-0.5B's vocabulary and layout, narrowed to a test's size: what is under test is the 151,936-token vocabulary
@@ -148,6 +155,38 @@ def test_lora_at_7b_is_what_the_estimate_names_where_full_fine_tuning_cannot_fit
 
 
 # ---- grpo_exp's own log-probabilities, in chunks ------------------------------------------------------------------
+
+
+FREED_BUT_RESIDENT = """
+import torch
+from grpo_exp.freed_memory import return_freed_memory
+
+def resident():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096
+
+raise_threshold = torch.ones(4_000_000)
+del raise_threshold  # a freed 16 MB block raises glibc's mmap threshold to 16 MB, as any training run's do
+blocks = [torch.ones(250_000) for _ in range(400)]  # 400 MB in 1 MB tensors: from the heap now
+last = torch.ones(10)  # a live block above them: free() cannot give the heap's top back
+before = resident()
+del blocks
+freed = resident()
+return_freed_memory()
+print(before - freed, freed - resident())
+"""
+
+
+@pytest.mark.skipif(not has_malloc_trim(), reason="glibc's malloc_trim only (Linux with glibc)")
+def test_weights_freed_between_uses_leave_the_resident_set():
+    """A copy of the weights freed (SamplingCopy.release) leaves glibc's heap holding its pages: they stay in the
+    resident set, and on the next phase's peak, until return_freed_memory gives them back. Measured in a fresh
+    process, whose heap nothing else shares."""
+    import subprocess
+    import sys
+
+    ran = subprocess.run([sys.executable, "-c", FREED_BUT_RESIDENT], capture_output=True, text=True, check=True)
+    kept_after_free, given_back = (int(n) for n in ran.stdout.split())
+    assert kept_after_free < 50 * 2**20 and given_back > 300 * 2**20, ran.stdout
 
 
 def test_the_float64_references_log_probabilities_in_chunks_equal_the_whole_vocabularys_log_softmax():

@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import PrinterCallback, ProgressCallback, set_seed
 
 from grpo_exp.analysis.diagnosis import diagnose, read_run
+from grpo_exp.freed_memory import return_freed_memory
 from grpo_exp.models import describe, load_tokenizer, lora_config
 from grpo_exp.rewards.components import graded_components
 from grpo_exp.rollout.native import with_system
@@ -79,6 +80,7 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
     try:
         trainer = make_trainer(spec, parts, model, tokenizer, train_set, run_dir, tracked.tracker, levels)
         watchers = add_callbacks(trainer, spec, parts, evaluation, tracked, run_dir, probed)
+        return_freed_memory()  # what loading freed (the checkpoint's tensors, the probes) off the first step's peak
         started = time.perf_counter()
         with interruptible(trainer):
             trainer.train(resume_from_checkpoint=str(attempt.checkpoint) if attempt else None)

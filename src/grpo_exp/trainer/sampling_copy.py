@@ -31,6 +31,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 from transformers import DynamicCache
 
+from grpo_exp.freed_memory import return_freed_memory
 from grpo_exp.generation import cache_argument, distinct_rows, read_positions
 from grpo_exp.sampled_log_probs import SampledLogProbs
 
@@ -176,6 +177,7 @@ class SamplingCopy:
         for packed in self.prepacked.values():
             packed.release()
         self.synced_step = None
+        return_freed_memory()
 
     @torch.no_grad()
     def generate(
