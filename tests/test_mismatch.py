@@ -14,6 +14,8 @@ from grpo_exp.trainer.mismatch import (
     importance_weights,
     mismatch_metrics,
     mismatch_sums,
+    off_policy_metrics,
+    off_policy_sums,
     reference_metrics,
     reference_sums,
     vllm_fields,
@@ -84,6 +86,36 @@ def test_the_metrics_by_hand_over_two_processes():
     assert corrected["sampling/importance_sampling_ratio/mean"] == pytest.approx((1 + 3) / 2)
     assert corrected["sampling/importance_sampling_ratio/max"] == pytest.approx(3.0)
     assert mismatch_metrics(mismatch_sums(TRAINER, SAMPLER, torch.zeros_like(MASK), None)[None]) == {}
+
+
+def test_how_off_policy_a_batch_is_by_hand_over_two_processes():
+    """Token ratios 2, 0.5, 4 (process 1) and 1 (process 2): ESS (7.5)^2 / (4 x 21.25) = 0.662; with bounds [0.6, 3],
+    0.5 and 4 are outside: half the tokens. Per sequence (row ratios 1 and 4, and 1): (6)^2 / (3 x 18), one of three
+    outside. On-policy the ESS is 1 and nothing is outside."""
+    second = off_policy_sums(torch.tensor([[-1.0]]), torch.tensor([[-1.0]]), torch.tensor([[1]]), False, (0.6, 3.0))
+    tokens = off_policy_metrics(torch.stack([off_policy_sums(TRAINER, SAMPLER, MASK, False, (0.6, 3.0)), second]), True)
+    assert tokens["sampling/importance_sampling_ess_fraction"] == pytest.approx(7.5**2 / (4 * 21.25))
+    assert tokens["sampling/importance_sampling_clipped_fraction"] == pytest.approx(0.5)
+    second = off_policy_sums(torch.tensor([[-1.0]]), torch.tensor([[-1.0]]), torch.tensor([[1]]), True, (0.6, 3.0))
+    first = off_policy_sums(TRAINER, SAMPLER, MASK, True, (0.6, 3.0))
+    sequences = off_policy_metrics(torch.stack([first, second]), True)
+    assert sequences["sampling/importance_sampling_ess_fraction"] == pytest.approx(36 / (3 * 18))
+    assert sequences["sampling/importance_sampling_clipped_fraction"] == pytest.approx(1 / 3)
+    # no correction: the ESS only; an unknown sampler log-probability is not counted
+    sampler = SAMPLER.clone()
+    sampler[1, 0] = math.nan
+    alone = off_policy_metrics(off_policy_sums(TRAINER, sampler, MASK, False, None)[None], False)
+    assert alone == {"sampling/importance_sampling_ess_fraction": pytest.approx(2.5**2 / (2 * 4.25))}
+    on_policy = off_policy_metrics(off_policy_sums(TRAINER, TRAINER, MASK, True, (0.6, 3.0))[None], True)
+    assert on_policy == {
+        "sampling/importance_sampling_ess_fraction": pytest.approx(1.0),
+        "sampling/importance_sampling_clipped_fraction": 0.0,
+    }
+    # a sequence far off-policy (a log-ratio of 1,200) does not overflow: beside one on-policy sequence it carries all
+    # the weight, an ESS of one sequence in two, not NaN
+    far = off_policy_sums(torch.tensor([[0.0] * 40]), torch.tensor([[-30.0] * 40]), torch.ones(1, 40), True, None)
+    assert off_policy_metrics(torch.stack([far, second]), False)["sampling/importance_sampling_ess_fraction"] == 0.5
+    assert off_policy_metrics(off_policy_sums(TRAINER, SAMPLER, torch.zeros_like(MASK), False, None)[None], False) == {}
 
 
 def test_the_float64_reference_separates_the_sampler_from_the_trainer_by_hand():
@@ -207,6 +239,7 @@ def test_every_generation_path_logs_the_mismatch_under_trls_names(tmp_path, path
         assert 0.0 <= difference <= step["sampling/sampling_logp_difference/max"]
         assert step["sampling/importance_sampling_ratio/min"] <= step["sampling/importance_sampling_ratio/max"]
         assert step["sampling/mismatch_kl"] >= 0.0
+        assert 0.0 < step["sampling/importance_sampling_ess_fraction"] <= 1.0 + 1e-9
         if path == "bfloat16_copy":  # rounded weights: a difference beyond float32's, truncated at 3
             assert 1e-5 < difference < 0.1 and step["sampling/importance_sampling_ratio/max"] <= 3.0
         else:  # the policy's own distribution, up to the rounding of another summation order

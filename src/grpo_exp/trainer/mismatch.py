@@ -122,6 +122,51 @@ def mismatch_metrics(sums: torch.Tensor) -> dict[str, float]:
     }
 
 
+# ---- how off-policy a batch is: the effective sample size of its importance ratios, and what the correction cuts ----
+
+OFF_POLICY_SUMS = ("units", "ratio_sum", "ratio_square_sum", "outside")
+LOG_RATIO_LIMIT = 50.0  # a sequence's summed log-ratio can overflow exp(); the ESS of such a batch is ~0 either way
+
+
+def off_policy_sums(
+    trainer_logps: torch.Tensor,
+    sampler_logps: torch.Tensor,
+    mask: torch.Tensor,
+    sequence_level: bool,
+    bounds: tuple[float | None, float | None] | None,
+) -> torch.Tensor:
+    """[len(OFF_POLICY_SUMS)] of this process's batch: the raw ratios p_trainer / p_sampler (per token, or per
+    sequence for a sequence-level correction), their sum and sum of squares, and how many fall outside `bounds` (the
+    correction's [clip_min, clip_max], where it truncates or masks; None: no correction, nothing counted)."""
+    counted = mask.bool() & ~torch.isnan(sampler_logps)
+    log_ratio = torch.where(counted, trainer_logps - sampler_logps, 0.0).double()
+    if sequence_level:
+        log_ratio = log_ratio.sum(dim=1)[counted.any(dim=1)]
+    else:
+        log_ratio = log_ratio[counted]
+    ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
+    outside = 0.0
+    if bounds is not None:
+        low, high = (-math.inf if bounds[0] is None else bounds[0]), (math.inf if bounds[1] is None else bounds[1])
+        outside = float(((ratio < low) | (ratio > high)).sum())
+    return torch.tensor(
+        [float(ratio.numel()), float(ratio.sum()), float((ratio * ratio).sum()), outside], dtype=torch.float64
+    )
+
+
+def off_policy_metrics(sums: torch.Tensor, counts_outside: bool) -> dict[str, float]:
+    """Over every process's sums ([processes, 4]): the effective sample size of the importance ratios as a fraction
+    of the tokens (or sequences), (sum w)^2 / (n sum w^2), 1 on-policy and falling as the batch's policy drifts from
+    the trainer's (Kish); and, where a correction truncates or masks, the fraction it truncated or masked."""
+    units, total, squares, outside = (float(column.sum()) for column in sums.T)
+    if not units or not squares:
+        return {}
+    metrics = {f"{PREFIX}importance_sampling_ess_fraction": total * total / (units * squares)}
+    if counts_outside:
+        metrics[f"{PREFIX}importance_sampling_clipped_fraction"] = outside / units
+    return metrics
+
+
 # ---- generation ahead: how much of a stale batch's difference is staleness, how much numerics ----------------------
 
 SPLIT_PREFIX = "async/"
@@ -291,6 +336,11 @@ class MismatchWatch:
         self.clip = (args.mismatch_clip_min, args.mismatch_clip_max)
         self.every, self.completions = args.float64_reference_every, args.float64_reference_completions
         self.exact: SamplingCopy | None = None  # the float64 copy, made at its first use
+        # the correction TRL applies on vLLM (its vllm_importance_sampling_*), for the off-policy metrics
+        self.trl_correction = (
+            (MismatchCorrection(args.vllm_importance_sampling_mode), (args.vllm_importance_sampling_clip_min,
+             args.vllm_importance_sampling_clip_max)) if trl_corrects else None
+        )  # fmt: skip
 
     def see_policy(self, dtype: torch.dtype) -> None:
         """The policy's dtype: a bfloat16 policy samples itself, with no copy to correct for."""
@@ -364,12 +414,29 @@ class MismatchWatch:
             trainer_logps = output.get("old_per_token_logps")  # TRL's own forward, where it made one
             if trainer_logps is None:
                 trainer_logps = trainer.trainer_log_probs(output)
-        metrics = self.apply(output, trainer_logps, step, trainer.gather_sums, trainer.policy, trainer.temperature)
+        metrics = self.off_policy(output, trainer_logps, trainer.gather_sums)
+        metrics |= self.apply(output, trainer_logps, step, trainer.gather_sums, trainer.policy, trainer.temperature)
         if current is not None:
             sampler = output["sampling_per_token_logps"]
             sums = staleness_split_sums(trainer_logps, sampler, current.to(sampler.device), loss_mask(output))
             metrics |= staleness_split_metrics(trainer.gather_sums(sums))
         return metrics
+
+    def off_policy(self, output: dict, trainer_logps: torch.Tensor | None, gather: Gather) -> dict[str, float]:
+        """The batch's off-policy metrics (off_policy_metrics), where both log-probabilities are at hand: the
+        sampler's and the trainer's (this watch's forward, or TRL's own where it corrects). Before `apply`, which may
+        put the sampler's in old_per_token_logps."""
+        sampler = output.get("sampling_per_token_logps")
+        if trainer_logps is None:
+            trainer_logps = output.get("old_per_token_logps")
+        if sampler is None or trainer_logps is None:
+            return {}
+        correction, bounds = self.trl_correction or (self.correction, self.clip)
+        weighs = correction in WEIGHTING
+        sums = off_policy_sums(
+            trainer_logps, sampler, loss_mask(output), correction in SEQUENCE_LEVEL, bounds if weighs else None
+        )
+        return off_policy_metrics(gather(sums), counts_outside=weighs)
 
     def weighted(self, inputs: dict, loss_type: str) -> dict:
         """TRL applies the importance weights (its importance_sampling_ratio) on vLLM only: elsewhere the same loss,
