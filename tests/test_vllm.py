@@ -333,6 +333,59 @@ def test_a_judge_writing_its_rubric_through_vllms_structured_output_never_fails(
 MOVING = ["reward=math+format+length", "trainer.zero_variance_groups=keep", "trainer.learning_rate=1e-4"]
 STALENESS = "async/staleness_max"
 SPLIT_STALENESS, SPLIT_NUMERICS = "async/staleness_logp_difference/mean", "async/numerics_logp_difference/mean"
+ESS, CLIPPED = "sampling/importance_sampling_ess_fraction", "sampling/importance_sampling_clipped_fraction"
+
+
+def steps_against_a_fresh_server(tmp_path, name: str, *overrides: str) -> tuple[list, dict]:
+    """`python -m grpo_exp.train <overrides>` for 3 steps against a `grpo-exp serve` started for it alone (vLLM's
+    weights in their starting state), every group of every step in samples.jsonl: (the samples, TRL's metrics by
+    step). Each request carries a seed (TRL's generation_kwargs): without one, vLLM draws from one generator for all
+    the sequences it is decoding, so which draw a row gets depends on how its scheduler happened to batch the
+    requests, which differs from run to run: two runs' second steps differed so (the same weights, on-policy to
+    1e-5). And without TRL's importance-sampling correction: vLLM's log-probabilities of the same tokens moved by
+    1e-4 between the two runs' first steps (1.4e-4 from the trainer's against 1e-5), which the correction multiplies
+    into the loss (2.5e-3 of it). The trainer's side is then the same computation in both, to float rounding."""
+    from grpo_exp.run.tracking import read_metrics
+    from support.servers import free_port, vllm_server
+    from tests.helpers.cli import run_cli
+
+    run_dir, port = tmp_path / name, free_port()
+    with vllm_server(port):
+        result = run_cli(
+            *overrides, f"trainer.extra.vllm_server_port={port}", "+trainer.extra.generation_kwargs={seed:1234}",
+            "trainer.mismatch_correction=none",
+            *MOVING, "trainer.max_steps=3",
+            "stats.table_every=1", "stats.table_groups=2", "eval.before=false", "eval.after=false",
+            "probe.labels_check=off", "save_model=false", "trainer.save_steps=0", "logger=none",
+            f"hydra.run.dir={run_dir}",
+        )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    metrics = {m["step"]: m for m in read_metrics(run_dir / "metrics.jsonl") if "loss" in m}
+    return samples, metrics
+
+
+@pytest.mark.e2e
+def test_async_at_staleness_0_is_the_synchronous_run_exactly(tmp_path):
+    """generation=vllm_async with max_staleness=0 and generation=vllm_server, the same seed, 3 steps of the embedded
+    model, each against a freshly started server: the same prompts in the same order, the same completions, rewards,
+    advantages and loss (to float rounding). The pipeline adds nothing to a synchronous step where no batch is stale
+    (verl's asynchronous mode at staleness 0 did not match its synchronous trainer: verl#6780)."""
+    sync, sync_metrics = steps_against_a_fresh_server(tmp_path, "sync", "generation=vllm_server")
+    ahead, ahead_metrics = steps_against_a_fresh_server(
+        tmp_path, "async", "generation=vllm_async", "trainer.max_staleness=0"
+    )
+    assert len(sync) == len(ahead) == 3 * 2 * 4  # 3 steps x 2 prompts x G=4
+    assert {m["async/staleness_max"] for m in ahead_metrics.values()} == {0.0}
+    for ours, theirs in zip(ahead, sync, strict=True):
+        same = ("step", "group", "prompt", "completion")
+        assert [ours[key] for key in same] == [theirs[key] for key in same]
+        assert ours["reward"] == pytest.approx(theirs["reward"], abs=1e-6)
+        assert ours["advantage"] == pytest.approx(theirs["advantage"], abs=1e-5)
+    assert sorted(ahead_metrics) == sorted(sync_metrics) == [1, 2, 3]
+    for step, metrics in sync_metrics.items():
+        assert ahead_metrics[step]["loss"] == pytest.approx(metrics["loss"], rel=1e-5, abs=1e-6), step
+        assert ahead_metrics[step]["grad_norm"] == pytest.approx(metrics["grad_norm"], rel=1e-5), step
 
 
 @pytest.mark.e2e
@@ -380,6 +433,10 @@ def test_async_trains_on_batches_at_most_max_staleness_old_corrected_and_resumes
     # has moved) within numerics, every stale one off by the staleness
     on_policy, stale = steps[resumed_at + 1], steps[resumed_at + 2]
     assert on_policy[MISMATCH] < 1e-3 and stale[MISMATCH] > 100 * on_policy[MISMATCH], (on_policy, stale)
+    # how off-policy each is: the importance ratios' effective sample size (1 on-policy), and what TRL's correction
+    # masked or truncated (nothing on-policy)
+    assert on_policy[ESS] > 0.999 and on_policy[CLIPPED] == 0.0, on_policy
+    assert stale[ESS] < on_policy[ESS] and 0.0 <= stale[CLIPPED] <= 1.0, stale
     # ...and within each stale batch, scored again by the server under the trainer's weights, the two parts apart: the
     # policy's move (the server's old against its new log-probabilities) is TRL's difference but for the numerics,
     # which are those of an on-policy batch (the trainer's against the server's, same weights)
