@@ -10,7 +10,6 @@ torch.cuda's peak allocated and reserved bytes are read per phase too.
 """
 
 import ctypes
-import ctypes.util
 import functools
 import json
 import os
@@ -38,11 +37,11 @@ class _MallInfo2(ctypes.Structure):
 
 
 def _mallinfo2():
-    try:
-        function = ctypes.CDLL(ctypes.util.find_library("c")).mallinfo2
-    except (OSError, AttributeError, TypeError):
-        return None  # not glibc 2.33+
-    function.restype = _MallInfo2
+    from grpo_exp.freed_memory import c_function
+
+    function = c_function("mallinfo2")  # glibc 2.33+
+    if function is not None:
+        function.restype = _MallInfo2
     return function
 
 

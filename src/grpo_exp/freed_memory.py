@@ -11,15 +11,18 @@ import ctypes.util
 import functools
 
 
-@functools.cache
-def _malloc_trim():
-    """glibc's malloc_trim, or None where the C library has none (macOS, musl)."""
-    name = ctypes.util.find_library("c")
+def c_function(name: str):
+    """The C library's function `name`, or None where it has none (glibc's malloc_trim and mallinfo2 are not on
+    macOS or musl)."""
     try:
-        library = ctypes.CDLL(name)
-        return library.malloc_trim
+        return getattr(ctypes.CDLL(ctypes.util.find_library("c")), name)
     except (OSError, AttributeError, TypeError):
         return None
+
+
+@functools.cache
+def _malloc_trim():
+    return c_function("malloc_trim")
 
 
 def return_freed_memory() -> None:

@@ -62,10 +62,15 @@ def importance_weights(
     if correction in (MismatchCorrection.token_truncate, MismatchCorrection.sequence_truncate):
         return torch.clamp(ratio, min=clip_min, max=clip_max)
     if correction in (MismatchCorrection.token_mask, MismatchCorrection.sequence_mask):
-        low = -math.inf if clip_min is None else clip_min
-        high = math.inf if clip_max is None else clip_max
-        return ratio.masked_fill((ratio < low) | (ratio > high), 0.0)
+        return ratio.masked_fill(outside_bounds(ratio, clip_min, clip_max), 0.0)
     raise ValueError(f"{correction} is not a weighting correction")
+
+
+def outside_bounds(ratio: torch.Tensor, clip_min: float | None, clip_max: float | None) -> torch.Tensor:
+    """Which ratios fall outside [clip_min, clip_max] (None: unbounded on that side)."""
+    low = -math.inf if clip_min is None else clip_min
+    high = math.inf if clip_max is None else clip_max
+    return (ratio < low) | (ratio > high)
 
 
 def weighted_advantages(advantages: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -145,10 +150,7 @@ def off_policy_sums(
     else:
         log_ratio = log_ratio[counted]
     ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
-    outside = 0.0
-    if bounds is not None:
-        low, high = (-math.inf if bounds[0] is None else bounds[0]), (math.inf if bounds[1] is None else bounds[1])
-        outside = float(((ratio < low) | (ratio > high)).sum())
+    outside = 0.0 if bounds is None else float(outside_bounds(ratio, *bounds).sum())
     return torch.tensor(
         [float(ratio.numel()), float(ratio.sum()), float((ratio * ratio).sum()), outside], dtype=torch.float64
     )
