@@ -432,6 +432,57 @@ def test_compare_refuses_an_output_or_source_it_cannot_use_before_reading_runs(t
     assert expected in capsys.readouterr().err
 
 
+def _refused_by_the_system() -> Path:
+    """A directory the operating system refuses to create though permission bits allow it (Linux's /sys: "Operation
+    not permitted", even to root)."""
+    target = Path("/sys/grpo_exp_output")
+    try:
+        target.mkdir()
+    except OSError:
+        return target
+    target.rmdir()
+    pytest.skip("this machine's /sys takes new directories: no path that the system refuses")
+
+
+def test_an_output_directory_the_system_refuses_is_found_by_trying_not_by_permission_bits(tmp_path, monkeypatch):
+    import errno
+    import tempfile
+
+    from grpo_exp.run_files import output_directory_problem
+
+    assert output_directory_problem(tmp_path / "new" / "deeper") is None
+    assert not (tmp_path / "new").exists()  # the check leaves nothing behind
+
+    def refused(*args, **kwargs):
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(tempfile, "mkdtemp", refused)  # a mount that refuses whatever the bits say
+    assert output_directory_problem(tmp_path / "new") == f"cannot be created in {tmp_path} (Operation not permitted)"
+    assert output_directory_problem(tmp_path) == "cannot be written (Operation not permitted)"
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["train", "outputs_dir={refused}"], "outputs_dir={refused} ({refused}/runs/"),
+        (["train", "hydra.run.dir={refused}"], "hydra.run.dir={refused}: cannot be created in /sys"),
+        (["train", "cache_dir={refused}"], "cache_dir={refused}: cannot be created in /sys"),
+        (["train", "-m", "outputs_dir={refused}", "trainer.beta=0.0,0.1"], "outputs_dir={refused} ({refused}/multirun/"),
+        (["train", "outputs_dir={file}"], "outputs_dir={file} ({file}/runs/"),
+        (["probe", "outputs_dir={refused}"], "outputs_dir={refused} ({refused}/probe/"),
+    ],
+)
+def test_an_output_directory_the_system_refuses_is_one_message_naming_what_the_user_wrote(tmp_path, argv, named):
+    values = {"file": tmp_path / "a_file"}
+    values["refused"] = _refused_by_the_system() if "{refused}" in " ".join(argv) else None
+    (tmp_path / "a_file").write_text("")
+    argv = [arg.format(**values) for arg in argv]
+    result = run_command([GRPO_EXP, *argv], timeout=300)
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert named.format(**values) in result.stderr, result.stderr[-2000:]
+    assert "give a directory this user can write to" in result.stderr
+
+
 # ---- 10. what a library raises on the user's task settings: the key named, in the library's words -----------------
 
 

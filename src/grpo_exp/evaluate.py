@@ -25,7 +25,7 @@ from grpo_exp.run.setup import HELDOUT, load_policy, set_up
 from grpo_exp.run.sources import command_args, composed, resolve_source
 from grpo_exp.run.tracking import Tracker, masked_override
 from grpo_exp.run.vllm_evaluation import answered_through_vllm
-from grpo_exp.run_files import new_evaluation_files
+from grpo_exp.run_files import check_command_outputs, new_evaluation_files
 
 EPILOG = """\
 The first argument may be a grpo_exp run directory (its config is re-composed and its checkpoint-final
@@ -73,7 +73,9 @@ def main(argv: list[str] | None = None) -> dict:
             "rollout.tool_calling: this run's environments ran through TRL's tool-calling loop, and grpo-exp evaluate "
             "plays held-out episodes with grpo_exp's loop (tags): add rollout.tool_calling=tags to evaluate them there"
         )
+    given_dir = out_dir is not None
     out_dir = out_dir or Path(cfg.outputs_dir) / "eval" / time.strftime("%Y-%m-%d_%H-%M-%S")
+    check_command_outputs(cfg, out_dir, given_dir)
     inputs = set_up(spec, checked=(HELDOUT,))
     train, heldout, parts = inputs.train, inputs.heldout, inputs.parts
     tokenizer, model = load_policy(spec)

@@ -33,6 +33,7 @@ from grpo_exp.run.config_store import register_schemas
 from grpo_exp.run.resolve import RunSpec, resolve
 from grpo_exp.run.setup import set_up
 from grpo_exp.run.sources import command_args, composed, resolve_source
+from grpo_exp.run_files import check_command_outputs
 
 log = logging.getLogger(__name__)
 
@@ -87,10 +88,11 @@ def main(argv: list[str] | None = None) -> ProbeResult:
     source = resolve_source(*parse_args(sys.argv[1:] if argv is None else argv))
     cfg = composed(source)  # the user's modules importable: their reward components and attacks
     spec = resolve(cfg, processes=1, evaluating=source.out_dir is not None, probing=True)
+    out_dir = source.out_dir or Path(cfg.outputs_dir) / "probe" / time.strftime("%Y-%m-%d_%H-%M-%S")
+    check_command_outputs(cfg, out_dir, source.out_dir is not None)
     inputs = set_up(spec)
     tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
     result = probe_run(spec, inputs.parts, tokenizer, inputs.heldout)
-    out_dir = source.out_dir or Path(cfg.outputs_dir) / "probe" / time.strftime("%Y-%m-%d_%H-%M-%S")
     out_dir.mkdir(parents=True, exist_ok=True)
     print_result(result)
     print(f"written: {result.write(out_dir)}")

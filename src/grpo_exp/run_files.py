@@ -3,11 +3,12 @@ the readers of its JSON and YAML files."""
 
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import yaml
 
-from grpo_exp.errors import DamagedFile
+from grpo_exp.errors import DamagedFile, UserError
 from grpo_exp.paths import FINAL_CHECKPOINT_DIR  # noqa: F401  (in paths: a model setting may name a run dir)
 
 HELDOUT_ACCURACY = "heldout/accuracy"  # the metric validations log and checkpoint-best goes by, by default
@@ -108,18 +109,43 @@ def not_directories(paths: list[Path]) -> str | None:
 
 
 def output_directory_problem(path: Path) -> str | None:
-    """Why `path` cannot take a command's output (a file is there, a parent is a file, a parent cannot be written),
-    None where it can: checked before any work, so that nothing is computed and then lost; nothing is created."""
-    if path.exists():
-        return None if path.is_dir() else "a file is there, not a directory"
-    parent = path.absolute().parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        return f"cannot be created ({parent} is a file)"
-    if not os.access(parent, os.W_OK | os.X_OK):
-        return f"cannot be created ({parent} is not writable)"
+    """Why `path` cannot take a command's output (a file is there, a parent is a file, the operating system refuses
+    to create it: no permission, a read-only or special file system), None where it can: checked before any work, so
+    that nothing is computed and then lost. Tried, not inferred from permission bits (which say yes to root, and
+    nothing of /sys or a read-only mount): a directory made in the nearest one that exists, removed at once."""
+    if path.exists() and not path.is_dir():
+        return "a file is there, not a directory"
+    existing = path.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"cannot be created ({existing} is a file)"
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".grpo_exp-write-check-", dir=existing))
+    except OSError as err:
+        where = "cannot be written" if existing == path.absolute() else f"cannot be created in {existing}"
+        return f"{where} ({err.strerror or err})"
     return None
+
+
+def check_output_directories(directories: dict[str, Path]) -> None:
+    """Refuses, before any work, the output directories that cannot be created or written: one UserError naming
+    each one's setting (`directories`: the setting as the user wrote it, e.g. "outputs_dir=/sys/out", -> the
+    directory the command writes to, which may lie below it)."""
+    problems = []
+    for setting, path in directories.items():
+        if problem := output_directory_problem(path):
+            below = "" if setting.endswith(str(path)) else f" ({path})"
+            problems.append(f"{setting}{below}: {problem}")
+    if problems:
+        raise UserError("; ".join(problems) + ": give a directory this user can write to")
+
+
+def check_command_outputs(cfg, out_dir: Path, run_dir_given: bool) -> None:
+    """grpo-exp evaluate's and probe's directories, before any model loads: their output directory (the run directory
+    they were given, or one under outputs_dir) and cache_dir."""
+    where = f"the run directory {out_dir}" if run_dir_given else f"outputs_dir={cfg.outputs_dir}"
+    check_output_directories({where: out_dir, f"cache_dir={cfg.cache_dir}": Path(cfg.cache_dir)})
 
 
 def new_evaluation_files(directory: Path) -> tuple[Path, Path]:
