@@ -467,7 +467,10 @@ def test_an_output_directory_the_system_refuses_is_found_by_trying_not_by_permis
         (["train", "outputs_dir={refused}"], "outputs_dir={refused} ({refused}/runs/"),
         (["train", "hydra.run.dir={refused}"], "hydra.run.dir={refused}: cannot be created in /sys"),
         (["train", "cache_dir={refused}"], "cache_dir={refused}: cannot be created in /sys"),
-        (["train", "-m", "outputs_dir={refused}", "trainer.beta=0.0,0.1"], "outputs_dir={refused} ({refused}/multirun/"),
+        (
+            ["train", "-m", "outputs_dir={refused}", "trainer.beta=0.0,0.1"],
+            "outputs_dir={refused} ({refused}/multirun/",
+        ),
         (["train", "outputs_dir={file}"], "outputs_dir={file} ({file}/runs/"),
         (["probe", "outputs_dir={refused}"], "outputs_dir={refused} ({refused}/probe/"),
     ],
