@@ -184,3 +184,24 @@ def test_the_command_line_translates_a_moved_setting_with_one_warning():
     assert warnings == [
         "warning: rollout.invalid_move_credit=true is deprecated: use rollout.textarena.invalid_move_credit=true"
     ]
+
+
+def test_a_refusal_naming_a_setting_given_under_its_old_name_says_what_was_given(monkeypatch):
+    import grpo_exp.deprecated as deprecated
+
+    monkeypatch.setattr(deprecated, "GIVEN_AS", {})
+    deprecated.translate_overrides(["rollout.invalid_move_credit=true", "verifier=genrm", "trainer.beta=0.1"])
+    refusal = "rollout.textarena.invalid_move_credit=true is read only by the multi-turn rollout"
+    assert deprecated.with_old_names(refusal) == f"{refusal} (given as rollout.invalid_move_credit=true: its old name)"
+    both = "scorer=genrm needs X; leave rollout.textarena.invalid_move_credit out"
+    assert deprecated.with_old_names(both).endswith(
+        "(given as rollout.invalid_move_credit=true, verifier=genrm: their old names)"
+    )
+    for unrelated in ("scorer.model=tiny is not a model", "trainer.beta=0.1 is too large", "rollout.textarena=x"):
+        assert deprecated.with_old_names(unrelated) == unrelated  # another key, or one that merely starts the same
+
+
+def test_the_command_line_refusal_of_an_old_name_names_what_the_user_typed(tmp_path):
+    result = run_cli("rollout.invalid_move_credit=true", *TINY_RUN, f"hydra.run.dir={tmp_path}/run")
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert "leave rollout.textarena.invalid_move_credit out (given as rollout.invalid_move_credit=true" in result.stderr

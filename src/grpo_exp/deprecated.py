@@ -57,16 +57,35 @@ def translate_override(override: str) -> tuple[str, str | None]:
     return new, f"{override} is deprecated: use {new}"
 
 
+# This process's overrides given under an old name: the new key -> the override as it was given (for messages)
+GIVEN_AS: dict[str, str] = {}
+
+
 def translate_overrides(overrides: list[str], where: str = "") -> list[str]:
     """The overrides under their new names; one warning line on stderr for each old one (`where`: whose they are,
-    e.g. a run directory's saved overrides)."""
+    e.g. a run directory's saved overrides), each remembered in GIVEN_AS."""
     translated = []
     for override in overrides:
         new, message = translate_override(override)
         if message is not None:
             print(f"warning: {message}{f' ({where})' if where else ''}", file=sys.stderr)
+            GIVEN_AS[_key(new)] = override
         translated.append(new)
     return translated
+
+
+def _key(override: str) -> str:
+    """`+hydra.sweeper.params.scorer.model=x` -> `scorer.model`."""
+    return override.partition("=")[0].lstrip("+~").removeprefix("hydra.sweeper.params.")
+
+
+def with_old_names(message: str) -> str:
+    """A refusal that names a setting the user gave under its old name says so, so that the user finds what they
+    wrote: "... (given as rollout.invalid_move_credit=true, its old name)"."""
+    given = [old for new, old in GIVEN_AS.items() if re.search(rf"(?<![\w.]){re.escape(new)}(?![\w.])", message)]
+    if not given:
+        return message
+    return f"{message} (given as {', '.join(given)}: {'its old name' if len(given) == 1 else 'their old names'})"
 
 
 def translate_argv(argv: list[str]) -> list[str]:

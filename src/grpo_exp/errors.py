@@ -24,5 +24,7 @@ def run_command(main: Callable[[], object]) -> None:
     try:
         result = main()
     except (UserError, HydraException) as err:
-        raise SystemExit(f"Error: {err}") from None
+        from grpo_exp.deprecated import with_old_names
+
+        raise SystemExit(f"Error: {with_old_names(str(err))}") from None
     raise SystemExit(result if isinstance(result, int) and not isinstance(result, bool) else 0)

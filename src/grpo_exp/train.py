@@ -10,7 +10,8 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from grpo_exp.deprecated import translate_argv
+from grpo_exp.deprecated import translate_argv, with_old_names
+from grpo_exp.errors import UserError
 from grpo_exp.paths import CONF_DIR
 from grpo_exp.run.config_store import register_schemas
 
@@ -29,7 +30,10 @@ def main(cfg: DictConfig) -> float | None:
 
     destroy_process_group_at_exit()
     no_deepspeed_shm_op_on_cpu()  # before accelerate starts DeepSpeed's process group
-    summary = run_experiment(cfg, HydraConfig.get())
+    try:
+        summary = run_experiment(cfg, HydraConfig.get())
+    except UserError as err:
+        raise UserError(with_old_names(str(err))) from err.__cause__
     wait_for_everyone()  # no rank leaves (and destroys the group) while another is in a collective; on success only
     return summary["heldout_accuracy_after"]
 
