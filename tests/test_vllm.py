@@ -226,8 +226,9 @@ def test_the_servers_reload_keeps_every_layer_with_the_policy_the_tied_head_incl
             {name: p.detach().contiguous() for name, p in parameters.named_parameters()},
             str(tmp_path / "model.safetensors"),
         )
-        post(server, "/collective_rpc", {"method": method, "kwargs": {"weights_path": str(tmp_path)}})
-        post(server, "/reset_prefix_cache", {})
+        reload = {"method": method, "kwargs": {"weights_path": str(tmp_path)}}
+        post(server, "/collective_rpc", reload, "generation=vllm_server")
+        post(server, "/reset_prefix_cache", {}, "generation=vllm_server")
         return (
             (served_log_probs(server, prompt, completion) - policy_log_probs(changed, prompt, completion)).abs().max()
         )
@@ -327,6 +328,23 @@ def test_a_judge_writing_its_rubric_through_vllms_structured_output_never_fails(
 
 
 # ---- generation ahead (generation=vllm_async) ----------------------------------------------------------------------
+
+
+@pytest.mark.e2e
+def test_generation_ahead_without_a_server_names_the_setting_the_user_chose(tmp_path):
+    from support.config import TINY_RUN
+    from support.servers import free_port
+    from tests.helpers.cli import run_cli
+
+    nobody = free_port()
+    result = run_cli(
+        *TINY_RUN, "generation=vllm_async", f"trainer.extra.vllm_server_port={nobody}",
+        "trainer.extra.vllm_server_timeout=1", f"hydra.run.dir={tmp_path}/run",
+    )  # fmt: skip
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert f"generation=vllm_async: no vLLM server answers at http://127.0.0.1:{nobody}" in result.stderr
+    assert "generation=vllm_server" not in result.stderr
+
 
 # A reward spread (`length` scores completions apart), every group trained, a step large enough to move the policy: a
 # stale batch's log-probabilities then differ from the trainer's by more than the numerical mismatch.

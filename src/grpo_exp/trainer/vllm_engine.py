@@ -109,17 +109,20 @@ def trl_sync_serves(device: str) -> bool:
 
 
 @contextmanager
-def engine_adjusted(device: str, dtype: str, weights_dir: Path):
+def engine_adjusted(device: str, dtype: str, weights_dir: Path, setting: str):
     """Within it, a GRPOTrainer built with use_vllm builds grpo_exp.trainer.vllm_reload's VLLMGeneration: a colocated
     engine in `dtype`, and where TRL's weight sync cannot serve (`device`), the sync through vLLM's reload. TRL builds
-    its VLLMGeneration by the module's name for it, which this replaces for the call."""
+    its VLLMGeneration by the module's name for it, which this replaces for the call. `setting`: the run's choice,
+    which its messages name."""
     import trl.trainer.grpo_trainer as grpo_trainer
 
     from grpo_exp.trainer.vllm_reload import adjusted_generation
 
     trl_class = grpo_trainer.VLLMGeneration
     reload = not trl_sync_serves(device)
-    grpo_trainer.VLLMGeneration = adjusted_generation(trl_class, dtype=dtype, reload=reload, weights_dir=weights_dir)
+    grpo_trainer.VLLMGeneration = adjusted_generation(
+        trl_class, dtype=dtype, reload=reload, weights_dir=weights_dir, setting=setting
+    )
     try:
         yield
     finally:
@@ -139,8 +142,16 @@ def vllm_generation_for(args, model):
     device = training_device(args.use_cpu)
     prepare_engine_environment(device)
     dtype = "bfloat16" if args.bfloat16_generation else str(model.dtype).removeprefix("torch.")
-    with engine_adjusted(device, dtype, Path(args.output_dir) / VLLM_WEIGHTS_DIR):
+    with engine_adjusted(device, dtype, Path(args.output_dir) / VLLM_WEIGHTS_DIR, generation_setting(args)):
         yield
+
+
+def generation_setting(args) -> str:
+    """The generation option a run with vLLM chose, as its messages name it: vllm_async is the server's with
+    trainer.max_staleness set."""
+    if args.vllm_mode == "colocate":
+        return "generation=vllm_colocate"
+    return "generation=vllm_async" if getattr(args, "max_staleness", None) is not None else "generation=vllm_server"
 
 
 def _has_cuda() -> bool:

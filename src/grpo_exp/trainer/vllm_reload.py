@@ -26,9 +26,9 @@ log = logging.getLogger(__name__)
 WEIGHTS_FILE = "model.safetensors"
 
 
-def adjusted_generation(trl_class: type, *, dtype: str, reload: bool, weights_dir: Path) -> type:
+def adjusted_generation(trl_class: type, *, dtype: str, reload: bool, weights_dir: Path, setting: str) -> type:
     """A subclass of TRL's VLLMGeneration (`trl_class`): a colocated engine in `dtype`; `reload`: the weight sync
-    through vLLM's reload (TRL's otherwise)."""
+    through vLLM's reload (TRL's otherwise); `setting`: the run's choice its messages name (generation=vllm_async)."""
 
     class AdjustedVLLMGeneration(trl_class):
         def _init_vllm(self):
@@ -48,7 +48,7 @@ def adjusted_generation(trl_class: type, *, dtype: str, reload: bool, weights_di
 
             if self.accelerator.is_main_process:
                 base_url = server_url(self)
-                check_dev_mode(base_url)
+                check_dev_mode(base_url, setting)
                 self.vllm_client = VLLMClient(base_url=base_url, connection_timeout=self.server_timeout)
             self.accelerator.wait_for_everyone()
 
@@ -68,7 +68,7 @@ def adjusted_generation(trl_class: type, *, dtype: str, reload: bool, weights_di
                 self.llm.collective_rpc(reload_policy, kwargs={"weights_iterator": self._iter_named_params()})
                 self.llm.reset_prefix_cache()
             else:
-                reload_served(self, weights_dir)
+                reload_served(self, weights_dir, setting)
             log.debug("vLLM weights reloaded in %.2f s", time.perf_counter() - started)
 
     return AdjustedVLLMGeneration
@@ -87,7 +87,7 @@ def engine_dtype(dtype: str):
         trl_generation.LLM = trl_llm
 
 
-def reload_served(generation, weights_dir: Path) -> None:
+def reload_served(generation, weights_dir: Path, setting: str) -> None:
     """Write the policy's parameters to weights_dir (main process; every process takes part in the gathering) and
     ask the server to reload from there. The file is replaced atomically: a server never reads half a file."""
     if not generation.accelerator.is_main_process:
@@ -100,37 +100,37 @@ def reload_served(generation, weights_dir: Path) -> None:
         save_file(tensors, str(partial))
         os.replace(partial, weights_dir / WEIGHTS_FILE)
         reload = {"method": "reload_policy", "kwargs": {"weights_path": str(weights_dir.resolve())}}
-        post(generation.vllm_client.base_url, "/collective_rpc", reload)
+        post(generation.vllm_client.base_url, "/collective_rpc", reload, setting)
         generation.vllm_client.reset_prefix_cache()
     generation.accelerator.wait_for_everyone()
 
 
-def post(base_url: str, path: str, payload: dict) -> None:
+def post(base_url: str, path: str, payload: dict, setting: str) -> None:
     try:
         response = requests.post(f"{base_url}{path}", json=payload, timeout=600)
     except requests.RequestException as err:
-        raise UserError(f"generation=vllm_server: the vLLM server at {base_url} did not answer {path} ({err})") from err
+        raise UserError(f"{setting}: the vLLM server at {base_url} did not answer {path} ({err})") from err
     if response.status_code != 200:
         hint = ""
         if "reload_policy" in response.text:
             hint = "; start it with --worker-extension-cls grpo_exp.trainer.vllm_worker.PolicyReload (grpo-exp serve)"
         raise UserError(
-            f"generation=vllm_server: the vLLM server at {base_url} refused {path} ({response.status_code}: "
+            f"{setting}: the vLLM server at {base_url} refused {path} ({response.status_code}: "
             f"{response.text[:300]}){hint}"
         )
 
 
-def check_dev_mode(base_url: str) -> None:
+def check_dev_mode(base_url: str, setting: str) -> None:
     """The reload endpoint is in vLLM's dev mode only: say how to start the server when it is off."""
     try:
         response = requests.get(f"{base_url}/server_info", timeout=30)
     except requests.RequestException as err:
         raise UserError(
-            f"generation=vllm_server: no vLLM server answers at {base_url} ({type(err).__name__}); start one with "
+            f"{setting}: no vLLM server answers at {base_url} ({type(err).__name__}); start one with "
             "grpo-exp serve (docs/vllm.md)"
         ) from err
     if response.status_code == 404:
         raise UserError(
-            f"generation=vllm_server: the vLLM server at {base_url} runs without its dev endpoints, through which "
+            f"{setting}: the vLLM server at {base_url} runs without its dev endpoints, through which "
             "the trainer reloads its weights on CPU: start it with VLLM_SERVER_DEV_MODE=1 (grpo-exp serve does)"
         )
