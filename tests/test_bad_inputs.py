@@ -494,10 +494,26 @@ def test_an_output_directory_the_system_refuses_is_one_message_naming_what_the_u
     [
         (  # a range of word lengths with no word in it: reasoning-gym draws from an empty list
             ["+dataset.task_config.min_word_len=30", "+dataset.task_config.max_word_len=40"],
-            "dataset.task_config for 'spell_backward': reasoning-gym could not make its problems (IndexError",
+            "dataset.task_config for 'spell_backward' (min_word_len=30, max_word_len=40): reasoning-gym could not "
+            "make its problems (IndexError",
         ),
         (["+dataset.task_config.data_file=no_such_words.txt"], "where the command runs"),
-        (["dataset.task=null", "+dataset.tasks.spell_backward={config: {data_file: nowhere.txt}}"], "dataset.tasks"),
+        (
+            ["dataset.task=null", "+dataset.tasks.spell_backward={config: {data_file: nowhere.txt}}"],
+            "dataset.tasks.spell_backward.config (data_file='nowhere.txt'): reasoning-gym could not make its problems",
+        ),
+        (  # in a mix: the task whose settings the library cannot use, with them
+            [
+                "dataset.task=null",
+                "+dataset.tasks.chain_sum={weight: 1}",
+                "+dataset.tasks.spell_backward={config: {min_word_len: 30, max_word_len: 40}}",
+            ],
+            "dataset.tasks.spell_backward.config (min_word_len=30, max_word_len=40): reasoning-gym could not make",
+        ),
+        (
+            ["dataset.task=chain_sum", "+dataset.task_config.min_terms=5", "+dataset.task_config.max_terms=2"],
+            "(min_terms=5, max_terms=2)",
+        ),
     ],
 )
 def test_what_reasoning_gym_raises_on_the_task_settings_names_the_key(overrides, expected):

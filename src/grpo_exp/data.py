@@ -103,7 +103,18 @@ def _reasoning_gym_task(data_cfg: DictConfig, size: int | None = None, seed: int
         return reasoning_gym.create_dataset(task, size=size, seed=seed, **task_config)
     except (TypeError, AssertionError, ValueError) as err:
         allowed = [p for p in inspect.signature(DATASETS[task][1]).parameters if p not in ("seed", "size")]
-        raise UserError(f"dataset.task_config for '{task}' is invalid ({err}); its settings are: {allowed}") from err
+        raise UserError(
+            f"dataset.task_config for '{task}' {given_settings(data_cfg.task_config)} is invalid ({err}); "
+            f"its settings are: {allowed}"
+        ) from err
+
+
+def given_settings(settings) -> str:
+    """A task's settings as the user gave them, for a message: "(min_word_len=30, max_word_len=40)", or "(none
+    given: the task's defaults)"."""
+    settings = OmegaConf.to_container(settings) if isinstance(settings, DictConfig) else dict(settings or {})
+    given = ", ".join(f"{name}={value!r}" for name, value in settings.items())
+    return f"({given})" if given else "(none given: the task's defaults)"
 
 
 def _with_local_files(task_config: dict) -> dict:
@@ -125,15 +136,25 @@ def reasoning_gym_raising(data_cfg: DictConfig):
     except UserError:
         raise
     except Exception as err:
-        key = "dataset.tasks" if data_cfg.tasks else f"dataset.task_config for '{data_cfg.task}'"
-        hint = ""
-        if isinstance(err, FileNotFoundError):
-            hint = (
-                f"; a relative file is looked for in {Path.cwd()} (where the command runs), then in reasoning-gym's "
-                "own data folder: give a path that exists"
+        if data_cfg.tasks:
+            key = "dataset.tasks " + "; ".join(
+                f"{name}: {given_settings(spec.get('config') if isinstance(spec, dict) else None)}"
+                for name, spec in OmegaConf.to_container(data_cfg.tasks).items()
             )
-        why = f"{type(err).__name__}: {err}"
-        raise UserError(f"{key}: reasoning-gym could not make its problems ({why}){hint}") from err
+        else:
+            key = f"dataset.task_config for '{data_cfg.task}' {given_settings(data_cfg.task_config)}"
+        raise library_failure(key, err) from err
+
+
+def library_failure(where: str, err: Exception) -> UserError:
+    """What reasoning-gym raised making the problems of `where` (the settings the user gave), in its own words."""
+    hint = ""
+    if isinstance(err, FileNotFoundError):
+        hint = (
+            f"; a relative file is looked for in {Path.cwd()} (where the command runs), then in reasoning-gym's "
+            "own data folder: give a path that exists"
+        )
+    return UserError(f"{where}: reasoning-gym could not make its problems ({type(err).__name__}: {err}){hint}")
 
 
 def _reasoning_gym_mix(data_cfg: DictConfig, size: int, seed: int):
@@ -154,11 +175,14 @@ def _reasoning_gym_mix(data_cfg: DictConfig, size: int, seed: int):
                 f"dataset.tasks.{name}: {{weight: a number > 0, config: {{the task's settings}}}}, got {spec!r}"
             )
         config = _with_local_files(spec.get("config") or {})
+        where = f"dataset.tasks.{name}.config {given_settings(spec.get('config'))}"
         try:
-            reasoning_gym.create_dataset(name, size=1, seed=seed, **config)
+            next(iter(reasoning_gym.create_dataset(name, size=1, seed=seed, **config)))  # one problem generated
         except (TypeError, AssertionError, ValueError) as err:
             allowed = [p for p in inspect.signature(DATASETS[name][1]).parameters if p not in ("seed", "size")]
-            raise UserError(f"dataset.tasks.{name}.config is invalid ({err}); its settings are: {allowed}") from err
+            raise UserError(f"{where} is invalid ({err}); its settings are: {allowed}") from err
+        except Exception as err:  # what the task raises making a problem: an empty range, a file it cannot read
+            raise library_failure(where, err) from err
         specs.append(DatasetSpec(name, float(weight), config))
     return reasoning_gym.create_dataset("composite", size=size, seed=seed, datasets=specs)
 
