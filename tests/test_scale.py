@@ -112,6 +112,18 @@ def test_the_estimate_counts_the_weights_gradients_and_adams_moments_and_grows_w
     assert checkpointed.parts["activations"] < estimate(shape_of()).parts["activations"] / 5
 
 
+def test_the_backward_holds_every_activation_or_every_gradient_never_both_at_their_full_size():
+    """It frees each layer's activations as it makes that layer's gradients: its peak is at its start (activations,
+    the LM head's tiles and gradient) or at its end (all the gradients)."""
+    long_batch = estimate(shape_of())  # 16 x 563 tokens, no checkpointing: 11 GiB of activations
+    assert long_batch.peak_phase == "loss forward and backward" and "gradients" not in long_batch.parts
+    assert long_batch.parts["LM head gradient"] == 151936 * 896 * 4
+    short_batch = estimate(shape_of(rows=1, tokens=8))
+    assert short_batch.peak_phase == "end of the backward" and "activations" not in short_batch.parts
+    lora = estimate(shape_of(trainable=1_000_000))  # a frozen LM head has no gradient
+    assert "LM head gradient" not in lora.parts
+
+
 def test_a_copy_freed_between_generations_counts_at_generation_only():
     """The sampling copy is held while a batch is generated (no gradients, no activations then): it raises the peak
     only where generation is the largest phase."""
@@ -154,6 +166,34 @@ def test_lora_at_7b_is_what_the_estimate_names_where_full_fine_tuning_cannot_fit
     assert lora.shape.trainable < 0.01 * lora.shape.parameters and lora.total_gib < 40
 
 
+@pytest.mark.parametrize(
+    ("setting", "available_gib", "on_gpu", "handed_back"),
+    [
+        (None, 24, False, True),  # the 0.5B shape at G=8 x 512 tokens: over a third of 24 GiB
+        (None, 100, False, False),  # memory is plenty: glibc's default, faster
+        (None, 24, True, False),  # on a GPU the host's resident set is not what decides whether a run fits
+        (True, 100, False, True),
+        (False, 24, False, False),
+    ],
+)
+def test_freed_tensors_go_back_at_once_where_the_run_takes_a_large_share_of_the_memory(
+    monkeypatch, caplog, setting, available_gib, on_gpu, handed_back
+):
+    import dataclasses
+
+    import grpo_exp.freed_memory
+
+    calls = []
+    monkeypatch.setattr(grpo_exp.freed_memory, "return_large_blocks_when_freed", lambda: calls.append(1) or True)
+    monkeypatch.setattr(memory_estimate, "available_bytes", lambda on_gpu: (available_gib * GIB, "available"))
+    run = estimate_run(resolved_config(["model=shape", "model.shape=qwen2.5-0.5b", *SEED_SETTINGS]), 51)
+    run = dataclasses.replace(run, shape=dataclasses.replace(run.shape, on_gpu=on_gpu))
+    with caplog.at_level("INFO", logger="grpo_exp.run.memory_estimate"):
+        memory_estimate.hand_back_freed_memory(setting, run)
+    assert bool(calls) is handed_back
+    assert ("go back to the system at once" in caplog.text) is handed_back
+
+
 # ---- grpo_exp's own log-probabilities, in chunks ------------------------------------------------------------------
 
 
@@ -187,6 +227,36 @@ def test_weights_freed_between_uses_leave_the_resident_set():
     ran = subprocess.run([sys.executable, "-c", FREED_BUT_RESIDENT], capture_output=True, text=True, check=True)
     kept_after_free, given_back = (int(n) for n in ran.stdout.split())
     assert kept_after_free < 50 * 2**20 and given_back > 300 * 2**20, ran.stdout
+
+
+LARGE_BLOCKS_FREED = """
+import torch
+from grpo_exp.freed_memory import return_large_blocks_when_freed
+
+def resident():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096
+
+assert return_large_blocks_when_freed()
+raise_threshold = torch.ones(4_000_000)
+del raise_threshold  # without the fixed threshold: 16 MB, and the 2 MB tensors below would come from the heap
+blocks = [torch.ones(500_000) for _ in range(200)]  # 400 MB in 2 MB tensors
+last = torch.ones(10)
+before = resident()
+del blocks
+print(before - resident())
+"""
+
+
+@pytest.mark.skipif(not has_malloc_trim(), reason="glibc's mallopt(M_MMAP_THRESHOLD) only (Linux with glibc)")
+def test_large_tensors_leave_the_resident_set_when_freed_with_the_threshold_fixed():
+    """With glibc's mmap threshold fixed at 1 MiB (return_large_blocks_when_freed, set before the policy loads), a
+    freed tensor of 2 MB leaves the resident set at once, where glibc's rising threshold would have kept it (the
+    test above). Measured in a fresh process."""
+    import subprocess
+    import sys
+
+    ran = subprocess.run([sys.executable, "-c", LARGE_BLOCKS_FREED], capture_output=True, text=True, check=True)
+    assert int(ran.stdout) > 350 * 2**20, ran.stdout
 
 
 def test_the_float64_references_log_probabilities_in_chunks_equal_the_whole_vocabularys_log_softmax():

@@ -26,7 +26,7 @@ from grpo_exp.run.distributed import is_main_process, shared_run_dir, world_size
 from grpo_exp.run.evaluation import BeforeTraining, HeldoutEval, OnPolicy
 from grpo_exp.run.health import PolicyHealth
 from grpo_exp.run.kept_models import KeptModels, carry_best
-from grpo_exp.run.memory_estimate import check_run_memory
+from grpo_exp.run.memory_estimate import check_run_memory, hand_back_freed_memory
 from grpo_exp.run.probe_first import probe_first
 from grpo_exp.run.report import build_summary, print_summary, write_summary
 from grpo_exp.run.resolve import RunSpec, resolve
@@ -70,7 +70,8 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
     if attempt and attempt.finished:
         return report_finished(attempt, run_dir)
 
-    check_run_memory(spec, list(train_set["prompt"]), load_tokenizer(cfg.model, cfg.cache_dir))
+    run_memory = check_run_memory(spec, list(train_set["prompt"]), load_tokenizer(cfg.model, cfg.cache_dir))
+    hand_back_freed_memory(cfg.trainer.return_freed_memory, run_memory)
     tokenizer, model = load_policy(spec, spec.policy_dtype)
     probed = probe_first(spec, parts, tokenizer, heldout, run_dir)
     tracked = open_tracker(spec, hydra_cfg, run_dir)

@@ -5,8 +5,9 @@ and grpo_exp's copies (the sampling copy, the float64 reference, TRL's reference
 in docs/scale.md (benchmarks.scale).
 
 The step's peak is the largest of its phases: generation (the weights, the optimiser's moments, the sampling copy and
-the KV cache: no gradients then, TRL sets them to None after each step) and the loss's forward and backward (the
-weights, the moments, the gradients and the activations).
+the KV cache: no gradients then, TRL sets them to None after each step), the loss's forward and the backward's start
+(the weights, the moments, the activations and the LM head's buffers) and the backward's end (the weights, the moments
+and the gradients).
 """
 
 import logging
@@ -104,14 +105,24 @@ def estimate(shape: RunShape) -> MemoryEstimate:
     held = {k: v for k, v in shape.copies.items() if k != "sampling copy"}  # the reference model: held all along
     always = {"runtime": runtime, "weights": weights, "optimiser moments": moments} | held
     generation = always | {"sampling copy": sampling, "KV cache": kv_cache}
-    loss = always | {
-        "gradients": gradients,
+    # The backward frees each layer's activations as it makes that layer's gradients: both at their full size never
+    # coexist. Its peak is at one end: its start (every activation, the LM head's tiles and its gradient) or its end
+    # (every gradient).
+    head_gradient = shape.vocab_size * shape.hidden_size * 4 if shape.trainable == shape.parameters else 0
+    backward_start = always | {
         "activations": activation_bytes(shape),
         "LM head tiles": lm_head_bytes(shape),
+        "LM head gradient": head_gradient,
     }
-    phases = {"generation": sum(generation.values()), "loss forward and backward": sum(loss.values())}
-    parts = generation if phases["generation"] >= phases["loss forward and backward"] else loss
-    return MemoryEstimate(phases, {k: v for k, v in parts.items() if v})
+    backward_end = always | {"gradients": gradients}
+    phases = {
+        "generation": sum(generation.values()),
+        "loss forward and backward": sum(backward_start.values()),
+        "end of the backward": sum(backward_end.values()),
+    }
+    parts = {"generation": generation, "loss forward and backward": backward_start, "end of the backward": backward_end}
+    peak = max(phases, key=phases.get)
+    return MemoryEstimate(phases, {k: v for k, v in parts[peak].items() if v})
 
 
 # ---- from a run's config ---------------------------------------------------------------------------------------
@@ -159,6 +170,46 @@ def available_bytes(on_gpu: bool) -> tuple[int, str]:
     if on_gpu:
         return torch.cuda.mem_get_info()[0], "free on the GPU"
     return psutil.virtual_memory().available, "available on this machine"
+
+
+def available_per_process(on_gpu: bool) -> tuple[int, str]:
+    """available_bytes, a process's share: on CPU the processes of a node share its memory."""
+    available, where = available_bytes(on_gpu)
+    if not on_gpu:
+        available //= max(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), 1)
+    return available, where
+
+
+# The share of the available memory above which a run on CPU hands freed tensors back at once (trainer.
+# return_freed_memory=null): the default run takes a fifth of this 24 GiB machine, Qwen2.5-0.5B's shape at 512 tokens
+# two fifths (docs/scale.md).
+SCARCE_SHARE = 1 / 3
+
+
+def hand_back_freed_memory(setting: bool | None, run: "RunEstimate | None") -> None:
+    """trainer.return_freed_memory: true, false, or null (where the run's estimate takes over SCARCE_SHARE of the
+    memory available on CPU); said in the log when on."""
+    from grpo_exp.freed_memory import return_large_blocks_when_freed
+
+    if setting is None:
+        if run is None or run.shape.on_gpu:
+            return
+        available, where = available_per_process(on_gpu=False)
+        if run.estimate.total <= SCARCE_SHARE * available:
+            return
+        why = f"this run needs about {run.total_gib:.1f} of the {available / GIB:.1f} GiB {where}"
+    elif setting:
+        why = "trainer.return_freed_memory=true"
+    else:
+        return
+    if return_large_blocks_when_freed():
+        log.info(
+            "Memory: freed tensors of 1 MiB or more go back to the system at once (%s; trainer.return_freed_memory="
+            "false keeps glibc's default, faster where memory is plenty)",
+            why,
+        )
+    elif setting:
+        log.warning("trainer.return_freed_memory=true: this C library has no mmap threshold to set (glibc's only)")
 
 
 def describe(estimate_: MemoryEstimate) -> str:
@@ -361,9 +412,7 @@ def check_run_memory(spec, prompts: list, tokenizer) -> RunEstimate | None:
         # an architecture the estimate cannot read (no intermediate_size, remote code, a config it cannot fetch)
         log.info("Memory: not estimated for model=%s (%s: %s)", spec.cfg.model.name, type(err).__name__, err)
         return None
-    available, where = available_bytes(run.shape.on_gpu)
-    if not run.shape.on_gpu:  # the processes of this node share its memory
-        available //= max(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), 1)
+    available, where = available_per_process(run.shape.on_gpu)
     try:
         check_fits(run.estimate, available, where, run.remedies(spec.cfg, available))
     except UserError as err:
