@@ -437,7 +437,7 @@ class TrainerSchema:
     # On CPU with glibc: every freed tensor of 1 MiB or more goes back to the system at once (a fixed mmap threshold),
     # so that the resident set follows the live tensors. null: where the run's estimate (health.memory) takes over a
     # third of the memory available, where it lowered Qwen2.5-0.5B's peak from 13.5-14.3 to 9.6 GiB for 2.5% of the
-    # time; not below, where its page faults cost the default run 56% (docs/scale.md).
+    # time; not below, where its page faults cost the default run 32% (docs/scale.md).
     return_freed_memory: bool | None = None
     # TRL's transformers generation samples from a bfloat16 copy of the policy (refreshed every step; ~0.57x the
     # decode time on CPU), and the loss's ratio is taken against the copy's log-probabilities (PPO-clipped), which
