@@ -94,7 +94,7 @@ class GRPOExpConfig(GRPOConfig, OwnKnobs):
 
 
 # TrainerSchema keys of the run, not the trainer's: no GRPOExpConfig field takes them (trainer.extra holds fields).
-RUN_KEYS = {"prompts_per_step", "keep_checkpoints", "resume"}
+RUN_KEYS = {"prompts_per_step", "keep_checkpoints", "resume", "return_freed_memory"}
 
 
 def check_fsdp_device(fsdp: bool) -> None:
