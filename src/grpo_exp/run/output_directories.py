@@ -16,8 +16,8 @@ from grpo_exp.run_files import check_output_directories
 
 
 def written_as(cfg: DictConfig, *keys: str) -> str:
-    """The first of `keys` as the user wrote it on the command line (`outputs_dir=/data/out`), else the first as the
-    config holds it."""
+    """The first of `keys` that the user wrote on the command line, as written (`outputs_dir=/data/out`), else the last
+    as the config holds it (outputs_dir, the default run directory's parent)."""
     overrides = [*cfg.hydra.overrides.hydra, *cfg.hydra.overrides.task]
     for key in keys:
         for override in overrides:
