@@ -34,12 +34,17 @@ class PackedGroups:
     sources: list[tuple[int, torch.Tensor]]
 
 
+def windowed(config) -> bool:
+    """Whether the model's attention has a sliding window (a custom mask replaces the window, so long sequences would
+    see further back than they should)."""
+    text = config.get_text_config()
+    return getattr(text, "sliding_window", None) is not None and getattr(text, "use_sliding_window", True)
+
+
 def packable(config) -> bool:
     """Whether the model reads a packed group as TRL's rows: an attention that takes a custom mask, and no sliding
-    window (a custom mask replaces the window, so long sequences would see further back than they should)."""
-    text = config.get_text_config()
-    windowed = getattr(text, "sliding_window", None) is not None and getattr(text, "use_sliding_window", True)
-    return config._attn_implementation in MASKABLE_ATTENTION and not windowed
+    window."""
+    return config._attn_implementation in MASKABLE_ATTENTION and not windowed(config)
 
 
 def pack_groups(
