@@ -42,6 +42,12 @@ FEATURES = {
     "gradient-checkpointing": ("grpo_exp", ["+trainer.extra.gradient_checkpointing=true"]),
 }
 
+# Bare TRL in grpo_exp's settings, for its estimate: no sampling copy, TRL's rows, TRL's LM-head tile
+AS_BARE_TRL = [
+    "trainer.fast_generation=false",
+    "trainer.shared_prompt_forward=false",
+    "trainer.lm_head_tile_tokens=4096",
+]
 
 HEADER = "| run | completion tokens | peak GiB | peak in | s/step | estimate GiB |\n|---|---|---|---|---|---|"
 
@@ -69,12 +75,13 @@ def run(variant: str, steps: int, overrides: list[str]) -> dict:
         return json.loads(out.read_text())
 
 
-def estimate(overrides: list[str]) -> float | None:
-    """grpo_exp's pre-load estimate of the run's peak (GiB), as the run itself computes it."""
+def estimate(variant: str, overrides: list[str]) -> float | None:
+    """grpo_exp's pre-load estimate of the run's peak (GiB), as the run itself computes it (bare TRL's: with
+    grpo_exp's features off)."""
     from grpo_exp.run.memory_estimate import estimate_run
     from support.config import resolved_config
 
-    return estimate_run(resolved_config(overrides)).total_gib
+    return estimate_run(resolved_config(overrides + (AS_BARE_TRL if variant == "trl" else []))).total_gib
 
 
 def seconds_per_step(result: dict) -> float | None:
@@ -135,6 +142,8 @@ def fits_table(shapes: list[str], prompts: int) -> list[str]:
                             "compute_bytes": 2 if on_gpu or lora else 4,
                             "rows": prompts * group,
                             "tokens": PROMPT_TOKENS + length,
+                            "prompt_tokens": PROMPT_TOKENS,
+                            "packed_group": group,  # grpo_exp's shared-prompt forward, where a pack is short enough
                             "lora_r": 16 if lora else None,
                             "gradient_checkpointing": checkpointing,
                             "on_gpu": on_gpu,
@@ -170,7 +179,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.table:
         print(HEADER)
         for result in json.loads(args.table.read_text()):
-            print(row(result["arm"], result["length"], result, estimate(result["overrides"])))
+            print(row(result["arm"], result["length"], result, estimate(result["variant"], result["overrides"])))
         return
     arms = {name: (ARMS | FEATURES)[name] for name in args.arms} if args.arms else dict(ARMS)
     if args.features:
@@ -183,7 +192,7 @@ def main(argv: list[str] | None = None) -> None:
     for length in args.lengths:
         settings = seed_settings(args.shape, length, args.prompts, args.generations) + args.overrides
         for name, (variant, extra) in arms.items():
-            estimated = estimate(settings + extra)
+            estimated = estimate(variant, settings + extra)
             free = psutil.virtual_memory().available / 2**30
             if estimated > free:  # the out-of-memory killer would end it, and maybe more than it
                 reason = f"not run: estimated {estimated:.1f} GiB, {free:.1f} GiB available"

@@ -3,6 +3,7 @@ estimate, and grpo_exp's tensors that grow with the vocabulary or the weights (c
 
 import json
 import logging
+from dataclasses import replace
 
 import pytest
 import torch
@@ -122,6 +123,30 @@ def test_the_backward_holds_every_activation_or_every_gradient_never_both_at_the
     assert short_batch.peak_phase == "end of the backward" and "activations" not in short_batch.parts
     lora = estimate(shape_of(trainable=1_000_000))  # a frozen LM head has no gradient
     assert "LM head gradient" not in lora.parts
+
+
+def test_the_shared_prompt_forward_counts_one_prompt_a_group_where_its_pack_is_short_enough_to_be_packed():
+    """grpo_exp's loss forward packs a group's G completions behind one copy of its prompt (trainer.
+    shared_prompt_forward): 2 groups of 8 x 128 tokens behind a 51-token prompt are 2 x (51 + 8 x 129) tokens, not
+    16 x 179. A pack longer than the packing bound runs as TRL's rows."""
+    rows = shape_of(rows=16, tokens=51 + 128, prompt_tokens=51)
+    packed = replace(rows, packed_group=8)
+    assert memory_estimate.loss_tokens(rows) == 16 * 179 and memory_estimate.loss_tokens(packed) == 2 * 1083
+    ratio = memory_estimate.activation_bytes(packed) / memory_estimate.activation_bytes(rows)
+    assert ratio == pytest.approx(2 * 1083 / (16 * 179))
+    long_completions = replace(packed, tokens=51 + 512)  # 51 + 8 x 513 > MAX_PACKED_TOKENS
+    assert memory_estimate.loss_tokens(long_completions) == 16 * 563
+    split_group = replace(packed, rows=4)  # a process holding half a group (G=8 over two processes)
+    assert memory_estimate.loss_tokens(split_group) == 51 + 4 * 129
+
+
+def test_a_model_with_a_sliding_window_is_estimated_as_trls_rows():
+    """The shared-prompt forward does not pack a windowed model: its estimate counts TRL's rows."""
+    settings = {"weight_bytes": 4, "compute_bytes": 4, "rows": 16, "tokens": 179, "prompt_tokens": 51}
+    config = shape_config("qwen2.5-0.5b")
+    assert memory_estimate.run_shape(config, 1, settings | {"packed_group": 8}).packed_group == 8
+    windowed = shape_config("qwen2.5-0.5b", {"use_sliding_window": True, "sliding_window": 4096})
+    assert memory_estimate.run_shape(windowed, 1, settings | {"packed_group": 8}).packed_group == 0
 
 
 def test_a_copy_freed_between_generations_counts_at_generation_only():

@@ -19,6 +19,7 @@ import torch
 from transformers import PretrainedConfig
 
 from grpo_exp.errors import UserError
+from grpo_exp.trainer.shared_prompt import MAX_PACKED_TOKENS, windowed
 
 log = logging.getLogger(__name__)
 
@@ -27,10 +28,11 @@ GIB = 2**30
 # 0.85 GiB after `from trl import GRPOTrainer`, docs/scale.md). Not in a GPU's allocated bytes.
 RUNTIME_BYTES_CPU = int(0.9 * GIB)
 # Activations the loss forward keeps for the backward, per token, in elements: each decoder layer hidden_size x
-# HIDDEN_ACTIVATIONS + intermediate_size x MLP_ACTIVATIONS, and hidden_size x OUTSIDE_LAYERS besides (the embeddings'
-# output, the final norm). Counted with autograd's saved-tensor hooks on one and two layers of the Qwen2.5 shapes
-# (0.5B: 15,210 elements a layer against 15,104 here; 1.5B: 27,240 against 27,136; docs/scale.md).
-HIDDEN_ACTIVATIONS = 6
+# HIDDEN_ACTIVATIONS + intermediate_size x MLP_ACTIVATIONS + the keys' or values' width (kv_size), and hidden_size x
+# OUTSIDE_LAYERS besides (the final norm's input and output). Counted with autograd's saved-tensor hooks, each storage
+# once, on one and two layers of the Qwen2.5 shapes: 14,352 elements a layer at 0.5B, 25,870 at 1.5B, 32,530 at 3B and
+# 56,350 at 7B, each this count plus 2 + a float per attention head (docs/scale.md).
+HIDDEN_ACTIVATIONS = 5
 MLP_ACTIVATIONS = 2
 OUTSIDE_LAYERS = 2
 # TRL's fused LM head (grpo_exp.trainer.lm_head_tile): its backward holds about this many [tile tokens x 32,768]
@@ -54,6 +56,10 @@ class RunShape:
     trainable: int  # parameters the optimiser updates
     rows: int  # completions a process's loss forward takes at once (its micro-batch)
     tokens: int  # a row's length: the longest prompt + the completion limit
+    prompt_tokens: int = 0  # the longest prompt's
+    # G where the loss forward packs each group's completions behind one copy of its prompt
+    # (trainer.shared_prompt_forward); 0: TRL's rows, each completion behind its own copy
+    packed_group: int = 0
     gradient_checkpointing: bool = False
     head_tile_tokens: int = 1024  # trainer.lm_head_tile_tokens
     copies: dict[str, int] = field(default_factory=dict)  # grpo_exp's copies of the weights, by setting, in bytes
@@ -79,18 +85,30 @@ class MemoryEstimate:
         return max(self.phases, key=self.phases.get)
 
 
+def loss_tokens(shape: RunShape) -> int:
+    """The tokens the loss forward reads at once: TRL's rows, or one pack a group, its completions behind one copy of
+    the prompt (grpo_exp.trainer.shared_prompt), where the pack is short enough to be packed (the packs padded to the
+    longest: the longest prompt)."""
+    rows = shape.rows * shape.tokens
+    if not shape.packed_group:
+        return rows
+    branches = min(shape.packed_group, shape.rows)
+    pack = shape.prompt_tokens + branches * (shape.tokens - shape.prompt_tokens + 1)
+    return rows if pack > MAX_PACKED_TOKENS else -(-shape.rows // branches) * pack
+
+
 def activation_bytes(shape: RunShape) -> int:
     """The loss forward's activations kept for the backward (with gradient checkpointing: each layer's input, and one
     layer's whole set while it is recomputed)."""
-    per_layer_token = shape.hidden_size * HIDDEN_ACTIVATIONS + shape.intermediate_size * MLP_ACTIVATIONS
+    per_layer_token = shape.hidden_size * HIDDEN_ACTIVATIONS + shape.intermediate_size * MLP_ACTIVATIONS + shape.kv_size
     kept_layers = shape.layers * shape.hidden_size + per_layer_token if shape.gradient_checkpointing else None
     per_token = (kept_layers or shape.layers * per_layer_token) + shape.hidden_size * OUTSIDE_LAYERS
-    return shape.rows * shape.tokens * shape.compute_bytes * per_token
+    return loss_tokens(shape) * shape.compute_bytes * per_token
 
 
 def lm_head_bytes(shape: RunShape) -> int:
     """TRL's fused LM head's buffers in the loss's backward: a few tiles of float32 logits."""
-    tile_tokens = min(shape.rows * shape.tokens, shape.head_tile_tokens)
+    tile_tokens = min(loss_tokens(shape), shape.head_tile_tokens)
     return HEAD_TILE_BUFFERS * tile_tokens * min(shape.vocab_size, HEAD_VOCABULARY_CHUNK) * 4
 
 
@@ -142,7 +160,8 @@ def _kv_size(config: PretrainedConfig) -> int:
 
 def run_shape(config: PretrainedConfig, parameters: int, settings: dict) -> RunShape:
     """The run's shape from the model's config and `settings`: weight_bytes, compute_bytes, rows, tokens,
-    lora_r (None: full fine-tuning), gradient_checkpointing, head_tile_tokens, copies, on_gpu, generates."""
+    prompt_tokens, packed_group, lora_r (None: full fine-tuning), gradient_checkpointing, head_tile_tokens, copies,
+    on_gpu, generates."""
     lora_r = settings.get("lora_r")
     trainable = parameters if lora_r is None else lora_parameters(config, lora_r)
     return RunShape(
@@ -157,6 +176,8 @@ def run_shape(config: PretrainedConfig, parameters: int, settings: dict) -> RunS
         trainable=trainable,
         rows=settings["rows"],
         tokens=settings["tokens"],
+        prompt_tokens=settings.get("prompt_tokens", 0),
+        packed_group=0 if windowed(config) else settings.get("packed_group", 0),  # a windowed model is not packed
         gradient_checkpointing=settings.get("gradient_checkpointing", False),
         head_tile_tokens=settings.get("head_tile_tokens", 1024),
         copies=settings.get("copies", {}),
@@ -321,6 +342,8 @@ def estimate_run(spec, prompt_tokens: int | None = None) -> MemoryEstimate:
         "compute_bytes": compute_bytes,
         "rows": max(t.prompts_per_step * t.num_generations // spec.processes, 1),
         "tokens": prompt_tokens + t.max_completion_length,
+        "prompt_tokens": prompt_tokens,
+        "packed_group": t.num_generations if t.shared_prompt_forward else 0,
         "lora_r": cfg.model.lora.r if cfg.model.lora.enabled else None,
         "gradient_checkpointing": bool(t.extra.get("gradient_checkpointing", False)),
         "head_tile_tokens": t.lm_head_tile_tokens,
@@ -384,7 +407,8 @@ class RunEstimate:
         return ["a smaller model, or a machine with more memory"]
 
     def _with_group(self, group: int, trainer_cfg) -> RunShape:
-        return replace(self.shape, rows=max(self.shape.rows * group // trainer_cfg.num_generations, 1))
+        rows = max(self.shape.rows * group // trainer_cfg.num_generations, 1)
+        return replace(self.shape, rows=rows, packed_group=group if self.shape.packed_group else 0)
 
     def _with_length(self, length: int) -> RunShape:
         return replace(self.shape, tokens=self.prompt_tokens + length)
