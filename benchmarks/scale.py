@@ -78,7 +78,7 @@ def run(variant: str, steps: int, overrides: list[str]) -> dict:
 def estimate(variant: str, overrides: list[str]) -> float | None:
     """grpo_exp's pre-load estimate of the run's peak (GiB), as the run itself computes it (bare TRL's: with
     grpo_exp's features off)."""
-    from grpo_exp.run.memory_estimate import estimate_run
+    from grpo_exp.run.memory_check import estimate_run
     from support.config import resolved_config
 
     return estimate_run(resolved_config(overrides + (AS_BARE_TRL if variant == "trl" else []))).total_gib

@@ -12,8 +12,9 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 from grpo_exp.errors import UserError
 from grpo_exp.model_shapes import parameter_count, shape_config
 from grpo_exp.models import load_tokenizer
-from grpo_exp.run import memory_estimate
-from grpo_exp.run.memory_estimate import RunShape, check_run_memory, estimate, estimate_run
+from grpo_exp.run import memory_check, memory_estimate
+from grpo_exp.run.memory_check import check_run_memory, estimate_run
+from grpo_exp.run.memory_estimate import RunShape, estimate
 from grpo_exp.run.resolve import resolve
 from grpo_exp.token_log_probs import token_log_probs
 from support.config import TINY_RUN, compose_config, resolved_config
@@ -162,7 +163,7 @@ def test_a_copy_freed_between_generations_counts_at_generation_only():
 def test_a_run_that_would_not_fit_is_refused_before_any_model_loads_naming_what_would(
     monkeypatch, no_model_loads, caplog
 ):
-    monkeypatch.setattr(memory_estimate, "available_bytes", lambda on_gpu: (16 * GIB, "available on this machine"))
+    monkeypatch.setattr(memory_check, "available_bytes", lambda on_gpu: (16 * GIB, "available on this machine"))
     spec = resolved_config(["model=shape", "model.shape=qwen2.5-0.5b", *SEED_SETTINGS])
     prompts = [[{"role": "user", "content": "What is 2 + 2?"}]]
     tokenizer = load_tokenizer(spec.cfg.model, spec.cfg.cache_dir)
@@ -210,11 +211,11 @@ def test_freed_tensors_go_back_at_once_where_the_run_takes_a_large_share_of_the_
 
     calls = []
     monkeypatch.setattr(grpo_exp.freed_memory, "return_large_blocks_when_freed", lambda: calls.append(1) or True)
-    monkeypatch.setattr(memory_estimate, "available_bytes", lambda on_gpu: (available_gib * GIB, "available"))
+    monkeypatch.setattr(memory_check, "available_bytes", lambda on_gpu: (available_gib * GIB, "available"))
     run = estimate_run(resolved_config(["model=shape", "model.shape=qwen2.5-0.5b", *SEED_SETTINGS]), 51)
     run = dataclasses.replace(run, shape=dataclasses.replace(run.shape, on_gpu=on_gpu))
-    with caplog.at_level("INFO", logger="grpo_exp.run.memory_estimate"):
-        memory_estimate.hand_back_freed_memory(setting, run)
+    with caplog.at_level("INFO", logger="grpo_exp.run.memory_check"):
+        memory_check.hand_back_freed_memory(setting, run)
     assert bool(calls) is handed_back
     assert ("go back to the system at once" in caplog.text) is handed_back
 
@@ -331,7 +332,7 @@ def test_an_architecture_the_estimate_cannot_read_is_trained_without_an_estimate
     def unreadable(*args, **kwargs):
         raise AttributeError("'GPT2Config' object has no attribute 'intermediate_size'")
 
-    monkeypatch.setattr(memory_estimate, "estimate_run", unreadable)
+    monkeypatch.setattr(memory_check, "estimate_run", unreadable)
     spec = resolved_config(["model=tiny"])
     tokenizer = load_tokenizer(spec.cfg.model, spec.cfg.cache_dir)
     with caplog.at_level(logging.INFO):

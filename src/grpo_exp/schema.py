@@ -644,7 +644,7 @@ class HealthSchema:
     answer_collapse_share: float = knob(0.6, gt=0.0, lt=1.0)
     window: int = knob(5, ge=2)
     # Memory, before the policy loads: the run's peak estimated from the model's architecture and the settings
-    # (grpo_exp.run.memory_estimate; docs/scale.md) against the memory free where it trains: stop refuses a run that
+    # (grpo_exp.run.memory_check; docs/scale.md) against the memory free where it trains: stop refuses a run that
     # would not fit, naming the settings that would make it fit | warn | off
     memory: AlarmAction = AlarmAction.stop
 

@@ -26,7 +26,7 @@ from grpo_exp.run.distributed import is_main_process, shared_run_dir, world_size
 from grpo_exp.run.evaluation import BeforeTraining, HeldoutEval, OnPolicy
 from grpo_exp.run.health import PolicyHealth
 from grpo_exp.run.kept_models import KeptModels, carry_best
-from grpo_exp.run.memory_estimate import check_run_memory, hand_back_freed_memory
+from grpo_exp.run.memory_check import check_run_memory, hand_back_freed_memory
 from grpo_exp.run.probe_first import probe_first
 from grpo_exp.run.report import build_summary, print_summary, write_summary
 from grpo_exp.run.resolve import RunSpec, resolve
