@@ -218,7 +218,7 @@ def test_a_stale_batch_splits_into_the_policys_move_and_the_numerics():
 
     import torch
 
-    from grpo_exp.trainer.mismatch import staleness_split_metrics, staleness_split_sums
+    from grpo_exp.trainer.mismatch_stats import staleness_split_metrics, staleness_split_sums
 
     exact = torch.float64  # the sums' own precision, so that the figures below are exact
     sampler = torch.tensor([[-1.0, -2.0, -3.0], [-1.0, -1.0, math.nan]], dtype=exact)

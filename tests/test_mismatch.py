@@ -9,8 +9,8 @@ import torch
 from grpo_exp.errors import UserError
 from grpo_exp.schema import MismatchCorrection
 from grpo_exp.trainer.config import check_trainer
-from grpo_exp.trainer.mismatch import (
-    check_mismatch,
+from grpo_exp.trainer.mismatch import check_mismatch, vllm_fields
+from grpo_exp.trainer.mismatch_stats import (
     importance_weights,
     mismatch_metrics,
     mismatch_sums,
@@ -18,7 +18,6 @@ from grpo_exp.trainer.mismatch import (
     off_policy_sums,
     reference_metrics,
     reference_sums,
-    vllm_fields,
     weighted_advantages,
 )
 from grpo_exp.trainer.sampling_copy import can_prepack

@@ -17,7 +17,7 @@ against the sampler's log-probability, which the server returns: it corrects sta
 sampler/trainer mismatch. With max_staleness=0 nothing is drawn ahead and the run is synchronous. To tell the two
 apart, a stale batch's completions are scored again by the server once it holds the trainer's weights (`Rescored`):
 the old against the new server log-probabilities is the staleness, the new against the trainer's the numerics
-(grpo_exp.trainer.mismatch.staleness_split_sums).
+(grpo_exp.trainer.mismatch_stats.staleness_split_sums).
 
 TRL's VLLMGeneration stays the server's client and the weight sync (NCCL on GPUs, a reload from the run directory
 on CPU: grpo_exp.trainer.vllm_reload); `AsyncGeneration` stands in its place on the trainer, so TRL's own generation
