@@ -19,7 +19,10 @@ and the step of its first validation at or above the target, the bare TRL run's 
 `--baseline ARM` then reports every arm's time to that accuracy over the baseline arm's, seed by seed.
 
     python -m benchmarks.time_to_accuracy [--seeds 42 43 44] [--arms trl best] [--results JSON] [--out PNG]
-                                          [--every N --baseline ARM] [overrides of every arm...]
+                                          [--every N --baseline ARM] [--paired ARM] [overrides of every arm...]
+
+`--paired ARM` sets each arm against ARM on the same held-out problems (generation ahead against synchronous:
+`--arms vllm_server async1 async2 --paired vllm_server`, each served run against its own fresh `grpo-exp serve`).
 """
 
 import argparse
@@ -99,6 +102,9 @@ ARMS = {
     "async2": ["generation=vllm_async", "trainer.max_staleness=2"],
 }
 COMMON = ["trainer.save_steps=0", "save_model=false"]
+# The arms whose generation is a vLLM server: each run gets a freshly started one (grpo-exp serve), so that every run
+# starts from the same sampler state
+SERVED = ("vllm_server", "async1", "async2")
 
 
 def run_command(command: list[str]) -> subprocess.CompletedProcess:
@@ -134,7 +140,17 @@ def run_trl(seed: int, overrides: list[str]) -> dict:
     return {"train_seconds": seconds, "accuracy_after": result.accuracy}
 
 
-def run_grpo_exp(seed: int, settings: list[str], overrides: list[str], every: int = 0) -> dict:
+def run_grpo_exp(seed: int, settings: list[str], overrides: list[str], every: int = 0, served: bool = False) -> dict:
+    """The grpo_exp job (against a vLLM server started for it where `served`): its training time, held-out accuracy
+    before and after, and each held-out problem's verdict after (1, 0, None: undecided) for paired comparisons."""
+    if served:
+        from support.servers import free_port, vllm_server
+
+        port = free_port()
+        with vllm_server(port):
+            return run_grpo_exp(seed, [*settings, f"trainer.extra.vllm_server_port={port}"], overrides, every)
+    from grpo_exp.run_files import eval_file
+
     validation = [f"eval.every={every}"] if every else []
     with tempfile.TemporaryDirectory() as tmp:
         command = [
@@ -153,10 +169,12 @@ def run_grpo_exp(seed: int, settings: list[str], overrides: list[str], every: in
             raise SystemExit(f"grpo_exp run (seed {seed}) failed:\n{completed.stderr[-3000:]}")
         summary = json.loads((Path(tmp) / "run" / "summary.json").read_text())
         metrics = [json.loads(line) for line in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()]
+        answers = (Path(tmp) / "run" / eval_file("after")).read_text().splitlines()
     result = {
         "train_seconds": summary["train_seconds"],
         "accuracy_before": summary["heldout_accuracy_before"],
         "accuracy_after": summary["heldout_accuracy_after"],
+        "correct_after": [None if (c := json.loads(line)["correct"]) is None else int(c) for line in answers],
     }
     return result | ({"every": every, "validations": validations(metrics)} if every else {})
 
@@ -181,7 +199,7 @@ def time_to(target: float, points: list[list[float]]) -> tuple[int, float] | Non
 
 def run_arm(arm: str, seed: int, overrides: list[str], every: int = 0) -> dict:
     if ARMS[arm] is not None:
-        return run_grpo_exp(seed, ARMS[arm], overrides, every)
+        return run_grpo_exp(seed, ARMS[arm], overrides, every, served=arm in SERVED)
     with tempfile.TemporaryDirectory() as tmp:  # bare TRL in its own process, as the grpo_exp job is
         out = Path(tmp) / "result.json"
         command = [sys.executable, "-m", "benchmarks.time_to_accuracy", "--trl-worker", str(seed), str(out), *overrides]
@@ -244,6 +262,42 @@ def report_time_to(results: list[dict], arms: list[str], baseline: str) -> None:
             print(f"  {arm} / {baseline}: {mean:.3f}, 95% t-interval [{low:.3f}, {high:.3f}] over {len(ratios)} seeds")
 
 
+def report_paired(results: list[dict], arms: list[str], baseline: str) -> None:
+    """Each arm against the baseline arm on the same held-out problems, seed by seed: the per-seed accuracies and
+    their differences; the mean difference with its 95% t interval over seeds (each seed's training is the unit
+    that varies); and over every (seed, problem) pair, the paired t interval and the exact sign test on the pairs
+    where the two runs disagree."""
+    from grpo_exp.stats import exact_sign_test, mean_interval, paired_change
+
+    by = {(r["arm"], r["seed"]): r for r in results}
+    for arm in [a for a in arms if a != baseline]:
+        seeds = sorted(s for name, s in by if name == arm and (baseline, s) in by and "correct_after" in by[name, s])
+        seeds = [s for s in seeds if "correct_after" in by[baseline, s]]
+        if not seeds:
+            continue
+        print(f"{arm} ({' '.join(ARMS[arm] or ['bare TRL'])}) against {baseline}, paired on the held-out problems:")
+        per_seed, before, after = [], [], []
+        for seed in seeds:
+            ours, base = by[arm, seed], by[baseline, seed]
+            per_seed.append(ours["accuracy_after"] - base["accuracy_after"])
+            verdicts = zip(base["correct_after"], ours["correct_after"], strict=True)
+            pairs = [(b, o) for b, o in verdicts if None not in (b, o)]
+            before += [b for b, _ in pairs]
+            after += [o for _, o in pairs]
+            print(
+                f"  seed {seed}: {baseline} {base['accuracy_after']:.2f}, {arm} {ours['accuracy_after']:.2f}, "
+                f"difference {per_seed[-1]:+.2f}"
+            )
+        mean, low, high = mean_interval(per_seed)
+        print(f"  over {len(seeds)} seeds: mean difference {mean:+.3f}, 95% t interval [{low:+.3f}, {high:+.3f}]")
+        mean, low, high = paired_change(before, after)
+        better, worse, p = exact_sign_test([a - b for b, a in zip(before, after, strict=True)])
+        print(
+            f"  over {len(before)} (seed, problem) pairs: {mean:+.3f}, 95% t interval [{low:+.3f}, {high:+.3f}]; "
+            f"{better} better, {worse} worse: exact sign test p = {p:.3g}"
+        )
+
+
 def _reached(point: tuple[int, float] | None) -> str:
     return "not reached" if point is None else f"step {point[0]}, {point[1] / 60:.2f} min"
 
@@ -294,6 +348,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=Path("outputs/time_to_accuracy/time_to_accuracy.png"))
     parser.add_argument("--every", type=int, default=0, help="grpo_exp arms validate every N steps: time to accuracy")
     parser.add_argument("--baseline", choices=list(ARMS), help="with --every: report time to accuracy over this arm")
+    parser.add_argument("--paired", choices=list(ARMS), help="report each arm against this one, problem by problem")
     parser.add_argument("overrides", nargs="*", help="the experiment, for both (default: `make train`'s)")
     args = parser.parse_args(argv)
     results = json.loads(args.results.read_text()) if args.results.exists() else []
@@ -324,6 +379,8 @@ def main(argv: list[str] | None = None) -> None:
                 flush=True,
             )
     report(kept, args.arms)
+    if args.paired:
+        report_paired(kept, args.arms, args.paired)
     if args.baseline:
         report_time_to(kept, args.arms, args.baseline)
     plot(kept, args.out)

@@ -9,6 +9,7 @@ from grpo_exp.stats import (
     advantage_stats,
     correctness_stats,
     diversity_stats,
+    exact_sign_test,
     final_answers,
     group_statistics,
     length_by_correctness,
@@ -125,3 +126,34 @@ def test_mean_interval_of_one_value_has_no_interval_and_of_none_no_mean():
 def test_paired_differences_keep_the_keys_both_have():
     assert paired_differences({"42": 0.5, "43": 0.6, "44": 0.7}, {"43": 0.7, "42": 0.55}) == pytest.approx([0.05, 0.1])
     assert paired_differences({"42": 0.5}, {"43": 0.7}) == []
+
+
+def test_the_exact_sign_test_counts_the_pairs_that_differ_and_leaves_ties_and_nans_out():
+    above, below, p = exact_sign_test([1, -1, -1, -1, -1, 0, 0, nan])
+    assert (above, below) == (1, 4)
+    assert p == pytest.approx(2 * (1 + 5) / 2**5)  # two-sided: P(<= 1 of 5) twice
+    assert exact_sign_test([0, 0]) == (0, 0, 1.0)
+    assert exact_sign_test([-1] * 14 + [1] * 5)[2] == pytest.approx(0.0636, abs=1e-4)  # docs/async.md, seed 43
+
+
+def test_the_paired_report_sets_each_arm_against_the_baseline_seed_by_seed_and_problem_by_problem(capsys):
+    from benchmarks.time_to_accuracy import ARMS, report_paired
+
+    def run(arm, seed, correct):
+        accuracy = sum(c or 0 for c in correct) / len(correct)
+        return {"arm": arm, "seed": seed, "accuracy_after": accuracy, "correct_after": correct}
+
+    results = [
+        run("vllm_server", 42, [1, 1, 0, 0]),
+        run("async1", 42, [1, 0, 0, 0]),
+        run("vllm_server", 43, [1, 0, 1, 0]),
+        run("async1", 43, [1, 0, 1, None]),  # an undecided answer pairs with nothing
+        run("async2", 44, [0, 0, 0, 0]),  # no synchronous run of its seed: left out
+    ]
+    report_paired(results, ["vllm_server", "async1", "async2"], "vllm_server")
+    printed = capsys.readouterr().out
+    assert "async1 (generation=vllm_async) against vllm_server" in printed and ARMS["async1"]
+    assert "seed 42: vllm_server 0.50, async1 0.25, difference -0.25" in printed
+    assert "over 2 seeds: mean difference" in printed
+    assert "over 7 (seed, problem) pairs: -0.143" in printed and "0 better, 1 worse: exact sign test p = 1" in printed
+    assert "async2" not in printed.split("against vllm_server")[-1]

@@ -371,6 +371,16 @@ def paired_change(before: list[float], after: list[float]) -> tuple[float, float
     return mean_interval(differences)
 
 
+def exact_sign_test(differences: list[float]) -> tuple[int, int, float]:
+    """How many paired differences are above 0 and below it, and the two-sided exact sign test's p-value on them
+    (ties, and NaNs, left out; 1.0 with none)."""
+    from scipy.stats import binomtest
+
+    above = sum(1 for d in differences if d > 0)
+    below = sum(1 for d in differences if d < 0)
+    return above, below, float(binomtest(above, above + below).pvalue) if above + below else 1.0
+
+
 def problems_to_resolve(before: list[float], after: list[float]) -> int | None:
     """How many paired problems would put the observed mean change's 95% interval clear of 0, its per-problem spread
     as observed (n = (1.96 sd / mean)^2); None where no change was observed."""
