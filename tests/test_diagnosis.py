@@ -15,6 +15,7 @@ from grpo_exp.analysis.diagnosis.rules import (
     format_gain,
     gradient_spikes,
     heldout_fell,
+    importance_weights_collapsed,
     labels_misread,
     no_change,
     no_signal,
@@ -465,3 +466,20 @@ def test_trajectories_that_run_out_of_turns_are_told_to_get_more():
     answered = [{"rollout/turns_mean": 3.9, "rollout/final_answer_frac": 0.8} for _ in range(8)]
     assert turns_exhausted(RunEvidence(config=multiturn(max_turns=4), steps=answered)) is None
     assert turns_exhausted(RunEvidence(config=multiturn("textarena/Mastermind-v0"), steps=spent)) is None
+
+
+def test_importance_weights_whose_effective_sample_size_collapsed_are_found_with_a_smaller_lag_and_rate():
+    """Generation ahead's batches far off-policy: the weights' effective sample size a small share of the batch."""
+    ess, clipped = "sampling/importance_sampling_ess_fraction", "sampling/importance_sampling_clipped_fraction"
+    far = [{"reward": 0.1, ess: e, clipped: 0.3} for e in (0.9, 0.6, 0.3, 0.2, 0.25, 0.35)]
+    run = evidence(steps=far)
+    run.config = CONFIG | {"trainer": CONFIG["trainer"] | {"max_staleness": 2}}
+    found = importance_weights_collapsed(run)
+    assert found.seen.startswith("the importance weights' effective sample size was 0.27 of the batch on average over")
+    assert found.seen.endswith("the last 3 of 6 steps (lowest 0.20); 30% truncated or masked")
+    assert found.tries[0].startswith("trainer.max_staleness=1") and found.tries[1].startswith("trainer.learning_rate=")
+    near = [{"reward": 0.1, ess: 0.97} for _ in range(6)]
+    assert importance_weights_collapsed(evidence(steps=near)) is None
+    assert importance_weights_collapsed(evidence(steps=far[:2])) is None  # too few steps to say
+    synchronous = importance_weights_collapsed(evidence(steps=far))  # no lag to shorten: the learning rate only
+    assert not any(t.startswith("trainer.max_staleness") for t in synchronous.tries)

@@ -522,6 +522,34 @@ def sampler_mismatch(evidence: RunEvidence) -> Finding | None:
     )
 
 
+ESS_COLLAPSED = 0.5  # the importance weights' effective sample size, a share of the batch: the update rests on half
+
+
+def importance_weights_collapsed(evidence: RunEvidence) -> Finding | None:
+    """Batches sampled far from the policy that trains on them (generation ahead, a bfloat16 sampler): the importance
+    weights' effective sample size (sampling/importance_sampling_ess_fraction) below ESS_COLLAPSED of the batch on
+    average over the last half of the steps (at least 3 logged)."""
+    ess = evidence.series("sampling/importance_sampling_ess_fraction")
+    recent = ess[len(ess) // 2 :]
+    if len(ess) < 3 or statistics.fmean(recent) >= ESS_COLLAPSED:
+        return None
+    clipped = evidence.series("sampling/importance_sampling_clipped_fraction")
+    clip = f"; {statistics.fmean(clipped[len(clipped) // 2 :]):.0%} truncated or masked" if clipped else ""
+    tries = []
+    staleness = evidence.setting("trainer.max_staleness")
+    if isinstance(staleness, int) and staleness > 0:
+        tries.append(f"trainer.max_staleness={staleness - 1}   # each batch a step nearer the policy it trains")
+    tries.append(learning_rate_advice(evidence, slower=True) + "   # the policy moves less between sampling and use")
+    return Finding(
+        "importance_weights_collapsed",
+        f"the importance weights' effective sample size was {statistics.fmean(recent):.2f} of the batch on average "
+        f"over the last {len(recent)} of {len(ess)} steps (lowest {min(ess):.2f}){clip}",
+        "the batches were sampled far from the policy that trains on them: the update rests on a few completions, "
+        "and the correction clamps or drops the rest",
+        tuple(tries),
+    )
+
+
 # ---- multi-turn rollouts and environments ------------------------------------------------------------------------
 
 USED_TOOL = "rollout/used_tool_frac"  # grpo_exp.rollout.flow.trajectory_statistics
@@ -589,6 +617,7 @@ RULES = (
     entropy,
     gradient_spikes,
     sampler_mismatch,
+    importance_weights_collapsed,
     no_tool_use,
     turns_exhausted,
 )
