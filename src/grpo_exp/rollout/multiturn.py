@@ -375,7 +375,7 @@ class MultiTurnRollout:
         rows: list[dict] | None = None,
         engine=None,
     ) -> dict:
-        """What TRL's rollout_func returns (grpo_exp.trainer.trl_batch.as_rollout_func): this process's prompts, one
+        """What TRL's rollout_func returns (grpo_exp.trainer.trl_batch.RolloutFunc): this process's prompts, one
         per trajectory (groups already repeated), and their dataset rows; with the sampler's log-probabilities where
         `log_probs_at`. Failed episodes are spent from the failure budget (every process together)."""
         trajectories = self.run(
@@ -388,6 +388,12 @@ class MultiTurnRollout:
             rows=rows,
             engine=engine,
         )
+        return self.batch_of(trajectories, log_probs_at)
+
+    def batch_of(self, trajectories: list[Trajectory], log_probs_at: float | None) -> dict:
+        """TRL's rollout_func output of trajectories played (trl_batch; or ahead of their step, on a server:
+        grpo_exp.trainer.async_generation), their failed episodes spent from the failure budget: a collective, on
+        the trainer's thread."""
         if self.budget is not None:
             spend_failures([t.episode for t in trajectories], self.budget)
         fields = [t.fields() for t in trajectories]
