@@ -12,7 +12,10 @@ Arms: TRL's synchronous vllm_server; the pipeline with max_staleness 0 (synchron
 share of a step, its sync the weight transfer's); max_staleness 1 and 2. From the synchronous arm's shares, the
 speed-up to expect where generation has its own device: step / max(generation, training + sync).
 
-    python -m benchmarks.async_generation [--steps 8] [--placements shared core_each]
+    python -m benchmarks.async_generation [--steps 8] [--placements shared core_each] [--arms ARM...] [overrides...]
+
+The overrides choose another experiment for every arm: `+experiment=calculator` times multi-turn rollouts played
+ahead (each trajectory turn by turn on the server, docs/async.md).
 """
 
 import argparse
@@ -74,8 +77,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.async_generation")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--placements", nargs="+", default=["shared", "core_each"], choices=["shared", "core_each"])
+    arms = list(ARMS)
+    parser.add_argument("--arms", nargs="+", default=arms, choices=arms, metavar="ARM", help=", ".join(arms))
+    parser.add_argument("overrides", nargs="*", help="the experiment, for every arm (+experiment=calculator)")
     args = parser.parse_args(argv)
-    print(f"generation ahead against synchronous, the default task, embedded SmolLM2-135M float32, {cpu_name()}")
+    task = " ".join(args.overrides) or "the default task"
+    print(f"generation ahead against synchronous, {task}, embedded SmolLM2-135M float32, {cpu_name()}")
     print(f"{len(os.sched_getaffinity(0))} cores; medians of steps 2..{args.steps}")
     print("| placement | arm | s/step (wall) | TRL's step_time | waited for the server | weight sync | staleness |")
     print("|---|---|---|---|---|---|---|")
@@ -84,8 +91,8 @@ def main(argv: list[str] | None = None) -> None:
         port = free_port()
         shares = {}
         with vllm_server(port, prefix=server_prefix, env=server_env):
-            for arm, overrides in ARMS.items():
-                records = steps_of(overrides, args.steps, port, trainer_prefix, trainer_env)
+            for arm in args.arms:
+                records = steps_of([*args.overrides, *ARMS[arm]], args.steps, port, trainer_prefix, trainer_env)
                 runtime = next(record["train_runtime"] for record in records if "train_runtime" in record)
                 figures = {"wall": runtime / args.steps, "step_time": median_of(records, "step_time")}
                 for key in ("async/wait_seconds", "async/sync_seconds", "async/staleness_max"):
@@ -93,6 +100,8 @@ def main(argv: list[str] | None = None) -> None:
                 shares[arm] = figures
                 shown = ["-" if value is None else f"{value:.2f}" for value in figures.values()]
                 print(f"| {name} | {arm} | {' | '.join(shown)} |", flush=True)
+        if "async, max_staleness=0" not in shares:
+            continue
         synchronous = shares["async, max_staleness=0"]  # its wait is all of generation: the step's shares
         step, generation = synchronous["wall"], synchronous["async/wait_seconds"]
         sync = synchronous["async/sync_seconds"]
@@ -102,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
             f"  {name}: a synchronous step {step:.2f} s = generation {generation:.2f} + weight sync {sync:.2f} + "
             f"training {training:.2f}; with generation on its own device, at most {overlapped:.2f}x"
         )
-        for arm in ("async, max_staleness=1", "async, max_staleness=2"):
+        for arm in [a for a in ("async, max_staleness=1", "async, max_staleness=2") if a in shares]:
             speed = step / shares[arm]["wall"]
             print(f"  {name}: {arm}: {speed:.2f}x the synchronous pipeline's steps per minute")
 

@@ -21,7 +21,9 @@ class ServerGeneration:
     the version of the weights the server held when it generated it (the trainer's step at the last sync)."""
 
     def __init__(self, trainer_step):
-        self.accelerator = SimpleNamespace(num_processes=1, process_index=0, is_main_process=True)
+        self.accelerator = SimpleNamespace(
+            num_processes=1, process_index=0, is_main_process=True, wait_for_everyone=lambda: None
+        )
         self.server_base_url, self.trainer_step, self.server_version = "http://server", trainer_step, None
         self.repetition_penalty, self.temperature, self.top_p, self.top_k, self.min_p = 1.0, 1.0, 1.0, 0, None
         self.max_completion_length, self.logprobs, self.structured_outputs_regex = 4, 0, None
@@ -115,6 +117,74 @@ def test_a_batch_older_than_the_bound_is_dropped_and_generated_from_current_weig
     pipeline.close()
 
 
+# ---- multi-turn trajectories, played ahead ------------------------------------------------------------------------
+
+
+def played_by(server: ServerGeneration, failing: set | None = None):
+    """Stands for a multi-turn rollout on the server (RolloutFunc.play_ahead): each trajectory (its prompt, the
+    weights version of its every turn), its turns taking a while; a prompt in `failing` fails as a dead server does."""
+
+    def play(prompts: list, rows: list[dict]) -> list:
+        turns = []
+        for _ in range(3):
+            time.sleep(0.005)
+            turns.append(server.server_version)
+        if failing and prompts[0] in failing:
+            raise ConnectionError("Connection refused")
+        return [(prompt, row["prompt"], list(turns)) for prompt, row in zip(prompts, rows, strict=True)]
+
+    return play
+
+
+@pytest.mark.parametrize(("max_staleness", "weight_sync_steps"), [(0, 1), (1, 1), (2, 1), (2, 2)])
+def test_multi_turn_trajectories_are_played_ahead_each_from_one_version_none_older_than_the_bound(
+    max_staleness, weight_sync_steps
+):
+    """A multi-turn batch sent ahead is played out turn by turn in the pipeline's worker; the weights move only once
+    every trajectory in flight has finished, so all the turns of a trajectory come from one version, and no batch is
+    older than the bound when trained on."""
+    step = {"now": 0}
+    server = ServerGeneration(lambda: step["now"])
+    pipeline = AsyncGeneration(
+        server, max_staleness=max_staleness, weight_sync_steps=weight_sync_steps, num_generations=G,
+        step=lambda: step["now"], tokenize=None, play=played_by(server),
+    )  # fmt: skip
+    data = iter([[{"prompt": f"p{b}"}] * G] for b in range(10 + max_staleness))
+    staleness = []
+    for now in range(10):
+        step["now"] = now
+        (rows,), _ = pipeline.batches_for_step(data, lambda iterator: (next(iterator), None))
+        prompts = [row["prompt"] for row in rows]
+        trajectories = pipeline.trajectories(prompts, lambda: pytest.fail("played again"))
+        assert [t[0] for t in trajectories] == prompts == [f"p{now}"] * G  # the data's order, rows and prompts
+        (version,) = {turn for t in trajectories for turn in t[2]}  # every turn from one version
+        staleness.append(now - version)
+        assert pipeline.metrics()["async/staleness_max"] == now - version
+    lookahead = max_staleness - weight_sync_steps + 1
+    assert max(staleness) <= max_staleness and min(staleness[lookahead:]) >= lookahead, staleness
+    assert pipeline.counts.dropped == 0 and pipeline.counts.regenerated == 0
+    pipeline.close()
+
+
+def test_a_resampled_multi_turn_batch_is_played_now_and_a_failed_one_stops_the_run_naming_the_server():
+    step = {"now": 0}
+    server = ServerGeneration(lambda: step["now"])
+    pipeline = AsyncGeneration(
+        server, max_staleness=1, weight_sync_steps=1, num_generations=G, step=lambda: step["now"], tokenize=None,
+        play=played_by(server, failing={"p1"}),
+    )  # fmt: skip
+    data = iter([[{"prompt": f"p{b}"}] * G] for b in range(4))
+    draw = lambda iterator: (next(iterator), None)  # noqa: E731
+    pipeline.batches_for_step(data, draw)
+    assert pipeline.trajectories(["other"] * G, lambda: "played now") == "played now"  # not the prompts sent
+    assert pipeline.metrics()["async/regenerated_total"] == 1
+    step["now"] = 1
+    pipeline.batches_for_step(data, draw)
+    with pytest.raises(UserError, match="http://server.*step 1.*Connection refused"):
+        pipeline.trajectories(["p1"] * G, lambda: pytest.fail("played again"))
+    pipeline.close()
+
+
 # ---- its rules ---------------------------------------------------------------------------------------------------
 
 
@@ -125,7 +195,7 @@ def test_a_batch_older_than_the_bound_is_dropped_and_generated_from_current_weig
         (["generation=vllm_colocate", "trainer.max_staleness=1"], False, "vllm_mode=server"),
         (["generation=vllm_async", "trainer.weight_sync_steps=3"], False, "trainer.weight_sync_steps to at most 2"),
         (["generation=vllm_async", "trainer.num_iterations=2"], False, "set trainer.num_iterations=1"),
-        (["generation=vllm_async", "+experiment=calculator"], True, "use generation=vllm_server"),
+        (["generation=vllm_async", "+experiment=calculator", "trainer.mismatch_metrics=true"], True, "trajectories"),
         (["generation=vllm_async", "curriculum.enabled=true"], False, "curriculum.enabled=true"),
     ],
 )
@@ -133,6 +203,13 @@ def test_what_cannot_be_generated_ahead_is_refused_naming_the_key(overrides, mul
     with pytest.raises(UserError, match="max_staleness") as refused:
         check_async_generation(compose_config(overrides), multiturn=multiturn)
     assert message in str(refused.value)
+
+
+def test_multi_turn_is_generated_ahead_on_grpo_exps_loop_and_refused_on_trls_naming_the_key():
+    calculator = compose_config(["generation=vllm_async", "+experiment=calculator"])
+    check_async_generation(calculator, multiturn=True)  # grpo_exp's loop: played ahead
+    with pytest.raises(UserError, match="rollout.tool_calling=.*TRL's tool-calling loop.*rollout.tool_calling=tags"):
+        check_async_generation(calculator, multiturn=True, native_tool_calling=True)
 
 
 def test_weight_sync_steps_without_generation_ahead_is_refused_as_inert():

@@ -17,7 +17,7 @@ from grpo_exp.run_files import latest_evaluation
 from grpo_exp.trainer.config import grpo_exp_config
 from grpo_exp.trainer.sampling_copy import can_prepack
 from grpo_exp.trainer.trainer import GRPOExpTrainer
-from grpo_exp.trainer.trl_batch import as_rollout_func
+from grpo_exp.trainer.trl_batch import RolloutFunc
 from grpo_exp.verification.labels import built_in_labels
 from support.config import TINY_RUN, compose_config
 from tests.helpers.cli import NO_SAVED_WEIGHTS, run_cli
@@ -124,7 +124,7 @@ def multiturn_trainer(protocol_model, directory, **knobs) -> GRPOExpTrainer:
         args=grpo_exp_config(cfg.trainer, directory, "none", [1.0], False),
         train_dataset=train_set,
         processing_class=tokenizer,
-        rollout_func=as_rollout_func(MultiTurnRollout(cfg.rollout)),
+        rollout_func=RolloutFunc(MultiTurnRollout(cfg.rollout)),
     )
 
 

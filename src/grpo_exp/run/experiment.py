@@ -50,7 +50,7 @@ from grpo_exp.trainer.curriculum import DifficultyPool, SaveState
 from grpo_exp.trainer.levels import STATE_FILE as LEVELS_FILE
 from grpo_exp.trainer.levels import LevelChooser, TaskLevels
 from grpo_exp.trainer.trainer import GRPOExpTrainer
-from grpo_exp.trainer.trl_batch import as_rollout_func
+from grpo_exp.trainer.trl_batch import RolloutFunc
 
 log = logging.getLogger("grpo_exp.train")
 
@@ -189,7 +189,7 @@ def rollout_arguments(parts: RunParts) -> dict:
     tool-calling loop (environment_factory); else TRL's own single-turn generation."""
     if parts.environment_factory is not None:
         return {"environment_factory": parts.environment_factory}
-    return {"rollout_func": None if parts.rollout is None else as_rollout_func(parts.rollout)}
+    return {"rollout_func": None if parts.rollout is None else RolloutFunc(parts.rollout)}
 
 
 def task_levels(spec: RunSpec, train_set, heldout) -> TaskLevels | None:

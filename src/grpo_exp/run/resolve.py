@@ -142,11 +142,11 @@ def resolve(
     check_only_with(cfg, read_by_caller)  # once each setting is known to be valid on its own
     check_components(spec.components, cfg, spec.processes)  # what each component of the mix declares
     check_trainer(cfg.trainer, spec.processes, multiturn=spec.multiturn, policy_dtype=spec.policy_dtype)
-    own_prompts = next((f"{task.what} (reward {name})" for name, task in spec.tasks.items()), None)
-    check_async_generation(cfg, multiturn=spec.multiturn, own_prompts=own_prompts)
     check_algorithm(cfg.algorithm, cfg.trainer)
     environments, native = check_rollout(spec)
     spec = replace(spec, native_tool_calling=native)
+    own_prompts = next((f"{task.what} (reward {name})" for name, task in spec.tasks.items()), None)
+    check_async_generation(cfg, multiturn=spec.multiturn, own_prompts=own_prompts, native_tool_calling=native)
     probing = AlarmAction(spec.cfg.probe.before_training)
     if spec.multiturn and probing is not AlarmAction.off:
         raise UserError(

@@ -24,6 +24,7 @@ on CPU: grpo_exp.trainer.vllm_reload); `AsyncGeneration` stands in its place on 
 code asks it for completions.
 """
 
+import copy
 import logging
 import math
 import time
@@ -41,6 +42,7 @@ from grpo_exp.config_rules import OnlyWith
 from grpo_exp.errors import UserError
 from grpo_exp.rollout.vllm_turns import served_failure, server_url
 from grpo_exp.run_files import BEFORE_STEP_SECONDS
+from grpo_exp.trainer.trl_batch import RolloutFunc
 from grpo_exp.trainer.vllm_engine import TRUNCATING
 
 log = logging.getLogger(__name__)
@@ -51,10 +53,11 @@ WAIT_WARNING_SECONDS = 60.0
 
 @dataclass
 class Request:
-    """One step's generation, sent ahead: this process's prompts, the server's weights version when sent, and (main
-    process) the server's answer for every process's prompts."""
+    """One step's generation, sent ahead: this process's prompts (their ids; a multi-turn batch's messages), the
+    server's weights version when sent, and the answer: (main process) the server's for every process's prompts, or
+    (multi-turn, each process) this process's trajectories played on the server."""
 
-    prompt_ids: list[list[int]]
+    prompts: list
     version: int
     answer: Future | None = None
 
@@ -119,9 +122,11 @@ class AsyncGeneration:
 
     def __init__(
         self, generation, *, max_staleness: int, weight_sync_steps: int, num_generations: int, step, tokenize,
-        split_mismatch: bool = False,
+        split_mismatch: bool = False, play=None,
     ):  # fmt: skip
-        """`split_mismatch`: stale batches are scored again to split the mismatch (trainer.mismatch_metrics=true)."""
+        """`split_mismatch`: stale batches are scored again to split the mismatch (trainer.mismatch_metrics=true).
+        `play(prompts, rows) -> trajectories`: a multi-turn run's batch played on the server, turn by turn (grpo_exp.
+        trainer.trl_batch.RolloutFunc.play_ahead), each process its own rows; None: single-turn batches."""
         self.generation, self.accelerator = generation, generation.accelerator
         self.split_mismatch = split_mismatch
         self.max_staleness, self.weight_sync_steps = max_staleness, weight_sync_steps
@@ -139,6 +144,7 @@ class AsyncGeneration:
         self.counts = Pipeline()
         self.rescored: Rescored | None = None  # the last batch's, where it was stale (take_rescored)
         self.served_name: str | None = None  # the server's name for its model, asked once
+        self.play = play
 
     def __getattr__(self, name):  # everything else is TRL's VLLMGeneration's
         return getattr(self.generation, name)
@@ -183,7 +189,7 @@ class AsyncGeneration:
     def generate(self, prompts, images, num_generations, profiler=None):
         """TRL's generate: the completions sent ahead for these prompts, or (too old, or other prompts) afresh."""
         request, self.current, self.rescored = self.current, None, None
-        sent = request is not None and request.prompt_ids == prompts and images is None
+        sent = request is not None and request.prompts == prompts and images is None
         staleness = self.step() - request.version if sent else 0
         fresh = sent and staleness <= self.max_staleness
         if not all(gather_object([fresh])):  # every process takes the same path (collective calls follow)
@@ -209,6 +215,27 @@ class AsyncGeneration:
             None if logprobs is None else logprobs[rows],
             None if logprob_token_ids is None else logprob_token_ids[rows],
         )
+
+    def trajectories(self, prompts: list, play_now) -> list:
+        """A multi-turn batch's trajectories (TRL's rollout_func): those played ahead for these prompts, or (too old,
+        or other prompts: a resampled batch) `play_now()`'s, on the server synced to the policy."""
+        request, self.current, self.rescored = self.current, None, None
+        sent = request is not None and request.prompts == prompts
+        staleness = self.step() - request.version if sent else 0
+        fresh = sent and staleness <= self.max_staleness
+        if not all(gather_object([fresh])):  # every process takes the same path (collective calls follow)
+            if sent and staleness > self.max_staleness:
+                self.counts.dropped += len(prompts) * self.accelerator.num_processes
+            self.counts.regenerated += 1
+            self.sync_now()
+            self.counts.staleness.append(0)
+            return play_now()
+        self.counts.staleness.append(staleness)
+        played = self._wait(request, "to play the trajectories of step")
+        failures = [failure for failure in gather_object([played if isinstance(played, str) else None]) if failure]
+        if failures:  # any process's: every process stops with it
+            raise UserError(failures[0])
+        return played
 
     def take_rescored(self) -> Rescored | None:
         """The last batch's completions scored again under the trainer's weights (the same on every process: set or
@@ -244,6 +271,9 @@ class AsyncGeneration:
     # ---- the server ------------------------------------------------------------------------------------------
 
     def _send(self, rows: list[dict]) -> Request:
+        if self.play is not None:  # each process plays its own rows' trajectories, turn by turn
+            prompts = [row["prompt"] for row in rows]
+            return Request(prompts, self.version, self.pool.submit(self.play, copy.deepcopy(prompts), rows))
         prompt_ids = self.tokenize(rows)
         everyone = gather_object(prompt_ids)
         answer = None
@@ -253,25 +283,34 @@ class AsyncGeneration:
             answer = self.pool.submit(self.generation.vllm_client.generate, prompts=unique, **params)
         return Request(prompt_ids, self.version, answer)
 
-    def _answer(self, request: Request, staleness: int) -> tuple | str:
-        """The server's answer (main process), waited for: a wait is timed, and said when it is long; with a stale
-        batch's log-probabilities under the current weights (None: not scored again). Where the server failed, what
-        to tell the user."""
+    def _wait(self, request: Request, what: str):
+        """A request's answer, waited for: a wait is timed, and said when it is long. Where the server failed, what
+        to tell the user (a str)."""
         started = time.perf_counter()
-        while True:
-            try:
-                output = request.answer.result(timeout=WAIT_WARNING_SECONDS)
-                break
-            except TimeoutError:
-                log.warning(
-                    "generation=vllm_async: waiting for the vLLM server at %s for %.0f s (step %d)",
-                    self.url,
-                    time.perf_counter() - started,
-                    self.step(),
-                )
-            except Exception as err:  # the server died or refused: the run stops, naming it
-                return str(served_failure(self.url, f"to generate the batch of step {self.step()}", err))
-        self.counts.waited += time.perf_counter() - started
+        try:
+            while True:
+                try:
+                    return request.answer.result(timeout=WAIT_WARNING_SECONDS)
+                except TimeoutError:
+                    log.warning(
+                        "generation=vllm_async: waiting for the vLLM server at %s for %.0f s (step %d)",
+                        self.url,
+                        time.perf_counter() - started,
+                        self.step(),
+                    )
+                except UserError as err:  # the turns' engine says what failed, naming the server
+                    return str(err)
+                except Exception as err:  # the server died or refused: the run stops, naming it
+                    return str(served_failure(self.url, f"{what} {self.step()}", err))
+        finally:
+            self.counts.waited += time.perf_counter() - started
+
+    def _answer(self, request: Request, staleness: int) -> tuple | str:
+        """The server's answer (main process), waited for (_wait); with a stale batch's log-probabilities under the
+        current weights (None: not scored again). Where the server failed, what to tell the user."""
+        output = self._wait(request, "to generate the batch of step")
+        if isinstance(output, str):
+            return output
         prompt_ids, completion_ids = output["prompt_ids"], output["completion_ids"]
         rescored = self._rescore(prompt_ids, completion_ids) if self._rescoring(staleness) else None
         return prompt_ids, completion_ids, output["logprobs"], output.get("logprob_token_ids"), rescored
@@ -308,8 +347,10 @@ class AsyncGeneration:
         """The server's weights brought to the policy's, once the requests in flight are answered (each completion
         comes from one version)."""
         started = time.perf_counter()
-        if self.accelerator.is_main_process:  # a failed request is told when its batch is trained on
-            wait([request.answer for _, _, request in self.ahead])
+        if self.accelerator.is_main_process or self.play is not None:  # a failed request is told when its batch is
+            wait([request.answer for _, _, request in self.ahead if request.answer is not None])  # trained on
+        if self.play is not None:  # every process's trajectories in flight finished before any weight moves
+            self.accelerator.wait_for_everyone()
         synced = time.perf_counter()
         self.counts.waited += synced - started  # the trainer waiting for generation, as for a batch
         self.generation.sync_weights()
@@ -326,11 +367,14 @@ CHOSEN_FROM_RESULTS = (
 )
 
 
-def check_async_generation(cfg, *, multiturn: bool, own_prompts: str | None = None) -> None:
-    """trainer.max_staleness (generation=vllm_async): a vLLM server, single-turn batches drawn from the data in order,
-    one generation per optimiser step, and a sync at least as often as the bound allows. `own_prompts`: what of the
-    run mixes prompts of its own into the batches, as the refusal names it (a reward component's task,
-    grpo_exp.rewards.components.Task: "the self-verification task (reward selfverify)"), None: nothing."""
+def check_async_generation(
+    cfg, *, multiturn: bool, own_prompts: str | None = None, native_tool_calling: bool = False
+) -> None:
+    """trainer.max_staleness (generation=vllm_async): a vLLM server, batches drawn from the data in order (single-turn,
+    or multi-turn played by grpo_exp's loop), one generation per optimiser step, and a sync at least as often as the
+    bound allows. `own_prompts`: what of the run mixes prompts of its own into the batches, as the refusal names it (a
+    reward component's task, grpo_exp.rewards.components.Task: "the self-verification task (reward selfverify)"),
+    None: nothing. `native_tool_calling`: TRL's tool-calling loop plays the turns (rollout.tool_calling)."""
     trainer = cfg.trainer
     staleness = trainer.max_staleness
     if staleness is None:
@@ -353,11 +397,22 @@ def check_async_generation(cfg, *, multiturn: bool, own_prompts: str | None = No
             f"trainer.num_iterations={trainer.num_iterations} with {prefix}: the pipeline sends one batch per "
             "optimiser step; set trainer.num_iterations=1"
         )
-    if multiturn or own_prompts is not None:
-        what = "rollout=multiturn / environments" if multiturn else own_prompts
+    if own_prompts is not None:
         raise UserError(
-            f"{prefix}: {what} is not generated ahead yet (its prompts come from the rollout or from recent "
-            "samples); use generation=vllm_server"
+            f"{prefix}: {own_prompts} is not generated ahead (its prompts come from recent samples); use "
+            "generation=vllm_server"
+        )
+    if multiturn and native_tool_calling:
+        raise UserError(
+            f"rollout.tool_calling={OmegaConf.select(cfg, 'rollout.tool_calling')} with {prefix}: TRL's tool-calling "
+            "loop plays these turns, and generation ahead plays grpo_exp's; set rollout.tool_calling=tags, or "
+            "generation=vllm_server"
+        )
+    if multiturn and trainer.mismatch_metrics:
+        raise UserError(
+            f"trainer.mismatch_metrics=true with {prefix} and a multi-turn rollout: the staleness/numerics split "
+            "scores single-turn batches again, not trajectories; set trainer.mismatch_metrics=null (TRL's sampling/* "
+            "still measure the whole mismatch)"
         )
     for key, why in CHOSEN_FROM_RESULTS:
         if OmegaConf.select(cfg, key):
@@ -431,6 +486,7 @@ def generation_ahead(trainer) -> AsyncGeneration | None:
         step=lambda: trainer.state.global_step,
         tokenize=trainer.prompt_ids,
         split_mismatch=bool(args.mismatch_metrics),
+        play=trainer.rollout_func.play_ahead(trainer) if isinstance(trainer.rollout_func, RolloutFunc) else None,
     )
     trainer.vllm_generation = pipeline
     trainer.add_callback(PipelineCallback(trainer, pipeline))

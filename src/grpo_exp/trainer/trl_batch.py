@@ -4,6 +4,9 @@ Part of the seam (grpo_exp.trainer.seam): it knows TRL 1.16's keys and how each 
 tests/test_trl_contract.py checks that knowledge against TRL.
 """
 
+import copy
+from collections.abc import Callable
+
 import torch
 from trl.models.utils import unwrap_model_for_generation
 
@@ -117,24 +120,45 @@ def _cat_padded(values: list[torch.Tensor], pad, left: bool) -> torch.Tensor:
     return torch.cat(padded)
 
 
-def as_rollout_func(rollout):
+class RolloutFunc:
     """TRL's `rollout_func(prompts, trainer)` for a rollout object with `trl_batch(model, tokenizer, prompts,
-    generation_kwargs, log_probs_at, rows) -> dict` (grpo_exp.rollout.multiturn.MultiTurnRollout); `log_probs_at`:
-    the temperature of the sampler's log-probabilities where the trainer's mismatch watch wants them, else None;
-    `rows`: the prompts' dataset rows."""
+    generation_kwargs, log_probs_at, rows) -> dict`, `run(...)` and `batch_of(trajectories, log_probs_at)`
+    (grpo_exp.rollout.multiturn.MultiTurnRollout); `log_probs_at`: the temperature of the sampler's log-probabilities
+    where the trainer's mismatch watch wants them, else None; `rows`: the prompts' dataset rows. With generation ahead
+    (generation=vllm_async), the trajectories played ahead on the server (grpo_exp.trainer.async_generation)."""
 
-    def rollout_func(prompts: list, trainer) -> dict:
+    def __init__(self, rollout):
+        self.rollout = rollout
+        self.tokenizer = None  # the worker thread's own copy (a fast tokenizer is not to be shared across threads)
+
+    def __call__(self, prompts: list, trainer) -> dict:
         log_probs_at = trainer.temperature if trainer.mismatch.wants_sampler_log_probs else None
         rows = trainer.rollout_rows  # the dataset rows of these prompts, in order (the seam keeps them)
         tokenizer = trainer.processing_class
+        if trainer.ahead is not None:  # the server's log-probabilities: its staleness is corrected as its numerics
+            played = trainer.ahead.trajectories(prompts, lambda: self.play_on_server(trainer, tokenizer, prompts, rows))
+            return self.rollout.batch_of(played, trainer.temperature)
         if trainer.use_vllm:  # TRL synced the engine's weights before calling this
-            sampling = {"temperature": trainer.temperature, "top_p": trainer.top_p}
-            with turn_engine(trainer.vllm_generation, len(prompts)) as engine:  # its log-probabilities cost nothing
-                return rollout.trl_batch(None, tokenizer, prompts, sampling, trainer.temperature, rows, engine=engine)
+            return self.rollout.batch_of(self.play_on_server(trainer, tokenizer, prompts, rows), trainer.temperature)
         with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator) as model:
             sampler = trainer.sampler.model_for_turns(
                 model, prompt_ids(tokenizer, prompts[0]), trainer.state.global_step
             )
-            return rollout.trl_batch(sampler, tokenizer, prompts, trainer.generation_kwargs, log_probs_at, rows)
+            return self.rollout.trl_batch(sampler, tokenizer, prompts, trainer.generation_kwargs, log_probs_at, rows)
 
-    return rollout_func
+    def play_on_server(self, trainer, tokenizer, prompts: list, rows: list[dict] | None) -> list:
+        """Every trajectory of `prompts` played on TRL's vLLM engine, each turn as its trajectory is ready, with the
+        engine's log-probabilities (they cost nothing)."""
+        sampling = {"temperature": trainer.temperature, "top_p": trainer.top_p}
+        with turn_engine(trainer.vllm_generation, len(prompts)) as engine:
+            return self.rollout.run(
+                None, tokenizer, prompts, sampling, len(prompts), log_probs_at=trainer.temperature, rows=rows,
+                engine=engine,
+            )  # fmt: skip
+
+    def play_ahead(self, trainer) -> Callable[[list, list[dict] | None], list]:
+        """What generation ahead calls in its worker thread: a batch's rows played on the server, with a tokenizer
+        of its own."""
+        if self.tokenizer is None:
+            self.tokenizer = copy.deepcopy(trainer.processing_class)
+        return lambda prompts, rows: self.play_on_server(trainer, self.tokenizer, prompts, rows)
