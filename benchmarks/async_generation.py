@@ -14,8 +14,10 @@ speed-up to expect where generation has its own device: step / max(generation, t
 
     python -m benchmarks.async_generation [--steps 8] [--placements shared core_each] [--arms ARM...] [overrides...]
 
-The overrides choose another experiment for every arm: `+experiment=calculator` times multi-turn rollouts played
-ahead (each trajectory turn by turn on the server, docs/async.md).
+The overrides choose another experiment for every arm, after `--` where `--arms` is given: `python -m
+benchmarks.async_generation --placements core_each --arms "sync (vllm_server)" "async, max_staleness=0" "async,
+max_staleness=1" -- +experiment=calculator` times multi-turn rollouts played ahead (each trajectory turn by turn on
+the server, docs/async.md).
 """
 
 import argparse
