@@ -114,12 +114,15 @@ def test_a_copy_made_from_the_gguf_is_not_read_again_and_a_copy_of_other_special
     from is trusted; an unstamped one (an older grpo_exp's) is checked against the GGUF once, and made again where
     its special tokens are not the GGUF's."""
     import json
+    import shutil
 
     import grpo_exp.models as models
 
     cfg = compose_config(["model=tiny"])
-    target = materialise_embedded(cfg.model, str(tmp_path), with_weights=False)
-    assert (target / models.SOURCE_STAMP).is_file()
+    made = materialise_embedded(cfg.model, cfg.cache_dir, with_weights=False)  # the suite's copy (made at most once)
+    assert (made / models.SOURCE_STAMP).is_file()
+    target = tmp_path / made.relative_to(cfg.cache_dir)  # a copy of it to spoil: the GGUF's parse is a minute here
+    shutil.copytree(made, target)
     reads = []
     read_gguf = models.gguf_special_tokens
     monkeypatch.setattr(models, "gguf_special_tokens", lambda path: reads.append(path) or read_gguf(path))
@@ -145,7 +148,7 @@ def test_the_tiny_models_directory_holds_its_tokenizer_so_a_server_can_load_it(t
     from grpo_exp.models import model_source
 
     cfg = compose_config(["model=tiny"])
-    tokenizer = load_tokenizer(cfg.model, str(tmp_path))
+    tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)  # the suite's copy: the GGUF's parse is a minute here
     directory = model_source(cfg.model, tokenizer, str(tmp_path), seed=3)
     saved = AutoTokenizer.from_pretrained(directory)
     assert saved.get_vocab() == tokenizer.get_vocab() and saved.chat_template == tokenizer.chat_template
