@@ -355,23 +355,28 @@ ESS, CLIPPED = "sampling/importance_sampling_ess_fraction", "sampling/importance
 
 
 @pytest.mark.e2e
-def test_multi_turn_rollouts_are_played_ahead_on_the_server_their_staleness_bounded_and_logged(server, tmp_path):
-    """generation=vllm_async with the calculator preset: each coming step's trajectories are played on the server,
-    turn by turn with the tool's answers between turns, while the trainer trains on this step's. The first batch is
-    on-policy and every later one a step old; none is dropped or played again; TRL's correction weighs the stale
-    turns by the server's log-probabilities (the importance weights' effective sample size below 1)."""
+def test_multi_turn_rollouts_are_played_ahead_under_two_processes_their_staleness_bounded_and_logged(server, tmp_path):
+    """generation=vllm_async with the calculator preset under `accelerate launch` with 2 processes: each rank plays
+    its coming steps' trajectories on the server, turn by turn with the tool's answers between turns, while it
+    trains on this step's; the weights move once both ranks' trajectories in flight have finished. Both ranks make
+    the same torch.distributed calls; the first batch is on-policy and every later one a step old; none is dropped
+    or played again; TRL's correction weighs the stale turns by the server's log-probabilities (the importance
+    weights' effective sample size below 1)."""
     from grpo_exp.run.tracking import read_metrics
-    from tests.helpers.cli import run_cli
+    from tests.helpers.cli import recorded_launch
+    from tests.test_collectives import assert_same_calls
 
-    port, run_dir = server.rsplit(":", 1)[1], tmp_path / "run"
-    result = run_cli(
-        "+experiment=calculator", "generation=vllm_async", f"trainer.extra.vllm_server_port={port}",
-        "trainer.zero_variance_groups=keep", "trainer.learning_rate=1e-4", "trainer.max_steps=3",
-        "eval.before=false", "eval.after=false", "probe.labels_check=off", "save_model=false", "trainer.save_steps=0",
-        "logger=none", f"hydra.run.dir={run_dir}",
+    port = server.rsplit(":", 1)[1]
+    overrides = (
+        "model=smollm2_135m", "+experiment=calculator", "generation=vllm_async",
+        f"trainer.extra.vllm_server_port={port}", "trainer.zero_variance_groups=keep", "trainer.learning_rate=1e-4",
+        "trainer.max_steps=3", *QUIET_RUN,
+        "eval.before=false", "eval.after=false", "probe.labels_check=off",
     )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    steps = {m["step"]: m for m in read_metrics(run_dir / "metrics.jsonl") if STALENESS in m}
+    launched = recorded_launch(tmp_path, *overrides, launch_args=("--num_processes", "2"))
+    assert launched.returncode == 0, launched.stderr[-4000:]
+    assert_same_calls(tmp_path)
+    steps = {m["step"]: m for m in read_metrics(tmp_path / "run" / "metrics.jsonl") if STALENESS in m}
     assert [steps[s][STALENESS] for s in sorted(steps)] == [0.0, 1.0, 1.0]
     assert all(m["async/dropped_total"] == 0 and m["async/regenerated_total"] == 0 for m in steps.values())
     assert all(m["rollout/turns_mean"] >= 1 for m in steps.values())  # trajectories, played by grpo_exp's loop
