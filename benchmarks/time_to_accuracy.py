@@ -100,11 +100,16 @@ ARMS = {
     "vllm_server": ["generation=vllm_server"],
     "async1": ["generation=vllm_async"],
     "async2": ["generation=vllm_async", "trainer.max_staleness=2"],
+    # staleness 1 under the token-level corrections in place of TRL's default (sequence_mask): where the gap to
+    # synchronous may come from (docs/async.md)
+    "async1_token_truncate": ["generation=vllm_async", "trainer.mismatch_correction=token_truncate"],
+    "async1_token_mask": ["generation=vllm_async", "trainer.mismatch_correction=token_mask"],
 }
 COMMON = ["trainer.save_steps=0", "save_model=false"]
 # The arms whose generation is a vLLM server: each run gets a freshly started one (grpo-exp serve), so that every run
 # starts from the same sampler state
-SERVED = ("vllm_server", "async1", "async2")
+SERVER_GENERATION = {"generation=vllm_server", "generation=vllm_async"}
+SERVED = tuple(arm for arm, settings in ARMS.items() if SERVER_GENERATION & set(settings or []))
 
 
 def run_command(command: list[str]) -> subprocess.CompletedProcess:
