@@ -188,18 +188,10 @@ class AsyncGeneration:
 
     def generate(self, prompts, images, num_generations, profiler=None):
         """TRL's generate: the completions sent ahead for these prompts, or (too old, or other prompts) afresh."""
-        request, self.current, self.rescored = self.current, None, None
-        sent = request is not None and request.prompts == prompts and images is None
-        staleness = self.step() - request.version if sent else 0
-        fresh = sent and staleness <= self.max_staleness
-        if not all(gather_object([fresh])):  # every process takes the same path (collective calls follow)
-            if sent and staleness > self.max_staleness:
-                self.counts.dropped += len(prompts) * self.accelerator.num_processes
-            self.counts.regenerated += 1
-            self.sync_now()
-            self.counts.staleness.append(0)
+        taken = self._take_sent(prompts, images is None)
+        if taken is None:
             return self.generation.generate(prompts, images, num_generations, profiler)
-        self.counts.staleness.append(staleness)
+        request, staleness = taken
         payload = [self._answer(request, staleness) if self.accelerator.is_main_process else None]
         broadcast_object_list(payload, from_process=0)  # the server's failure too: every process stops with it
         if isinstance(payload[0], str):
@@ -219,8 +211,22 @@ class AsyncGeneration:
     def trajectories(self, prompts: list, play_now) -> list:
         """A multi-turn batch's trajectories (TRL's rollout_func): those played ahead for these prompts, or (too old,
         or other prompts: a resampled batch) `play_now()`'s, on the server synced to the policy."""
+        taken = self._take_sent(prompts)
+        if taken is None:
+            return play_now()
+        request, _ = taken
+        played = self._wait(request, "to play the trajectories of step")
+        failures = [failure for failure in gather_object([played if isinstance(played, str) else None]) if failure]
+        if failures:  # any process's: every process stops with it
+            raise UserError(failures[0])
+        return played
+
+    def _take_sent(self, prompts: list, sendable: bool = True) -> tuple[Request, int] | None:
+        """The request sent ahead for this step's `prompts` and its staleness; None (counted, the server synced to
+        the policy) where the batch must be generated now: too old, other prompts (a resampled batch), or not
+        `sendable`, on any process."""
         request, self.current, self.rescored = self.current, None, None
-        sent = request is not None and request.prompts == prompts
+        sent = request is not None and request.prompts == prompts and sendable
         staleness = self.step() - request.version if sent else 0
         fresh = sent and staleness <= self.max_staleness
         if not all(gather_object([fresh])):  # every process takes the same path (collective calls follow)
@@ -229,13 +235,9 @@ class AsyncGeneration:
             self.counts.regenerated += 1
             self.sync_now()
             self.counts.staleness.append(0)
-            return play_now()
+            return None
         self.counts.staleness.append(staleness)
-        played = self._wait(request, "to play the trajectories of step")
-        failures = [failure for failure in gather_object([played if isinstance(played, str) else None]) if failure]
-        if failures:  # any process's: every process stops with it
-            raise UserError(failures[0])
-        return played
+        return request, staleness
 
     def take_rescored(self) -> Rescored | None:
         """The last batch's completions scored again under the trainer's weights (the same on every process: set or
