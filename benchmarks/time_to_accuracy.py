@@ -98,6 +98,10 @@ ARMS = {
     # a vLLM server started beforehand (grpo-exp serve; its port among the overrides: trainer.extra.vllm_server_port=
     # N): synchronous, and generating 1 and 2 steps ahead (docs/async.md)
     "vllm_server": ["generation=vllm_server"],
+    # the synchronous run again, seed for seed: the server's sampler is seeded per process, not per request, so which
+    # draw a sequence gets depends on how its scheduler batched the requests; two runs of one seed part after their
+    # first steps, and how far they end apart is the noise an arm's difference from `vllm_server` must stand out of
+    "vllm_server_again": ["generation=vllm_server"],
     "async1": ["generation=vllm_async"],
     "async2": ["generation=vllm_async", "trainer.max_staleness=2"],
     # staleness 1 under the token-level corrections in place of TRL's default (sequence_mask): where the gap to

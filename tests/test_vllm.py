@@ -369,7 +369,7 @@ def test_multi_turn_rollouts_are_played_ahead_under_two_processes_their_stalenes
     port = server.rsplit(":", 1)[1]
     overrides = (
         "model=smollm2_135m", "+experiment=calculator", "generation=vllm_async",
-        f"trainer.extra.vllm_server_port={port}", "trainer.zero_variance_groups=keep", "trainer.learning_rate=1e-4",
+        f"trainer.extra.vllm_server_port={port}", *MOVING,  # the length reward: every group with spread, so trained
         "trainer.max_steps=3", *QUIET_RUN,
         "eval.before=false", "eval.after=false", "probe.labels_check=off",
     )  # fmt: skip
