@@ -35,11 +35,18 @@ def serving(args: list[str], port: int, env: dict | None = None, timeout: float 
     whatever it started (vLLM's engine core and its worker) go together: asked to stop (SIGTERM, vLLM shuts its
     engine down), then killed as a process group. Killing the server alone left vLLM's engine running, orphaned,
     2.6 GB and a few % of a core each, one per test session."""
+    with started(args, env) as process:
+        _wait_for_port(port, process, timeout)
+        yield process
+
+
+@contextlib.contextmanager
+def started(args: list[str], env: dict | None = None):
+    """The server process, not waited for, until the block ends; then stopped with whatever it started."""
     process = subprocess.Popen(
         args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True
     )
     try:
-        _wait_for_port(port, process, timeout)
         yield process
     finally:
         stop_group(process)
@@ -87,18 +94,33 @@ def stub_judge_overrides(port: int) -> list[str]:
 def vllm_server(port: int, timeout: float = 420, prefix: tuple[str, ...] = (), env: dict | None = None):
     """`grpo-exp serve` (vLLM's OpenAI-compatible server, the embedded model as `smollm2_135m`), until it answers;
     `prefix`: a command it runs under (taskset -c 1), `env`: its environment."""
+    with vllm_servers([port], timeout, prefix, env) as (process,):
+        yield process
+
+
+@contextlib.contextmanager
+def vllm_servers(ports: list[int], timeout: float = 420, prefix: tuple[str, ...] = (), env: dict | None = None):
+    """vllm_server on each of `ports`, started together: their start-ups (about 45 s each on 2 cores, much of it
+    one core importing and loading) overlap. Yields their processes once every one answers."""
+    with contextlib.ExitStack() as stack:
+        commands = [[*prefix, sys.executable, "-m", "grpo_exp.serve", "--port", str(port)] for port in ports]
+        processes = [stack.enter_context(started(command, env)) for command in commands]
+        deadline = time.monotonic() + timeout
+        for port, process in zip(ports, processes, strict=True):
+            _wait_until_served(port, process, deadline, timeout)
+        yield processes
+
+
+def _wait_until_served(port: int, process: subprocess.Popen, deadline: float, timeout: float) -> None:
+    """Until vLLM's server on `port` lists its model (its port opens before its engine is ready)."""
     import requests
 
-    command = [*prefix, sys.executable, "-m", "grpo_exp.serve", "--port", str(port)]
-    with serving(command, port, env=env, timeout=timeout) as process:
-        deadline = time.monotonic() + timeout
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"grpo-exp serve exited with {process.returncode}")
-            with contextlib.suppress(requests.RequestException):
-                if requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"vLLM's server on port {port} did not answer in {timeout} s")
-            time.sleep(1)
-        yield process
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"grpo-exp serve exited with {process.returncode}")
+        with contextlib.suppress(requests.RequestException):
+            if requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).status_code == 200:
+                return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"vLLM's server on port {port} did not answer in {timeout} s")
+        time.sleep(1)

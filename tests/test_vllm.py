@@ -383,29 +383,28 @@ def test_multi_turn_rollouts_are_played_ahead_under_two_processes_their_stalenes
     assert steps[1][ESS] > 0.999 and steps[3][ESS] < steps[1][ESS], steps
 
 
-def steps_against_a_fresh_server(tmp_path, name: str, *overrides: str) -> tuple[list, dict]:
-    """`python -m grpo_exp.train <overrides>` for 3 steps against a `grpo-exp serve` started for it alone (vLLM's
-    weights in their starting state), every group of every step in samples.jsonl: (the samples, TRL's metrics by
-    step). Each request carries a seed (TRL's generation_kwargs): without one, vLLM draws from one generator for all
-    the sequences it is decoding, so which draw a row gets depends on how its scheduler happened to batch the
-    requests, which differs from run to run: two runs' second steps differed so (the same weights, on-policy to
-    1e-5). And without TRL's importance-sampling correction: vLLM's log-probabilities of the same tokens moved by
-    1e-4 between the two runs' first steps (1.4e-4 from the trainer's against 1e-5), which the correction multiplies
-    into the loss (2.5e-3 of it). The trainer's side is then the same computation in both, to float rounding."""
+def steps_against_a_fresh_server(tmp_path, name: str, port: int, *overrides: str) -> tuple[list, dict]:
+    """`python -m grpo_exp.train <overrides>` for 3 steps against the `grpo-exp serve` on `port`, started for it alone
+    (vLLM's weights in their starting state), every group of every step in samples.jsonl: (the samples, TRL's
+    metrics by step). Each request carries a seed (TRL's generation_kwargs): without one, vLLM draws from one
+    generator for all the sequences it is decoding, so which draw a row gets depends on how its scheduler happened
+    to batch the requests, which differs from run to run: two runs' second steps differed so (the same weights,
+    on-policy to 1e-5). And without TRL's importance-sampling correction: vLLM's log-probabilities of the same tokens
+    moved by 1e-4 between the two runs' first steps (1.4e-4 from the trainer's against 1e-5), which the correction
+    multiplies into the loss (2.5e-3 of it). The trainer's side is then the same computation in both, to float
+    rounding."""
     from grpo_exp.run.tracking import read_metrics
-    from support.servers import free_port, vllm_server
     from tests.helpers.cli import run_cli
 
-    run_dir, port = tmp_path / name, free_port()
-    with vllm_server(port):
-        result = run_cli(
-            *overrides, f"trainer.extra.vllm_server_port={port}", "+trainer.extra.generation_kwargs={seed:1234}",
-            "trainer.mismatch_correction=none",
-            *MOVING, "trainer.max_steps=3",
-            "stats.table_every=1", "stats.table_groups=2", "eval.before=false", "eval.after=false",
-            "probe.labels_check=off", "save_model=false", "trainer.save_steps=0", "logger=none",
-            f"hydra.run.dir={run_dir}",
-        )  # fmt: skip
+    run_dir = tmp_path / name
+    result = run_cli(
+        *overrides, f"trainer.extra.vllm_server_port={port}", "+trainer.extra.generation_kwargs={seed:1234}",
+        "trainer.mismatch_correction=none",
+        *MOVING, "trainer.max_steps=3",
+        "stats.table_every=1", "stats.table_groups=2", "eval.before=false", "eval.after=false",
+        "probe.labels_check=off", "save_model=false", "trainer.save_steps=0", "logger=none",
+        f"hydra.run.dir={run_dir}",
+    )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
     metrics = {m["step"]: m for m in read_metrics(run_dir / "metrics.jsonl") if "loss" in m}
@@ -418,10 +417,16 @@ def test_async_at_staleness_0_is_the_synchronous_run_exactly(tmp_path):
     model, each against a freshly started server: the same prompts in the same order, the same completions, rewards,
     advantages and loss (to float rounding). The pipeline adds nothing to a synchronous step where no batch is stale
     (verl's asynchronous mode at staleness 0 did not match its synchronous trainer: verl#6780)."""
-    sync, sync_metrics = steps_against_a_fresh_server(tmp_path, "sync", "generation=vllm_server")
-    ahead, ahead_metrics = steps_against_a_fresh_server(
-        tmp_path, "async", "generation=vllm_async", "trainer.max_staleness=0"
-    )
+    from support.servers import free_port, vllm_servers
+
+    ports = [free_port(), free_port()]
+    while ports[1] == ports[0]:
+        ports[1] = free_port()
+    with vllm_servers(ports):  # started together, one for each run: their start-ups overlap
+        sync, sync_metrics = steps_against_a_fresh_server(tmp_path, "sync", ports[0], "generation=vllm_server")
+        ahead, ahead_metrics = steps_against_a_fresh_server(
+            tmp_path, "async", ports[1], "generation=vllm_async", "trainer.max_staleness=0"
+        )
     assert len(sync) == len(ahead) == 3 * 2 * 4  # 3 steps x 2 prompts x G=4
     assert {m["async/staleness_max"] for m in ahead_metrics.values()} == {0.0}
     for ours, theirs in zip(ahead, sync, strict=True):

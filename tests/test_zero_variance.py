@@ -25,6 +25,10 @@ def first_group_flat(completions, **kwargs):
     return [0.5 if i < G else float(i % G) for i in range(len(completions))]
 
 
+def first_two_groups_flat(completions, **kwargs):
+    return [0.5 if i < 2 * G else float(i % G) for i in range(len(completions))]
+
+
 def flat(completions, **kwargs):
     return [1.0] * len(completions)
 
@@ -47,10 +51,28 @@ def gradient(trainer: Recording, batch: dict) -> tuple[torch.Tensor, list[int]]:
     return torch.cat(grads), seen
 
 
-@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo"])
-def test_skip_gives_trls_update_without_the_forward_of_no_spread_groups(tmp_path, loss_type):
-    trainer = make_trainer(tmp_path, first_group_flat, "skip", overrides=[f"trainer.loss_type={loss_type}"])
-    batch = generation_batch(trainer, prompts=3)
+LOSS_TYPES = ["grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo"]
+
+
+@pytest.fixture(scope="module")
+def first_group_flat_batch(tmp_path_factory):
+    """One skipping trainer and its batch (3 groups, the first without spread) for every loss type: TRL reads its
+    loss_type when it computes the loss, nothing of the batch depends on it (test_mismatch switches it so too)."""
+    trainer = make_trainer(tmp_path_factory.mktemp("first_group_flat"), first_group_flat, "skip")
+    return trainer, generation_batch(trainer, prompts=3)
+
+
+@pytest.fixture(scope="module")
+def first_two_groups_flat_batch(tmp_path_factory):
+    """The same with 4 groups, the first two without spread."""
+    trainer = make_trainer(tmp_path_factory.mktemp("first_two_flat"), first_two_groups_flat, "skip", prompts=4)
+    return trainer, generation_batch(trainer, prompts=4)
+
+
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_skip_gives_trls_update_without_the_forward_of_no_spread_groups(first_group_flat_batch, loss_type):
+    trainer, batch = first_group_flat_batch
+    trainer.loss_type, batch = loss_type, dict(batch)
     assert batch[INFORMATIVE].tolist() == [False] * G + [True] * 2 * G
 
     skipped, seen_skipping = gradient(trainer, batch)
@@ -61,20 +83,14 @@ def test_skip_gives_trls_update_without_the_forward_of_no_spread_groups(tmp_path
     torch.testing.assert_close(skipped, full, rtol=1e-4, atol=1e-7)
 
 
-def first_two_groups_flat(completions, **kwargs):
-    return [0.5 if i < 2 * G else float(i % G) for i in range(len(completions))]
-
-
-@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo"])
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
 def test_under_several_processes_skip_takes_as_many_rows_as_the_busiest_process_and_gives_trls_update(
-    tmp_path, loss_type
+    first_two_groups_flat_batch, loss_type
 ):
     """Another process kept one group more: this one tops its rows up with a left-out group (advantages zeroed),
     so that every process hands TRL as many rows (TRL gathers per-row metrics), and the update is still TRL's."""
-    trainer = make_trainer(
-        tmp_path, first_two_groups_flat, "skip", prompts=4, overrides=[f"trainer.loss_type={loss_type}"]
-    )
-    batch = generation_batch(trainer, prompts=4)
+    trainer, batch = first_two_groups_flat_batch
+    trainer.loss_type, batch = loss_type, dict(batch)
     assert batch[INFORMATIVE].tolist() == [False] * 2 * G + [True] * 2 * G
 
     def trl_loss(rows, items=None):
