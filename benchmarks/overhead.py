@@ -19,11 +19,16 @@ from pathlib import Path
 VARIANTS = ("grpo_exp", "trl")
 
 
+def run_command(command: list[str]) -> subprocess.CompletedProcess:
+    """Each run in a fresh process (the tests start theirs warm: tests/helpers/warm.py)."""
+    return subprocess.run(command, capture_output=True, text=True)
+
+
 def run(variant: str, steps: int, overrides: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         command = [sys.executable, "-m", "benchmarks.overhead_worker", variant, str(steps), str(out), *overrides]
-        completed = subprocess.run(command, capture_output=True, text=True)
+        completed = run_command(command)
         if completed.returncode != 0:
             raise SystemExit(f"{variant} run failed:\n{completed.stderr[-3000:]}")
         return json.loads(out.read_text())

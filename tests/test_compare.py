@@ -76,9 +76,13 @@ def test_the_learning_curve_report_summarises_runs_and_draws_the_figure(compared
 
 
 @pytest.mark.e2e
-def test_the_overhead_benchmark_runs_both_variants_and_prints_the_ratios(capsys):
-    """The benchmark's machinery on the tiny model (the real numbers, embedded model: BENCHMARKS.md)."""
+def test_the_overhead_benchmark_runs_both_variants_and_prints_the_ratios(capsys, monkeypatch):
+    """The benchmark's machinery on the tiny model (the real numbers, embedded model: BENCHMARKS.md); each run still
+    a process of its own, started warm."""
+    from benchmarks import overhead
     from benchmarks.overhead import main as overhead_main
+
+    monkeypatch.setattr(overhead, "run_command", lambda command: run_command(command, timeout=600))
 
     overhead_main(["--pairs", "1", "--steps", "2", "model=tiny", "trainer=debug", "dataset.train_size=64"])
     printed = capsys.readouterr().out
