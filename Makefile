@@ -101,7 +101,7 @@ test: install-dev browser  ## the whole suite, slow tests included (the CI comma
 test-fast: install-dev  ## without the embedded model (slow) and the end-to-end runs through the CLI (e2e)
 	$(FAST_TIER)
 
-bench: install-dev  ## benchmarks (ratios side by side in one run; ~3.5 h: time to accuracy, generation ahead's parity, the 0.5B shape); results in BENCHMARKS.md
+bench: install-dev  ## benchmarks (ratios side by side in one run; ~4 h: time to accuracy, generation ahead's parity, the 0.5B shape); results in BENCHMARKS.md
 	$(PY) -m benchmarks.rewards
 	$(PY) -m benchmarks.judge
 	$(PY) -m benchmarks.group_stats
@@ -114,7 +114,8 @@ bench: install-dev  ## benchmarks (ratios side by side in one run; ~3.5 h: time 
 	$(PY) -m benchmarks.async_generation
 	$(PY) -m benchmarks.heldout_eval
 	$(PY) -m benchmarks.time_to_accuracy
-	$(PY) -m benchmarks.time_to_accuracy --seeds 42 43 44 45 46 --arms vllm_server async1 async2 --paired vllm_server \
+	$(PY) -m benchmarks.time_to_accuracy --seeds 42 43 44 45 46 --arms vllm_server vllm_server_again async1 async2 \
+		--paired vllm_server --repeat vllm_server_again \
 		--results outputs/time_to_accuracy/generation_ahead.json --out outputs/time_to_accuracy/generation_ahead.png
 	$(PY) -m benchmarks.scale --lengths 512 --steps 2 +trainer.extra.gradient_checkpointing=true
 

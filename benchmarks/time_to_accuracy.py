@@ -307,6 +307,25 @@ def report_paired(results: list[dict], arms: list[str], baseline: str) -> None:
         )
 
 
+def report_against_repeat(results: list[dict], arms: list[str], baseline: str, repeat: str) -> None:
+    """Each arm against the baseline's two runs of each seed (the baseline and its repeat): the run is the unit."""
+    from grpo_exp.stats import against_repeated_baseline
+
+    accuracy = {arm: {r["seed"]: r["accuracy_after"] for r in results if r["arm"] == arm} for arm in arms}
+    for arm in [a for a in arms if a not in (baseline, repeat)]:
+        seeds = sorted(set(accuracy[baseline]) & set(accuracy[repeat]) & set(accuracy[arm]))
+        if not seeds:
+            continue
+        (mean, low, high), (noise, noise_low, noise_high) = against_repeated_baseline(
+            accuracy[baseline], accuracy[repeat], accuracy[arm]
+        )
+        print(
+            f"{arm} against the mean of {baseline} and {repeat} (two runs of each seed), seeds {seeds}: "
+            f"{mean:+.3f}, 95% t interval [{low:+.3f}, {high:+.3f}]; {repeat} - {baseline} (two runs of one "
+            f"setting): {noise:+.3f} [{noise_low:+.3f}, {noise_high:+.3f}]"
+        )
+
+
 def _reached(point: tuple[int, float] | None) -> str:
     return "not reached" if point is None else f"step {point[0]}, {point[1] / 60:.2f} min"
 
@@ -358,11 +377,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--every", type=int, default=0, help="grpo_exp arms validate every N steps: time to accuracy")
     parser.add_argument("--baseline", choices=list(ARMS), help="with --every: report time to accuracy over this arm")
     parser.add_argument("--paired", choices=list(ARMS), help="report each arm against this one, problem by problem")
+    parser.add_argument(
+        "--repeat", choices=list(ARMS), help="with --paired: this arm repeats that one; each arm against both, by run"
+    )
     parser.add_argument("overrides", nargs="*", help="the experiment, for both (default: `make train`'s)")
     args = parser.parse_args(argv)
     results = json.loads(args.results.read_text()) if args.results.exists() else []
     if args.baseline and not args.every:
         parser.error("--baseline compares times to accuracy: give --every N too")
+    if args.repeat and not args.paired:
+        parser.error(f"--repeat {args.repeat}: give --paired ARM too, the arm it repeats")
     kept = current(results, args.overrides, args.every)
     if results:
         stale = len(results) - len(kept)
@@ -390,6 +414,8 @@ def main(argv: list[str] | None = None) -> None:
     report(kept, args.arms)
     if args.paired:
         report_paired(kept, args.arms, args.paired)
+    if args.repeat:
+        report_against_repeat(kept, args.arms, args.paired, args.repeat)
     if args.baseline:
         report_time_to(kept, args.arms, args.baseline)
     plot(kept, args.out)

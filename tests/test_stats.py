@@ -157,3 +157,48 @@ def test_the_paired_report_sets_each_arm_against_the_baseline_seed_by_seed_and_p
     assert "over 2 seeds: mean difference" in printed
     assert "over 7 (seed, problem) pairs: -0.143" in printed and "0 better, 1 worse: exact sign test p = 1" in printed
     assert "async2" not in printed.split("against vllm_server")[-1]
+
+
+def test_against_a_repeated_baseline_each_seeds_run_is_the_unit():
+    from grpo_exp.stats import against_repeated_baseline
+
+    baseline = {42: 0.40, 43: 0.50, 44: 0.60}
+    repeat = {42: 0.44, 43: 0.46, 44: 0.60}
+    other = {42: 0.32, 43: 0.43, 45: 0.90}  # seed 44 has no run of it, 45 no baseline: both left out
+    (mean, low, high), (noise, noise_low, noise_high) = against_repeated_baseline(baseline, repeat, other)
+    assert mean == pytest.approx(((0.32 - 0.42) + (0.43 - 0.48)) / 2)  # each against its seed's two runs' mean
+    assert low < mean < high
+    assert noise == pytest.approx(0.0)  # +0.04 and -0.04: the runs of one seed part both ways
+    assert noise_low == pytest.approx(-noise_high)
+    (mean, low, _), _ = against_repeated_baseline(baseline, repeat, {42: 0.5})
+    assert mean == pytest.approx(0.08) and math.isnan(low)  # one seed: no interval
+
+
+def test_the_report_against_a_repeat_names_both_differences_by_run(capsys):
+    from benchmarks.time_to_accuracy import report_against_repeat
+
+    results = [
+        {"arm": arm, "seed": seed, "accuracy_after": accuracy}
+        for arm, seed, accuracy in [
+            ("vllm_server", 42, 0.40), ("vllm_server_again", 42, 0.44), ("async1", 42, 0.32),
+            ("vllm_server", 43, 0.50), ("vllm_server_again", 43, 0.46), ("async1", 43, 0.43),
+        ]
+    ]  # fmt: skip
+    report_against_repeat(results, ["vllm_server", "vllm_server_again", "async1"], "vllm_server", "vllm_server_again")
+    printed = capsys.readouterr().out
+    assert "async1 against the mean of vllm_server and vllm_server_again (two runs of each seed), seeds [42, 43]:" in (
+        printed
+    )
+    assert (
+        "-0.075, 95% t interval" in printed
+        and "vllm_server_again - vllm_server (two runs of one setting): +0.000" in (printed)
+    )
+
+
+def test_a_repeat_without_the_arm_it_repeats_is_refused_naming_both_flags(capsys):
+    from benchmarks.time_to_accuracy import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main(["--arms", "vllm_server", "vllm_server_again", "--repeat", "vllm_server_again"])
+    assert stopped.value.code == 2
+    assert "--repeat vllm_server_again: give --paired ARM too" in capsys.readouterr().err

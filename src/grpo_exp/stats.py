@@ -352,6 +352,19 @@ def paired_differences(baseline: dict, other: dict) -> list[float]:
     return [other[key] - baseline[key] for key in baseline if key in other]
 
 
+def against_repeated_baseline(
+    baseline: dict, repeat: dict, other: dict
+) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
+    """Where the baseline was run twice for each key (seed), `repeat` being its second run: the mean of other -
+    (baseline + repeat) / 2 over the keys all three have, with its 95% t interval; and the same of repeat - baseline,
+    how far two runs of one setting end apart (the noise a difference must stand out of). Each run, not each
+    problem, is the unit: two runs of one seed part after their first steps, so problems paired within a seed are
+    not independent draws."""
+    keys = [key for key in baseline if key in repeat and key in other]
+    versus_both = [other[key] - (baseline[key] + repeat[key]) / 2 for key in keys]
+    return mean_interval(versus_both), mean_interval([repeat[key] - baseline[key] for key in keys])
+
+
 def wilson_interval(successes: int, total: int) -> tuple[float, float]:
     """The 95% Wilson interval of a rate of `successes` in `total`; NaNs for none."""
     from scipy.stats import binomtest
