@@ -417,11 +417,9 @@ def test_async_at_staleness_0_is_the_synchronous_run_exactly(tmp_path):
     model, each against a freshly started server: the same prompts in the same order, the same completions, rewards,
     advantages and loss (to float rounding). The pipeline adds nothing to a synchronous step where no batch is stale
     (verl's asynchronous mode at staleness 0 did not match its synchronous trainer: verl#6780)."""
-    from support.servers import free_port, vllm_servers
+    from support.servers import free_ports, vllm_servers
 
-    ports = [free_port(), free_port()]
-    while ports[1] == ports[0]:
-        ports[1] = free_port()
+    ports = free_ports(2)
     with vllm_servers(ports):  # started together, one for each run: their start-ups overlap
         sync, sync_metrics = steps_against_a_fresh_server(tmp_path, "sync", ports[0], "generation=vllm_server")
         ahead, ahead_metrics = steps_against_a_fresh_server(
