@@ -11,17 +11,13 @@ Both runs use the same seed, so they generate the same completions: the differen
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from benchmarks.fresh_process import run_command
+
 VARIANTS = ("grpo_exp", "trl")
-
-
-def run_command(command: list[str]) -> subprocess.CompletedProcess:
-    """Each run in a fresh process (the tests start theirs warm: tests/helpers/warm.py)."""
-    return subprocess.run(command, capture_output=True, text=True)
 
 
 def run(variant: str, steps: int, overrides: list[str]) -> dict:

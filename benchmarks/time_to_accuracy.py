@@ -28,11 +28,12 @@ and the step of its first validation at or above the target, the bare TRL run's 
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from benchmarks.fresh_process import run_command
 
 # Each arm: bare TRL (None) or grpo_exp with these settings, each lever named whatever the defaults are (arms measured
 # before trainer.fast_generation existed say fast_generation=false: it is on by default on x86-64 CPUs now).
@@ -114,11 +115,6 @@ COMMON = ["trainer.save_steps=0", "save_model=false"]
 # starts from the same sampler state
 SERVER_GENERATION = {"generation=vllm_server", "generation=vllm_async"}
 SERVED = tuple(arm for arm, settings in ARMS.items() if SERVER_GENERATION & set(settings or []))
-
-
-def run_command(command: list[str]) -> subprocess.CompletedProcess:
-    """Each run in a fresh process (the tests start theirs warm: tests/helpers/warm.py)."""
-    return subprocess.run(command, capture_output=True, text=True)
 
 
 def run_trl(seed: int, overrides: list[str]) -> dict:
