@@ -12,16 +12,16 @@ import os
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).parents[2]  # support.config's compose_config lives at the repository's root
+from grpo_exp.paths import REPO_ROOT  # support.config's compose_config lives at the repository's root
 
 
 def resolve_cases(cases: dict[str, list[str]], base: list[str], cwd: Path, report: str) -> dict:
     """`report` is the source of a function `report(spec)` returning something JSON can carry; it may import."""
-    from tests.helpers import warm
+    from tests.helpers.cli import run_command
 
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
     argv = [sys.executable, "-m", "tests.helpers.resolve_cases", json.dumps(cases), json.dumps(base), report]
-    result = warm.run(argv, cwd, env, timeout=600)
+    result = run_command(argv, cwd=cwd, timeout=600, env={"PYTHONPATH": path})
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.splitlines()[-1])
 
