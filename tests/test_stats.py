@@ -186,13 +186,9 @@ def test_the_report_against_a_repeat_names_both_differences_by_run(capsys):
     ]  # fmt: skip
     report_against_repeat(results, ["vllm_server", "vllm_server_again", "async1"], "vllm_server", "vllm_server_again")
     printed = capsys.readouterr().out
-    assert "async1 against the mean of vllm_server and vllm_server_again (two runs of each seed), seeds [42, 43]:" in (
-        printed
-    )
-    assert (
-        "-0.075, 95% t interval" in printed
-        and "vllm_server_again - vllm_server (two runs of one setting): +0.000" in (printed)
-    )
+    heading = "async1 against the mean of vllm_server and vllm_server_again (two runs of each seed), seeds [42, 43]:"
+    assert heading in printed and "-0.075, 95% t interval" in printed
+    assert "vllm_server_again - vllm_server (two runs of one setting): +0.000" in printed
 
 
 def test_a_repeat_without_the_arm_it_repeats_is_refused_naming_both_flags(capsys):
