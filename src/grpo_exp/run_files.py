@@ -20,6 +20,8 @@ SUMMARY_FILE = "summary.json"  # written when the run finishes: its presence mar
 ATTEMPT_FILE = "attempt.json"  # what a later attempt needs of this one: W&B run id, held-out accuracy before
 STATUS_FILE = "job_status.json"  # a sweep job's status (finished / failed, with its error)
 TRAINER_DIR = "trainer"  # TRL's output_dir inside a run directory: its checkpoint-N folders
+WARMUP_DIR = "warmup"  # the warm-up stage's (warmup=sft): SFTTrainer's checkpoints, metrics, the warmed model
+WARMUP_SUMMARY = "warmup/summary.json"  # written when the warm-up ends: its presence marks a finished warm-up
 EVALUATION_FILE = "evaluation.json"  # python -m grpo_exp.evaluate's results (a later one: evaluation_2.json, ...)
 BENCHMARK_FILE = "verification_benchmark.json"  # the verification benchmark's examples this run measured on
 

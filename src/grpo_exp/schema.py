@@ -108,6 +108,13 @@ class MismatchCorrection(Enum):
         return self.value.startswith(("token_", "sequence_"))
 
 
+class WarmupSource(Enum):
+    none = "none"  # no warm-up: GRPO from the model as loaded
+    dataset = "dataset"  # the user's conversations (warmup.data)
+    policy = "policy"  # the policy's own episodes the reward pays (rejection sampling: STaR, RFT)
+    expert = "expert"  # episodes played by an expert, the user's function (warmup.expert)
+
+
 class RolloutName(Enum):
     single = "single"  # one completion, TRL's own generation
     multiturn = "multiturn"  # several turns with tools between them (grpo_exp.rollout)
@@ -664,6 +671,32 @@ class ProbeSchema:
 
 
 @dataclass
+class WarmupSchema:
+    # A supervised warm-up stage before GRPO (conf/warmup: none | sft; grpo_exp.warmup, docs/warmup.md): TRL's
+    # SFTTrainer trains the policy on demonstrations for `steps` steps, then GRPO trains the warmed policy, in one
+    # run directory. Not trainer.warmup_steps (the learning rate's warm-up). source: none | dataset | policy | expert.
+    source: WarmupSource = WarmupSource.none
+    steps: int = knob(20, ge=1)
+    learning_rate: float = knob(1e-5, gt=0.0)
+    batch_size: int = knob(8, ge=1)  # demonstrations per step, across all processes
+    save_steps: int = knob(0, ge=0)  # a resumable warm-up checkpoint every N steps (0: none but the warmed model)
+    # source=dataset: a JSONL file or a `datasets` dataset (hub id or directory) of conversations in TRL's formats:
+    # `messages` (every token trained), or `prompt` and `completion` (the completion's tokens trained)
+    data: str | None = None
+    split: str = "train"  # source=dataset, a `datasets` dataset's split
+    # source=expert: module:name, f(transcript: str, row: dict) -> str, the next turn's text given the episode so far
+    # (the policy's turns and what the tools answered, as the policy reads them; "" before the first turn)
+    expert: str | None = None
+    # source=policy | expert: each training prompt (the first `prompts`; 0: all) played `samples_per_prompt` times
+    # (the policy at `temperature`; an expert once, as it plays the same way each time), the episodes the run's
+    # reward (the weighted mix) pays at least `min_reward` kept as demonstrations
+    prompts: int = knob(0, ge=0)
+    samples_per_prompt: int = knob(4, ge=1)
+    temperature: float = knob(1.0, gt=0.0)
+    min_reward: float = 1.0
+
+
+@dataclass
 class LoggerSchema:
     backend: LoggerBackend = LoggerBackend.wandb
     project: str = "grpo_exp"  # W&B and trackio project; MLflow experiment (a sweep's: <project>/<sweep dir>)
@@ -695,6 +728,7 @@ class Schema:
     curriculum: CurriculumSchema = field(default_factory=CurriculumSchema)
     health: HealthSchema = field(default_factory=HealthSchema)
     probe: ProbeSchema = field(default_factory=ProbeSchema)
+    warmup: WarmupSchema = MISSING  # the supervised warm-up stage before GRPO (conf/warmup)
     # Where materialised models are kept between runs.
     cache_dir: str = "${oc.env:GRPO_EXP_CACHE,${oc.env:HOME}/.cache/grpo_exp}"
     # Where run and sweep directories go (and where trainer.resume=auto looks for earlier attempts).

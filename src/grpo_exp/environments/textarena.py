@@ -15,6 +15,7 @@ TwentyQuestions, GuessWho (an OpenRouter API key); Checkers, Chess, Klondike (th
 """
 
 import functools
+import re
 from dataclasses import dataclass
 
 from omegaconf import DictConfig
@@ -121,6 +122,28 @@ def game(game_id: str, invalid_move_credit: bool = False) -> functools.partial:
     factory = functools.partial(TextArenaGame, game_id, invalid_move_credit)
     factory.__name__ = game_id  # the environment's name in the metrics
     return factory
+
+
+MOVE = re.compile(r"<move>\s*\[(\d+)\]\s*</move>")
+HINT = re.compile(r"\b(higher|lower)\b", re.IGNORECASE)
+
+
+def guess_the_number_expert(transcript: str, row: dict) -> str:
+    """An expert for GuessTheNumber-v0 (warmup.source=expert): binary search over 1-20, narrowed by each of its
+    guesses and the hint the game answered it with; never more than 5 guesses. It reads only what the policy reads;
+    once the game is over it ends the episode with a turn that makes no move."""
+    if "Game over" in transcript:
+        return "The game is over."
+    low, high = 1, 20
+    moves = list(MOVE.finditer(transcript))
+    for move, after in zip(moves, [*moves[1:], None], strict=False):  # each move, and the next (None: the last)
+        answer = transcript[move.end() : after.start() if after else len(transcript)]
+        hint = HINT.search(answer)
+        if hint is None:
+            continue
+        guess = int(move.group(1))
+        low, high = (max(low, guess + 1), high) if hint.group(1).lower() == "higher" else (low, min(high, guess - 1))
+    return f"<move>[{(low + high) // 2}]</move>"
 
 
 def episodes(count: int = 300, held_out: int = 100, seed: int = 0) -> dict[str, list[dict]]:

@@ -41,6 +41,7 @@ from grpo_exp.trainer.levels import TaskLevels, accuracy_by_level
 from grpo_exp.verification.benchmark import load_benchmark
 
 log = logging.getLogger("grpo_exp.train")
+WHEN_SHOWN = {"before_warmup": "before the warm-up"}  # a measurement's name in the log, where not "<when> training"
 EPISODE_SUCCESS = "environment/success"  # grpo_exp.rollout.environment.environment_statistics: every environment's
 
 
@@ -164,29 +165,28 @@ class HeldoutEval:
         already measured, taken instead of answering again."""
         spec, parts = self.spec, self.parts
         result = answered or self.greedy(model, f"held-out eval ({when})")
-        log.info("Held-out accuracy %s training: %.3f (%d/%d)", when, result.accuracy, result.correct, result.scored)
+        shown = WHEN_SHOWN.get(when, f"{when} training")  # what the log lines say
+        log.info("Held-out accuracy %s: %.3f (%d/%d)", shown, result.accuracy, result.correct, result.scored)
         if result.rollout:
-            log.info("Held-out trajectories %s training: %s", when, _rounded(result.rollout))
+            log.info("Held-out trajectories %s: %s", shown, _rounded(result.rollout))
         if EPISODE_SUCCESS in result.rollout:  # a run of environments: their episodes' success is what it learns
             won, played = round(result.rollout[EPISODE_SUCCESS] * len(result.samples)), len(result.samples)
-            log.info(
-                "Held-out episodes won %s training: %.3f (%d/%d)", when, result.rollout[EPISODE_SUCCESS], won, played
-            )
+            log.info("Held-out episodes won %s: %.3f (%d/%d)", shown, result.rollout[EPISODE_SUCCESS], won, played)
         selfverify = parts.tasks.get("selfverify")
         if selfverify is not None:
             result.verification = selfverify.heldout_metrics(
                 model, self.tokenizer, self.heldout, spec.eval_max_new_tokens, spec.cfg.eval.batch_size
             )
-            log.info("Held-out self-verification %s training: %s", when, result.verification)
+            log.info("Held-out self-verification %s: %s", shown, result.verification)
         if self.benchmark is not None:
             measured = self.benchmark_metrics(model)
             result.verification |= measured
-            log.info("Verification benchmark %s training: %s", when, _rounded(measured))
+            log.info("Verification benchmark %s: %s", shown, _rounded(measured))
         if not is_main_process():  # the judge's requests and the files: once
             return result
         if parts.judge is not None:
             result.judge = judge_statistics(parts.judge, result.samples)
-            log.info("Held-out judge %s training: %s", when, _rounded(result.judge))
+            log.info("Held-out judge %s: %s", shown, _rounded(result.judge))
         with (self.run_dir / eval_file(when)).open("w", encoding="utf-8") as f:
             f.writelines(json.dumps(sample) + "\n" for sample in result.samples)
         return result

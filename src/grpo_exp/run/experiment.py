@@ -1,6 +1,6 @@
 """One training job, top to bottom: resolve the config (every check) -> build the parts -> load the data, tokenizer
-and policy -> open the tracker -> the held-out evaluation -> the trainer with its callbacks -> train -> evaluate
-after -> summary."""
+and policy -> open the tracker -> the warm-up stage (warmup=sft) -> the held-out evaluation -> the trainer with its
+callbacks -> train -> evaluate after -> summary."""
 
 import json
 import logging
@@ -43,6 +43,7 @@ from grpo_exp.run_files import (
     SAMPLES_FILE,
     SUMMARY_FILE,
     TRAINER_DIR,
+    WARMUP_DIR,
 )
 from grpo_exp.trainer.config import ddp_timeout
 from grpo_exp.trainer.curriculum import STATE_FILE as CURRICULUM_FILE
@@ -51,6 +52,7 @@ from grpo_exp.trainer.levels import STATE_FILE as LEVELS_FILE
 from grpo_exp.trainer.levels import LevelChooser, TaskLevels
 from grpo_exp.trainer.trainer import GRPOExpTrainer
 from grpo_exp.trainer.trl_batch import RolloutFunc
+from grpo_exp.warmup.stage import WarmupStage, warm_up
 
 log = logging.getLogger("grpo_exp.train")
 
@@ -79,19 +81,20 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
     evaluation = HeldoutEval(spec, parts, tokenizer, heldout, run_dir, train_set, levels)
     failed, summary = True, {"heldout_accuracy_after": None}
     try:
+        warmed = warm_up(spec, parts, model, tokenizer, train_set, evaluation, run_dir, tracked.tracker)
         trainer = make_trainer(spec, parts, model, tokenizer, train_set, run_dir, tracked.tracker, levels)
         watchers = add_callbacks(trainer, spec, parts, evaluation, tracked, run_dir, probed)
         return_freed_memory()  # what loading freed (the checkpoint's tensors, the probes) off the first step's peak
         started = time.perf_counter()
         with interruptible(trainer):
-            trainer.train(resume_from_checkpoint=str(attempt.checkpoint) if attempt else None)
+            trainer.train(resume_from_checkpoint=str(attempt.checkpoint) if attempt and attempt.checkpoint else None)
         times = RunTimes.of(time.perf_counter() - started, evaluation.seconds, watchers.validation_seconds)
         if cfg.eval.after:  # every process, on the model where it trained
             OnPolicy(trainer, evaluation).after_training()
         checkpoint = save_final_model(trainer, spec, run_dir)
         if is_main_process():
             paths = run_paths(run_dir, hydra_cfg, checkpoint, tracked.tracker)
-            summary = summarise(spec, trainer, evaluation, watchers, tracked, paths, times)
+            summary = summarise(spec, trainer, evaluation, watchers, tracked, paths, times, warmed)
         failed = False
     finally:
         tracked.tracker.finish(failed)
@@ -202,7 +205,7 @@ def task_levels(spec: RunSpec, train_set, heldout) -> TaskLevels | None:
     for task, level in rows[0] + rows[1]:
         start[task], top[task] = min(start.get(task, level), level), max(top.get(task, level), level)
     levels = TaskLevels(*rows, start, top, levels_cfg.threshold)
-    if spec.attempt:
+    if spec.attempt and spec.attempt.checkpoint:
         levels.load(spec.attempt.checkpoint / LEVELS_FILE)
     return levels
 
@@ -214,7 +217,7 @@ def difficulty_pool(spec: RunSpec, train_set) -> DifficultyPool | None:
         return None
     settings = (curriculum.low, curriculum.high, curriculum.revisit, curriculum.window, spec.cfg.trainer.seed)
     pool = DifficultyPool(train_set["question"], *settings)
-    if spec.attempt:
+    if spec.attempt and spec.attempt.checkpoint:
         pool.load(spec.attempt.checkpoint / CURRICULUM_FILE)
     return pool
 
@@ -320,8 +323,10 @@ def summarise(
     tracked: TrackedRun,
     paths: dict,
     times: RunTimes,
+    warmed: WarmupStage | None = None,
 ) -> dict:
-    """summary.json and the tracker's summary: what was trained, how it went, where everything is (main process)."""
+    """summary.json and the tracker's summary: what was trained, how it went, where everything is (main process);
+    with a warm-up, what it did and the held-out measures before it (those `before` are then after it)."""
     cfg, attempt, steps = spec.cfg, spec.attempt, trainer.state.global_step
     sizes = (len(trainer.train_dataset), len(evaluation.heldout))
     train_seconds = times.train
@@ -331,9 +336,12 @@ def summarise(
     summary |= {"validation_seconds": times.validation, "wall_seconds": times.wall}
     summary |= tracked.tracker.identity() | trainer.batch_layout() | evaluation.summary()
     summary |= watchers.summary()
+    if warmed is not None:
+        summary |= warmed.summary()
     if attempt:  # this attempt trained the steps after the checkpoint only
         seconds_per_step = train_seconds / max(steps - attempt.step, 1)
-        summary |= {"resumed_from": str(attempt.checkpoint), "seconds_per_step": seconds_per_step}
+        resumed_from = attempt.checkpoint or attempt.run_dir / WARMUP_DIR  # a GRPO checkpoint, or a warm-up ended
+        summary |= {"resumed_from": str(resumed_from), "seconds_per_step": seconds_per_step}
     summary["diagnosis"] = [f.row() for f in diagnose(replace(read_run(paths["run_dir"]), summary=summary))]
     write_summary(summary, paths["run_dir"] / SUMMARY_FILE)
     tracked.tracker.summary({k: v for k, v in summary.items() if isinstance(v, int | float)})

@@ -83,10 +83,13 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
     name, what = (
         ("held-out episodes won", "episodes") if summary.get("scored_by") else ("held-out accuracy", "problems")
     )
-    table.add_row(
-        name,
-        f"{_fmt(before)} -> {_fmt(after)} (greedy, {summary['eval_size']} {what}{', ' if judged else ''}{judged})",
-    )
+    ends = f"{_fmt(before)} -> {_fmt(after)}"
+    if "warmup_source" in summary:
+        table.add_row("warm-up", warmup_line(summary))
+        won = "environment_success" if summary.get("scored_by") else "accuracy"
+        warmed = _fmt(summary.get(f"heldout_{won}_before_warmup"))
+        ends = f"{warmed} -> (warm-up) {_fmt(before)} -> (GRPO) {_fmt(after)}"
+    table.add_row(name, f"{ends} (greedy, {summary['eval_size']} {what}{', ' if judged else ''}{judged})")
     if summary.get("heldout_tasks"):
         shown = []
         for task in summary["heldout_tasks"]:
@@ -131,6 +134,22 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
     if summary.get("wandb_sync"):
         table.add_row("sync to W&B", summary["wandb_sync"])
     console.print(table)
+
+
+def warmup_line(summary: dict) -> str:
+    """The warm-up stage in one line: its demonstrations, where they came from, its steps and loss."""
+    played = summary.get("warmup_played")
+    source = summary["warmup_source"]
+    kept = (
+        f"kept of {played} episodes played (mean reward {_fmt(summary.get('warmup_played_mean_reward'))})"
+        if played is not None
+        else "the user's conversations"
+    )
+    return (
+        f"{summary['warmup_demonstrations']} demonstrations from {source}, {kept}; {summary['warmup_steps']} SFT "
+        f"steps, loss {_fmt(summary.get('warmup_loss_first'))} -> {_fmt(summary.get('warmup_loss_last'))}, "
+        f"{summary.get('warmup_seconds') or 0:.0f} s"
+    )
 
 
 def write_summary(summary: dict, path: Path) -> None:

@@ -69,6 +69,7 @@ from grpo_exp.trainer.curriculum import check_curriculum
 from grpo_exp.trainer.losses import is_trls
 from grpo_exp.verification.labels import check_labels
 from grpo_exp.verification.p_yes import check_scorer_reachable
+from grpo_exp.warmup.rules import check_warmup
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +146,7 @@ def resolve(
     check_algorithm(cfg.algorithm, cfg.trainer)
     environments, native = check_rollout(spec)
     spec = replace(spec, native_tool_calling=native)
+    check_warmup(cfg, native)
     own_prompts = next((f"{task.what} (reward {name})" for name, task in spec.tasks.items()), None)
     check_async_generation(cfg, multiturn=spec.multiturn, own_prompts=own_prompts, native_tool_calling=native)
     probing = AlarmAction(spec.cfg.probe.before_training)

@@ -21,6 +21,8 @@ from grpo_exp.run_files import (
     SAMPLES_FILE,
     SUMMARY_FILE,
     TRAINER_DIR,
+    WARMUP_DIR,
+    WARMUP_SUMMARY,
     eval_file,
     read_json,
     read_jsonl,
@@ -38,12 +40,27 @@ RUN_FILES = (eval_file("before"), eval_file("after"), ATTEMPT_FILE)
 class Attempt:
     run_dir: Path
     finished: bool
-    checkpoint: Path | None
+    checkpoint: Path | None  # GRPO's last complete checkpoint
     record: dict = field(default_factory=dict)
 
     @property
     def step(self) -> int:
         return int(self.checkpoint.name.rsplit("-", 1)[1]) if self.checkpoint else 0
+
+    @property
+    def warmed_up(self) -> bool:
+        """Its warm-up stage (warmup=sft) ended: GRPO continues from the warmed model, or from its own checkpoint."""
+        return (self.run_dir / WARMUP_SUMMARY).is_file()
+
+    @property
+    def warmup_checkpoint(self) -> Path | None:
+        """The warm-up's last complete checkpoint (warmup.save_steps), where it stopped mid-warm-up."""
+        return last_checkpoint(self.run_dir / WARMUP_DIR)
+
+    @property
+    def continuable(self) -> bool:
+        """It left something to continue from: a GRPO checkpoint, or a warm-up ended or checkpointed."""
+        return bool(self.checkpoint or self.warmed_up or self.warmup_checkpoint)
 
 
 def without_resume(config: dict) -> dict:
@@ -84,7 +101,7 @@ def find_attempt(outputs_dir: Path, config: dict) -> Attempt | None:
         if not config_file.is_file() or without_resume(_saved_config(config_file)) != wanted:
             continue
         attempt = load_attempt(run_dir)
-        if attempt.finished or attempt.checkpoint:
+        if attempt.finished or attempt.continuable:
             attempts.append((config_file.stat().st_mtime, attempt))
     return max(attempts, key=lambda pair: pair[0])[1] if attempts else None
 
@@ -104,8 +121,11 @@ def explicit_attempt(path: Path) -> Attempt:
         run_dir = path.parent.parent if path.parent.name == TRAINER_DIR else path.parent
         return Attempt(run_dir, False, path, load_attempt(run_dir).record)
     attempt = load_attempt(path) if path.is_dir() else None
-    if attempt is None or attempt.checkpoint is None:
-        raise UserError(f"trainer.resume={path}: not a checkpoint, nor a run directory with checkpoints under trainer/")
+    if attempt is None or not attempt.continuable:
+        raise UserError(
+            f"trainer.resume={path}: not a checkpoint, nor a run directory with checkpoints under trainer/ or a "
+            "warm-up (warmup/) to continue from"
+        )
     attempt.finished = False  # asked to continue from it explicitly
     return attempt
 

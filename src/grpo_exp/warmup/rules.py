@@ -1,0 +1,89 @@
+"""The warm-up's settings checked before any model loads: what each source needs, what it cannot run with, and the
+settings that act only with a source (ONLY_WITH, checked by grpo_exp.run.inert)."""
+
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from grpo_exp.config_rules import OnlyWith
+from grpo_exp.errors import UserError
+from grpo_exp.schema import WarmupSource
+from grpo_exp.warmup.expert import load_expert
+
+PLAYED = (WarmupSource.policy, WarmupSource.expert)
+
+
+def check_warmup(cfg: DictConfig, native_tool_calling: bool) -> None:
+    """One UserError naming the first setting the warm-up cannot run with."""
+    warmup = cfg.warmup
+    source = warmup.source
+    if source is WarmupSource.none:
+        return
+    if cfg.model.lora.enabled:
+        raise UserError(
+            f"warmup.source={source.value} with model.lora.enabled=true: the warm-up trains every weight, and "
+            "GRPO's LoRA adapters would start from the model before it; set model.lora.enabled=false, or warmup=none"
+        )
+    if source is WarmupSource.dataset:
+        if not warmup.data:
+            raise UserError(
+                "warmup.source=dataset needs warmup.data: a JSONL file or a `datasets` dataset of conversations "
+                "(`messages`, or `prompt` and `completion`)"
+            )
+        local = Path(warmup.data).expanduser()
+        if local.suffix in (".jsonl", ".json") and not local.is_file():
+            raise UserError(f"warmup.data={warmup.data}: no such file")
+    if source is WarmupSource.expert:
+        if not warmup.expert:
+            raise UserError("warmup.source=expert needs warmup.expert=module:name, the function that plays")
+        load_expert(warmup.expert)
+    if source in PLAYED and native_tool_calling:
+        raise UserError(
+            f"warmup.source={source.value} plays episodes through grpo_exp's own multi-turn loop, and this run's "
+            "environments run through TRL's tool-calling loop (rollout.tool_calling resolved to native): set "
+            "rollout.tool_calling=tags, or give demonstrations (warmup.source=dataset)"
+        )
+
+
+def _source(*sources: WarmupSource):
+    return lambda cfg: cfg.warmup.source in sources
+
+
+def _here(cfg: DictConfig) -> str:
+    return f"this run has warmup.source={cfg.warmup.source.value}"
+
+
+ONLY_WITH = (
+    OnlyWith(
+        ("warmup",),
+        lambda cfg: cfg.warmup.source is not WarmupSource.none,
+        "by the warm-up stage (warmup=sft)",
+        lambda cfg: "this run has no warm-up (warmup.source=none)",
+        "add warmup=sft",
+        but=("warmup.source",),
+    ),
+    OnlyWith(
+        ("warmup.data", "warmup.split"),
+        _source(WarmupSource.dataset),
+        "with warmup.source=dataset",
+        _here,
+        "set warmup.source=dataset",
+    ),
+    OnlyWith(
+        ("warmup.expert",), _source(WarmupSource.expert), "with warmup.source=expert", _here, "set warmup.source=expert"
+    ),
+    OnlyWith(
+        ("warmup.samples_per_prompt", "warmup.temperature"),
+        _source(WarmupSource.policy),
+        "with warmup.source=policy (an expert plays each prompt once, its own way)",
+        _here,
+        "set warmup.source=policy",
+    ),
+    OnlyWith(
+        ("warmup.prompts", "warmup.min_reward"),
+        _source(*PLAYED),
+        "with a source that plays episodes (warmup.source=policy or expert)",
+        _here,
+        "set warmup.source=policy or expert",
+    ),
+)
