@@ -451,6 +451,27 @@ def test_groups_without_spread_from_a_policy_that_never_acts_are_not_called_too_
     assert found.tries[0].startswith("rollout.demo=") and not any("prompt.system" in t for t in found.tries)
 
 
+def test_a_game_never_acted_in_or_never_won_is_told_to_warm_up_on_a_players_episodes_unless_it_did():
+    """warmup=sft: the environment's own expert where grpo_exp has one (GuessTheNumber), else the user's; a run that
+    had a warm-up is not told again."""
+    idle = [{"rollout/used_tool_frac": 0.0, "reward": 0.0} for _ in range(8)]
+    found = no_tool_use(RunEvidence(config=multiturn("textarena/Mastermind-v0"), steps=idle))
+    assert "warmup=sft warmup.source=expert warmup.expert=<module:function that plays>" in found.tries[1]
+    lost = [
+        {"rollout/used_tool_frac": 1.0, "reward": 0.0, "frac_reward_zero_std": 1.0, "groups/frac_all_wrong": 1.0}
+        for _ in range(8)
+    ]
+    guess = multiturn("textarena/GuessTheNumber-v0")
+    found = no_signal(RunEvidence(config=guess, steps=lost))
+    assert "too hard" in found.seen and found.tries[0].startswith(
+        "warmup=sft warmup.source=expert warmup.expert=grpo_exp.environments.textarena:guess_the_number_expert"
+    )
+    warmed = {**guess, "warmup": {"source": "expert"}}
+    assert not any("warmup=" in t for t in no_signal(RunEvidence(config=warmed, steps=lost)).tries)
+    single = {**CONFIG, "rollout": {"name": "single"}}
+    assert not any("warmup=" in t for t in no_signal(RunEvidence(config=single, steps=lost)).tries)
+
+
 def test_an_environments_held_out_episodes_are_not_read_as_collapsed_answers():
     """An environment scores its episodes: the last message of every game ('5') is no answer to a reference."""
     games = [sample(f"game {i}", str(i % 7), "5", "5", False) for i in range(30)]

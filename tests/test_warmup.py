@@ -251,3 +251,17 @@ def test_an_experts_game_episodes_warm_up_the_policy_and_a_run_stopped_after_the
     summary = json.loads((second / "summary.json").read_text())
     assert summary["warmup_demonstrations"] == 6 and summary["warmup_source"] == "expert" and summary["steps"] == 3
     assert summary["resumed_from"].endswith("warmup") and "heldout_environment_success_before_warmup" in summary
+
+
+def test_compare_sets_warm_up_and_grpo_beside_grpo_alone_from_the_untrained_model():
+    from grpo_exp.analysis.comparison import Run, comparison_rows, result_columns
+
+    common = {"heldout_accuracy_after": 0.5, "train_seconds": 10.0, "diagnosis": []}
+    warmed = Run("w", {"warmup": "sft"}, summary=common | {"warmup_source": "expert", "warmup_seconds": 4.0,
+                 "heldout_accuracy_before_warmup": 0.2, "heldout_accuracy_before": 0.4})  # fmt: skip
+    alone = Run("g", {}, summary=common | {"heldout_accuracy_before": 0.2})
+    rows = comparison_rows([warmed, alone], ["warmup"])
+    assert [row["held-out before"] for row in rows] == [0.2, 0.2]  # both: the model as loaded
+    assert [row["after warm-up"] for row in rows] == [0.4, None] and rows[0]["warm-up s"] == 4.0
+    assert {"after warm-up", "warm-up s"} <= set(result_columns(rows))
+    assert "after warm-up" not in comparison_rows([alone], [])[0]

@@ -38,6 +38,7 @@ RESULTS = [
     "s/step",
     "train s",
 ]
+WARMUP_RESULTS = ["after warm-up", "warm-up s"]  # where a run compared had a warm-up stage (warmup=sft)
 
 
 @dataclass
@@ -129,12 +130,15 @@ def reward_components(runs: list[Run]) -> list[str]:
 def result_columns(rows: list[dict]) -> list[str]:
     """RESULTS, and each reward component's column (the totals of runs with different weights are not comparable;
     their components are)."""
-    return RESULTS + [column for column in (rows[0] if rows else {}) if column.startswith("reward/")]
+    first = rows[0] if rows else {}
+    warmed = [column for column in WARMUP_RESULTS if column in first]
+    return RESULTS + warmed + [column for column in first if column.startswith("reward/")]
 
 
 def comparison_rows(runs: list[Run], swept: list[str]) -> list[dict]:
     rows = []
     components = reward_components(runs)
+    warmed = any("warmup_source" in run.summary for run in runs)
     for run in runs:
         rewards = [v for _, v in _series(run, "reward")]
         pass_key = _largest_pass_key(run)
@@ -147,7 +151,7 @@ def comparison_rows(runs: list[Run], swept: list[str]) -> list[dict]:
             "steps": max((m.get("step", 0) for m in run.metrics), default=0),
             "final reward": quarter_means(rewards)[1],
             "best reward": max(rewards) if rewards else math.nan,
-            "held-out before": run.summary.get("heldout_accuracy_before"),
+            "held-out before": untrained_accuracy(run.summary),
             "held-out after": run.summary.get("heldout_accuracy_after"),
             "best held-out": run.summary.get("best_heldout_accuracy"),  # eval.every's best validation
             "pass@k": quarter_means([v for _, v in _series(run, pass_key)])[1] if pass_key else math.nan,
@@ -157,10 +161,19 @@ def comparison_rows(runs: list[Run], swept: list[str]) -> list[dict]:
             "train s": run.summary.get("train_seconds"),
             "findings": findings_of(run),
         }
+        if warmed:  # warm-up + GRPO beside GRPO alone: what the warm-up gave, and its time
+            warm_up = "warmup_source" in run.summary
+            row["after warm-up"] = run.summary.get("heldout_accuracy_before") if warm_up else None
+            row["warm-up s"] = run.summary.get("warmup_seconds") if warm_up else None
         # each component's final reward, unweighted: the last quarter's mean, as for the total
         row |= {f"reward/{n}": quarter_means([v for _, v in _series(run, f"rewards/{n}/mean")])[1] for n in components}
         rows.append(row)
     return rows
+
+
+def untrained_accuracy(summary: dict) -> float | None:
+    """The held-out accuracy of the model as loaded: before the warm-up where the run had one (warmup=sft)."""
+    return summary.get("heldout_accuracy_before_warmup", summary.get("heldout_accuracy_before"))
 
 
 def findings_of(run: Run) -> str:

@@ -157,6 +157,8 @@ def no_signal(evidence: RunEvidence) -> Finding | None:
         tries = (
             [*tries[:1], *easier_settings(evidence), *tries[1:]] if misread else [*easier_settings(evidence), *tries]
         )
+        warm_up = warmup_advice(evidence) if evidence.setting("rollout.environment") and not misread else None
+        tries = [warm_up, *tries] if warm_up else tries  # a game never won: a player's episodes first
     elif all_right >= 0.5:
         seen += f"; {all_right:.0%} of the groups were all right: the task is too easy"
         tries += ["curriculum.enabled=true   # draw the prompts whose pass rate is between 0.1 and 0.9"]
@@ -565,6 +567,7 @@ def no_tool_use(evidence: RunEvidence) -> Finding | None:
     demo = (
         "the textarena_guess preset has one" if evidence.setting("rollout.environment") else "the calculator's has one"
     )
+    warm_up = warmup_advice(evidence)
     return Finding(
         "no_tool_use",
         f"the policy never {acting}: {USED_TOOL} was 0 in all {len(used)} logged steps",
@@ -572,8 +575,24 @@ def no_tool_use(evidence: RunEvidence) -> Finding | None:
         (
             f"rollout.demo=[...]   # a worked exchange before the task, a user turn and an assistant turn that "
             f"calls the tool ({demo})",
+            *([warm_up] if warm_up else []),
             "rollout.system='...'   # the tool and how to call it, in words",
         ),
+    )
+
+
+EXPERTS = {"textarena/GuessTheNumber-v0": "grpo_exp.environments.textarena:guess_the_number_expert"}
+
+
+def warmup_advice(evidence: RunEvidence) -> str | None:
+    """A multi-turn run without a warm-up: train on an expert's episodes first (warmup=sft), the environment's own
+    expert where grpo_exp has one. None where the run had a warm-up, or is single-turn."""
+    if evidence.setting("warmup.source") not in (None, "none") or evidence.setting("rollout.name") == "single":
+        return None
+    expert = EXPERTS.get(str(evidence.setting("rollout.environment")), "<module:function that plays>")
+    return (
+        f"warmup=sft warmup.source=expert warmup.expert={expert}   # imitate a player's episodes before GRPO "
+        "(docs/warmup.md)"
     )
 
 
