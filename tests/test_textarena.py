@@ -1,6 +1,8 @@
 """TextArena's single-player games as environments (grpo_exp.environments.textarena), offline: every game the module
 lists plays here, a won game pays TextArena's 1, an unfinished one 0, an unknown game is refused with the list."""
 
+import math
+
 import pytest
 
 from grpo_exp.environments.textarena import SINGLE_PLAYER_OFFLINE, TextArenaGame, episodes, game
@@ -99,3 +101,49 @@ def test_a_games_own_settings_reach_it_from_their_section():
         cfg = compose_config([*overrides, f"rollout.textarena.invalid_move_credit={credit}"])
         (environment,) = load_environments(cfg.rollout.environment, 5.0, cfg.rollout).values()
         assert environment.factory().invalid_move_credit is credit
+
+
+def test_shaped_guess_the_number_pays_each_guess_the_search_it_narrowed_and_ending_a_game_badly_never_pays():
+    """rollout.textarena.shaped: potential-based step rewards (the log of the candidates left): a game won totals 1
+    however it was won, a repeated or uninformative guess earns nothing, a game unfinished keeps what its guesses
+    narrowed, and a game ended by invalid moves gives all of it back."""
+    won = TextArenaGame("GuessTheNumber-v0", shaped=True)
+    won.reset("Play the game.", "11")
+    assert won.env.state.game_state["game_number"] == 15  # the seed's number: the guesses below are around it
+    won.move("[10]")  # higher: 11-20 left, 10 of 20 candidates
+    assert won.step_rewards == [pytest.approx(1 - math.log(10) / math.log(20))]
+    won.move("[10]")  # the same guess again: nothing new narrowed
+    assert won.step_rewards[-1] == 0.0
+    won.move("[17]")  # lower: 11-16 left
+    assert won.get_reward() == pytest.approx(1 - math.log(6) / math.log(20))
+    won.move("[15]")
+    assert won.reward is not None and won.get_reward() == pytest.approx(1.0) == sum(won.step_rewards)
+
+    unfinished = TextArenaGame("GuessTheNumber-v0", shaped=True)
+    unfinished.reset("Play the game.", "11")
+    unfinished.move("[13]")  # higher: 14-20 left
+    assert unfinished.get_reward() == pytest.approx(1 - math.log(7) / math.log(20))
+
+    ended = TextArenaGame("GuessTheNumber-v0", shaped=True)
+    ended.reset("Play the game.", "11")
+    ended.move("[10]")
+    while ended.reward is None:
+        ended.move("no number")
+    assert ended.get_reward() == 0.0 and ended.step_rewards[-1] < 0  # what the guess earned, given back
+
+    plain = TextArenaGame("GuessTheNumber-v0")
+    plain.reset("Play the game.", "11")
+    plain.move("[10]")
+    assert plain.step_rewards == [] and plain.get_reward() == 0.0
+
+
+def test_shaped_rewards_reach_the_game_from_their_setting_and_another_game_is_refused_naming_it():
+    from support.config import compose_config
+
+    cfg = compose_config(
+        ["rollout=environment", "rollout.environment=textarena/GuessTheNumber-v0", "rollout.textarena.shaped=true"]
+    )
+    (environment,) = load_environments(cfg.rollout.environment, 5.0, cfg.rollout).values()
+    assert environment.factory().shaped is True
+    with pytest.raises(UserError, match="rollout.textarena.shaped=true: shaped step rewards are written for Guess"):
+        game("Mastermind-v0", shaped=True)

@@ -15,6 +15,7 @@ TwentyQuestions, GuessWho (an OpenRouter API key); Checkers, Chess, Klondike (th
 """
 
 import functools
+import math
 import re
 from dataclasses import dataclass
 
@@ -59,21 +60,40 @@ class TextArenaSettings:
     # a game ended by an invalid move scores 0; true: TextArena's own partial credit for it (GuessTheNumber pays how
     # close the guesses came)
     invalid_move_credit: bool = False
+    # GuessTheNumber-v0 only: each guess paid, as a step reward, the share of the search it narrowed (the log of the
+    # range the hints leave, potential-based: a game won totals 1, a game unfinished less; a repeated or uninformative
+    # guess earns 0, and a game ended by an invalid move gives all of it back: ending a game never pays)
+    shaped: bool = False
+
+
+MOVE = re.compile(r"<move>\s*\[(\d+)\]\s*</move>")
+HINT = re.compile(r"\b(higher|lower)\b", re.IGNORECASE)
+SHAPED_GAMES = ("GuessTheNumber-v0",)  # the games rollout.textarena.shaped has step rewards for
+GUESS_RANGE = (1, 20)  # GuessTheNumber-v0's
+
+
+def narrowed(low: int, high: int) -> float:
+    """How much of GuessTheNumber's search a range of candidates left means done: 0 for the whole range, 1 for one
+    number (the potential the shaped step rewards are differences of)."""
+    whole = GUESS_RANGE[1] - GUESS_RANGE[0] + 1
+    return 1.0 - math.log(max(high - low + 1, 1)) / math.log(whole)
 
 
 class TextArenaGame:
-    """One TextArena game per episode, played by the `move` tool."""
+    """One TextArena game per episode, played by the `move` tool; `shaped` (GuessTheNumber): step rewards."""
 
-    def __init__(self, game_id: str, invalid_move_credit: bool = False):
+    def __init__(self, game_id: str, invalid_move_credit: bool = False, shaped: bool = False):
         self.game_id, self.env, self.shown, self.reward = game_id, None, "", None
-        self.invalid_move_credit = invalid_move_credit
+        self.invalid_move_credit, self.shaped = invalid_move_credit, shaped
+        self.step_rewards: list[float] = []  # what each move earned (shaped only; grpo_exp's per-turn credit reads it)
+        self.low, self.high = GUESS_RANGE
 
     def reset(self, question: str = "", solution: str = "0", **row) -> str:
         import textarena
 
         self.env = textarena.make(self.game_id)
         self.env.reset(num_players=1, seed=int(solution))
-        self.reward = None
+        self.reward, self.step_rewards, (self.low, self.high) = None, [], GUESS_RANGE
         _, observation = self.env.get_observation()
         self.shown = observation
         return observation.strip()
@@ -86,6 +106,7 @@ class TextArenaGame:
         """
         if self.reward is not None:
             return "The game is over."
+        before = sum(self.step_rewards)
         done, _ = self.env.step(action)
         if done:
             rewards, info = self.env.close()
@@ -93,21 +114,41 @@ class TextArenaGame:
             player = player if isinstance(player, dict) else {}
             invalid = bool(player.get("invalid_move")) and not self.invalid_move_credit
             self.reward = 0.0 if invalid else float((rewards or {}).get(0, 0.0))
+            if self.shaped:  # won: all of the search; ended badly: none of it; else (out of turns): what was narrowed
+                self.reward = 1.0 if self.reward == 1.0 else 0.0 if invalid else narrowed(self.low, self.high)
+                self.step_rewards.append(self.reward - before)
             return f"Game over. {player.get('reason', '')}".strip()
         _, observation = self.env.get_observation()
         new = observation[len(self.shown) :] if observation.startswith(self.shown) else observation
         self.shown = observation
         # what the game answered, without its echo of the move ("[Player] [10]")
-        return "\n".join(line for line in new.strip().splitlines() if not line.startswith("[Player]"))
+        answer = "\n".join(line for line in new.strip().splitlines() if not line.startswith("[Player]"))
+        if self.shaped:
+            self._narrow(action, answer)
+            self.step_rewards.append(narrowed(self.low, self.high) - before)
+        return answer
+
+    def _narrow(self, action: str, answer: str) -> None:
+        """The candidates the game's hint to this guess leaves (an answer without a hint leaves them as they were)."""
+        guess, hint = re.search(r"\[(-?\d+)\]", action), HINT.search(answer)
+        if guess is None or hint is None:
+            return
+        number = int(guess.group(1))
+        if hint.group(1).lower() == "higher":
+            self.low = max(self.low, number + 1)
+        else:
+            self.high = min(self.high, number - 1)
 
     def get_reward(self) -> float:
+        if self.shaped:  # the return the step rewards are parts of, a game unfinished within rollout.max_turns too
+            return sum(self.step_rewards)
         return 0.0 if self.reward is None else self.reward
 
 
 @environment_scheme(PREFIX, settings=TextArenaSettings)  # rollout.textarena.*
-def game(game_id: str, invalid_move_credit: bool = False) -> functools.partial:
+def game(game_id: str, invalid_move_credit: bool = False, shaped: bool = False) -> functools.partial:
     """The factory of a game by its TextArena id (rollout.environment=textarena/<id>); `invalid_move_credit`: a game
-    ended by an invalid move keeps TextArena's partial credit (else it scores 0)."""
+    ended by an invalid move keeps TextArena's partial credit (else it scores 0); `shaped`: step rewards."""
     try:
         import textarena  # noqa: F401
     except ImportError as err:
@@ -119,13 +160,14 @@ def game(game_id: str, invalid_move_credit: bool = False) -> functools.partial:
             f"rollout.environment={PREFIX}{game_id}: no such TextArena game; single-player games that run offline: "
             f"{', '.join(SINGLE_PLAYER_OFFLINE)}"
         )
-    factory = functools.partial(TextArenaGame, game_id, invalid_move_credit)
+    if shaped and game_id not in SHAPED_GAMES:
+        raise UserError(
+            f"rollout.textarena.shaped=true: shaped step rewards are written for {', '.join(SHAPED_GAMES)} only, not "
+            f"{game_id}: leave rollout.textarena.shaped out"
+        )
+    factory = functools.partial(TextArenaGame, game_id, invalid_move_credit, shaped)
     factory.__name__ = game_id  # the environment's name in the metrics
     return factory
-
-
-MOVE = re.compile(r"<move>\s*\[(\d+)\]\s*</move>")
-HINT = re.compile(r"\b(higher|lower)\b", re.IGNORECASE)
 
 
 def guess_the_number_expert(transcript: str, row: dict) -> str:
