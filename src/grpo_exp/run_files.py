@@ -122,8 +122,13 @@ def output_directory_problem(path: Path) -> str | None:
         existing = existing.parent
     if not existing.is_dir():
         return f"cannot be created ({existing} is a file)"
-    try:
-        os.rmdir(tempfile.mkdtemp(prefix=".grpo_exp-write-check-", dir=existing))
+    try:  # a directory, and a file in it: some file systems make the one and refuse the other (a cgroup's: EACCES)
+        made = tempfile.mkdtemp(prefix=".grpo_exp-write-check-", dir=existing)
+        try:
+            with tempfile.TemporaryFile(dir=made):
+                pass
+        finally:
+            os.rmdir(made)
     except OSError as err:
         where = "cannot be written" if existing == path.absolute() else f"cannot be created in {existing}"
         return f"{where} ({err.strerror or err})"
