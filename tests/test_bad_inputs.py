@@ -458,7 +458,8 @@ def test_an_output_directory_the_system_refuses_is_found_by_trying_not_by_permis
 
     with monkeypatch.context() as patched:  # a file system that makes directories but refuses files (a cgroup's)
         patched.setattr(tempfile, "TemporaryFile", refused)
-        assert output_directory_problem(tmp_path / "new") == f"cannot be created in {tmp_path} (Operation not permitted)"
+        refusal = output_directory_problem(tmp_path / "new")
+        assert refusal == f"cannot be created in {tmp_path} (Operation not permitted)"
         assert list(tmp_path.iterdir()) == []  # the directory made to try it, removed
     monkeypatch.setattr(tempfile, "mkdtemp", refused)  # a mount that refuses whatever the bits say
     assert output_directory_problem(tmp_path / "new") == f"cannot be created in {tmp_path} (Operation not permitted)"
