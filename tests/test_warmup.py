@@ -265,3 +265,25 @@ def test_compare_sets_warm_up_and_grpo_beside_grpo_alone_from_the_untrained_mode
     assert [row["after warm-up"] for row in rows] == [0.4, None] and rows[0]["warm-up s"] == 4.0
     assert {"after warm-up", "warm-up s"} <= set(result_columns(rows))
     assert "after warm-up" not in comparison_rows([alone], [])[0]
+
+
+@pytest.mark.e2e
+def test_under_two_processes_each_plays_its_share_and_the_warm_up_trains_on_all_of_them(tmp_path):
+    """accelerate launch with 2 processes (gloo): the 16 episodes are split between the processes and gathered on
+    both; SFTTrainer shards the kept ones; then GRPO, as under one process."""
+    from grpo_exp.paths import REPO_ROOT
+    from tests.helpers.cli import accelerate_launch
+
+    outputs = tmp_path / "outputs"
+    result = accelerate_launch(
+        *TINY_RUN, "reward=math+length", "logger=none", f"outputs_dir={outputs}", "warmup=sft", "warmup.steps=2",
+        "warmup.batch_size=4", "warmup.prompts=8", "warmup.samples_per_prompt=2", "warmup.min_reward=0.05",
+        "dataset.eval_size=5", accelerate_config=REPO_ROOT / "accelerate_configs" / "ddp.yaml",
+    )  # fmt: skip
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    run_dir = only_run_dir(outputs)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    kept = read_jsonl(run_dir / "warmup" / "demonstrations.jsonl")
+    assert summary["warmup_played"] == 16 and summary["warmup_demonstrations"] == len(kept) > 0
+    assert summary["warmup_steps"] == 2 and summary["steps"] == 2 and summary["eval_size"] == 5
+    assert len({d["completion"] for d in kept}) > 1  # the processes' shares, not one share twice
