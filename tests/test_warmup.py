@@ -56,6 +56,14 @@ def test_a_setting_the_warm_up_cannot_run_with_is_refused_naming_it(overrides, m
     assert "Traceback" not in str(err.value)
 
 
+def test_a_warm_up_batch_that_the_processes_cannot_share_is_refused_naming_it():
+    from grpo_exp.run.resolve import resolve
+    from support.config import compose_config
+
+    with pytest.raises(UserError, match="warmup.batch_size=7 is split over the 2 processes that train: give a mult"):
+        resolve(compose_config([*TINY_RUN, "warmup=sft", "warmup.batch_size=7"]), processes=2)
+
+
 def test_without_a_warm_up_no_warm_up_setting_is_read_and_the_default_is_none():
     spec = resolved_config(TINY_RUN)
     assert spec.cfg.warmup.source.value == "none"

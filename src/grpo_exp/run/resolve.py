@@ -146,7 +146,7 @@ def resolve(
     check_algorithm(cfg.algorithm, cfg.trainer)
     environments, native = check_rollout(spec)
     spec = replace(spec, native_tool_calling=native)
-    check_warmup(cfg, native)
+    check_warmup(cfg, native, spec.processes)
     own_prompts = next((f"{task.what} (reward {name})" for name, task in spec.tasks.items()), None)
     check_async_generation(cfg, multiturn=spec.multiturn, own_prompts=own_prompts, native_tool_calling=native)
     probing = AlarmAction(spec.cfg.probe.before_training)

@@ -13,12 +13,17 @@ from grpo_exp.warmup.expert import load_expert
 PLAYED = (WarmupSource.policy, WarmupSource.expert)
 
 
-def check_warmup(cfg: DictConfig, native_tool_calling: bool) -> None:
-    """One UserError naming the first setting the warm-up cannot run with."""
+def check_warmup(cfg: DictConfig, native_tool_calling: bool, processes: int) -> None:
+    """One UserError naming the first setting the warm-up cannot run with (`processes`: that train together)."""
     warmup = cfg.warmup
     source = warmup.source
     if source is WarmupSource.none:
         return
+    if warmup.batch_size % processes:
+        raise UserError(
+            f"warmup.batch_size={warmup.batch_size} is split over the {processes} processes that train: give a "
+            f"multiple of {processes}"
+        )
     if cfg.model.lora.enabled:
         raise UserError(
             f"warmup.source={source.value} with model.lora.enabled=true: the warm-up trains every weight, and "

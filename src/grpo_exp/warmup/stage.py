@@ -127,7 +127,7 @@ def _sft_trainer(spec: RunSpec, model, tokenizer, dataset, out_dir: Path, tracke
         max_steps=warmup.steps,
         learning_rate=warmup.learning_rate,
         lr_scheduler_type="constant",
-        per_device_train_batch_size=max(1, warmup.batch_size // spec.processes),
+        per_device_train_batch_size=warmup.batch_size // spec.processes,  # a multiple (grpo_exp.warmup.rules)
         logging_steps=1,
         save_strategy="steps" if warmup.save_steps else "no",
         save_steps=warmup.save_steps or 500,
