@@ -3,7 +3,9 @@
 Reads the run's eval_before.jsonl and eval_after.jsonl (each held-out episode, played greedily before and after
 training, the same seeds) and prints, per environment and over all: the episodes won before and after, each with its
 95% Wilson interval, and the change with its paired 95% interval (Student t over the per-episode differences: the
-same games, so their difficulty cancels). Used for experiments/README.md's environment results.
+same games, so their difficulty cancels). A run with a warm-up (warmup=sft, eval_before_warmup.jsonl) is reported
+stage by stage: the warm-up, GRPO after it, and both. `--against OTHER_RUN`: this run's episodes after training
+against another's (GRPO alone, say) on the same games. Used for experiments/README.md's environment results.
 """
 
 import argparse
@@ -38,16 +40,39 @@ def report(name: str, before: list[bool], after: list[bool]) -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.episodes_change", description=__doc__)
-    parser.add_argument("run_dir", type=run_directory_with("eval_before.jsonl", "eval_after.jsonl"))
-    run_dir = parser.parse_args(argv).run_dir
-    before, after = won(run_dir / "eval_before.jsonl"), won(run_dir / "eval_after.jsonl")
+# With a warm-up: each stage's change, from the eval file before it to the one after it.
+STAGES = (
+    ("warm-up", "eval_before_warmup.jsonl", "eval_before.jsonl"),
+    ("GRPO after the warm-up", "eval_before.jsonl", "eval_after.jsonl"),
+    ("warm-up + GRPO", "eval_before_warmup.jsonl", "eval_after.jsonl"),
+)
+
+
+def print_change(before: dict[str, list[bool]], after: dict[str, list[bool]]) -> None:
     for name in sorted(before):
         print(report(name, before[name], after[name]))
     if len(before) > 1:
         every = sorted(before)
         print(report("all", [w for n in every for w in before[n]], [w for n in every for w in after[n]]))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.episodes_change", description=__doc__)
+    ran = run_directory_with("eval_before.jsonl", "eval_after.jsonl")
+    parser.add_argument("run_dir", type=ran)
+    parser.add_argument("--against", type=ran, help="another run on the same games: its episodes after training first")
+    args = parser.parse_args(argv)
+    run_dir = args.run_dir
+    if args.against is not None:
+        print(f"after training, {args.against} (before) against {run_dir} (after):")
+        print_change(won(args.against / "eval_after.jsonl"), won(run_dir / "eval_after.jsonl"))
+        return
+    if not (run_dir / STAGES[0][1]).is_file():
+        print_change(won(run_dir / "eval_before.jsonl"), won(run_dir / "eval_after.jsonl"))
+        return
+    for stage, first, then in STAGES:
+        print(f"{stage} ({first} -> {then}):")
+        print_change(won(run_dir / first), won(run_dir / then))
 
 
 if __name__ == "__main__":

@@ -295,3 +295,24 @@ def test_under_two_processes_each_plays_its_share_and_the_warm_up_trains_on_all_
     assert summary["warmup_played"] == 16 and summary["warmup_demonstrations"] == len(kept) > 0
     assert summary["warmup_steps"] == 2 and summary["steps"] == 2 and summary["eval_size"] == 5
     assert len({d["completion"] for d in kept}) > 1  # the processes' shares, not one share twice
+
+
+def test_the_episodes_change_of_a_warmed_up_run_is_reported_stage_by_stage_and_against_another_run(tmp_path, capsys):
+    from benchmarks.episodes_change import main
+
+    def games(path: Path, wins: list[bool]) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps({"environment": "g", "env_success": w}) + "\n" for w in wins))
+
+    warmed, alone = tmp_path / "warmed", tmp_path / "alone"
+    games(warmed / "eval_before_warmup.jsonl", [False, False, True, False])
+    games(warmed / "eval_before.jsonl", [True, False, True, False])
+    games(warmed / "eval_after.jsonl", [True, True, True, False])
+    for when in ("before", "after"):
+        games(alone / f"eval_{when}.jsonl", [False, False, True, False])
+    main([str(warmed)])
+    shown = capsys.readouterr().out
+    assert "warm-up (eval_before_warmup.jsonl -> eval_before.jsonl):\ng: before 1/4" in shown and "after 2/4" in shown
+    assert "warm-up + GRPO (eval_before_warmup.jsonl -> eval_after.jsonl):\ng: before 1/4" in shown
+    main([str(warmed), "--against", str(alone)])
+    assert "g: before 1/4 [0.046, 0.699], after 3/4" in capsys.readouterr().out
