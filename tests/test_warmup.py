@@ -1,5 +1,5 @@
-"""warmup=sft: the supervised warm-up stage before GRPO (grpo_exp.warmup). Its settings refused before a model loads,
-its demonstrations (the user's conversations, the policy's paid episodes, an expert's), TRL's SFTTrainer really
+"""warmup=sft: the supervised warm-up stage before GRPO (grpo_exp.run.warmup). Its settings refused before a model
+loads, its demonstrations (the user's conversations, the policy's paid episodes, an expert's), TRL's SFTTrainer really
 training the tiny model, then GRPO, in one run directory; resume across the stage boundary and mid-warm-up."""
 
 import json
@@ -16,8 +16,8 @@ import torch
 from grpo_exp.environments.textarena import TextArenaGame, guess_the_number_expert
 from grpo_exp.errors import UserError
 from grpo_exp.run.resume import find_attempt, load_attempt
-from grpo_exp.warmup.sources import Episode, user_conversations
-from grpo_exp.warmup.weights import load_weights
+from grpo_exp.run.warmup.sources import Episode, user_conversations
+from grpo_exp.run.warmup.weights import load_weights
 from support.config import TINY_RUN, resolved_config
 from tests.helpers.cli import run_cli
 

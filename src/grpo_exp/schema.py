@@ -672,7 +672,7 @@ class ProbeSchema:
 
 @dataclass
 class WarmupSchema:
-    # A supervised warm-up stage before GRPO (conf/warmup: none | sft; grpo_exp.warmup, docs/warmup.md): TRL's
+    # A supervised warm-up stage before GRPO (conf/warmup: none | sft; grpo_exp.run.warmup, docs/warmup.md): TRL's
     # SFTTrainer trains the policy on demonstrations for `steps` steps, then GRPO trains the warmed policy, in one
     # run directory. Not trainer.warmup_steps (the learning rate's warm-up). source: none | dataset | policy | expert.
     source: WarmupSource = WarmupSource.none

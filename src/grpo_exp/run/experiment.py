@@ -36,6 +36,7 @@ from grpo_exp.run.setup import HELDOUT, TRAINING, load_policy, set_up
 from grpo_exp.run.tracking import MetricsFileCallback, Tracker, run_identity
 from grpo_exp.run.validation import PeriodicValidation, Schedule
 from grpo_exp.run.wandb_offline import RECORD_KEY, segments_so_far, sync_command
+from grpo_exp.run.warmup.stage import WarmupStage, warm_up
 from grpo_exp.run_files import (
     CONFIG_FILE,
     FINAL_CHECKPOINT_DIR,
@@ -52,7 +53,6 @@ from grpo_exp.trainer.levels import STATE_FILE as LEVELS_FILE
 from grpo_exp.trainer.levels import LevelChooser, TaskLevels
 from grpo_exp.trainer.trainer import GRPOExpTrainer
 from grpo_exp.trainer.trl_batch import RolloutFunc
-from grpo_exp.warmup.stage import WarmupStage, warm_up
 
 log = logging.getLogger("grpo_exp.train")
 

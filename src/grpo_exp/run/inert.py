@@ -42,7 +42,7 @@ FEATURES = (
     "grpo_exp.verification.benchmark",
     "grpo_exp.trainer.trainer",
     "grpo_exp.run.trackers",
-    "grpo_exp.warmup.rules",
+    "grpo_exp.run.warmup.rules",
 )
 
 

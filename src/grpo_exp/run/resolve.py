@@ -51,6 +51,7 @@ from grpo_exp.run.inert import check_only_with
 from grpo_exp.run.resume import Attempt, resolve_attempt
 from grpo_exp.run.tracking import redact, report_to
 from grpo_exp.run.validation import check_validation
+from grpo_exp.run.warmup.rules import check_warmup
 from grpo_exp.run_files import CONFIG_FILE, read_yaml
 from grpo_exp.schema import (
     AlarmAction,
@@ -69,7 +70,6 @@ from grpo_exp.trainer.curriculum import check_curriculum
 from grpo_exp.trainer.losses import is_trls
 from grpo_exp.verification.labels import check_labels
 from grpo_exp.verification.p_yes import check_scorer_reachable
-from grpo_exp.warmup.rules import check_warmup
 
 log = logging.getLogger(__name__)
 

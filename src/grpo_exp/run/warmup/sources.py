@@ -22,8 +22,8 @@ from grpo_exp.rollout.multiturn import greedy_generation
 from grpo_exp.run.build import RunParts
 from grpo_exp.run.distributed import is_main_process
 from grpo_exp.run.resolve import RunSpec
+from grpo_exp.run.warmup.expert import ExpertTurns, expert_turn, load_expert
 from grpo_exp.schema import WarmupSource
-from grpo_exp.warmup.expert import ExpertTurns, expert_turn, load_expert
 
 CONVERSATION_FORMATS = "`messages` (a conversation), or `prompt` and `completion`"
 

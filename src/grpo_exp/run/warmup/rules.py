@@ -7,8 +7,8 @@ from omegaconf import DictConfig
 
 from grpo_exp.config_rules import OnlyWith
 from grpo_exp.errors import UserError
+from grpo_exp.run.warmup.expert import load_expert
 from grpo_exp.schema import WarmupSource
-from grpo_exp.warmup.expert import load_expert
 
 PLAYED = (WarmupSource.policy, WarmupSource.expert)
 

@@ -1,5 +1,5 @@
 """The warm-up stage (warmup=sft): the held-out evaluation before it, TRL's SFTTrainer on the demonstrations
-(grpo_exp.warmup.sources), the warmed model and the stage's record in <run dir>/warmup/. GRPO then trains the same
+(grpo_exp.run.warmup.sources), the warmed model and the stage's record in <run dir>/warmup/. GRPO then trains the same
 model object. A resumed run continues from the stage it stopped in: a warm-up that ended is not run again (its
 warmed model is loaded where GRPO has no checkpoint of its own yet); one stopped mid-way continues from its last
 checkpoint (warmup.save_steps)."""
@@ -20,10 +20,10 @@ from grpo_exp.run.distributed import is_main_process, wait_for_everyone
 from grpo_exp.run.evaluation import HeldoutEval
 from grpo_exp.run.resolve import RunSpec
 from grpo_exp.run.tracking import MetricsFileCallback, Tracker
+from grpo_exp.run.warmup.sources import demonstrations
+from grpo_exp.run.warmup.weights import load_weights
 from grpo_exp.run_files import METRICS_FILE, WARMUP_DIR, WARMUP_SUMMARY, read_json
 from grpo_exp.schema import WarmupSource
-from grpo_exp.warmup.sources import demonstrations
-from grpo_exp.warmup.weights import load_weights
 
 log = logging.getLogger("grpo_exp.train")
 MODEL_DIR = "model"  # the warmed model, inside <run dir>/warmup/
@@ -127,7 +127,7 @@ def _sft_trainer(spec: RunSpec, model, tokenizer, dataset, out_dir: Path, tracke
         max_steps=warmup.steps,
         learning_rate=warmup.learning_rate,
         lr_scheduler_type="constant",
-        per_device_train_batch_size=warmup.batch_size // spec.processes,  # a multiple (grpo_exp.warmup.rules)
+        per_device_train_batch_size=warmup.batch_size // spec.processes,  # a multiple (grpo_exp.run.warmup.rules)
         logging_steps=1,
         save_strategy="steps" if warmup.save_steps else "no",
         save_steps=warmup.save_steps or 500,
