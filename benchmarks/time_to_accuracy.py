@@ -93,6 +93,8 @@ ARMS = {
     # today's defaults, and the same with the curriculum over prompts' difficulty (curriculum.*, its defaults)
     "defaults": [],
     "curriculum": ["curriculum.enabled=true"],
+    # a warm-up on the policy's own right answers to 200 training prompts (4 samples each), then GRPO (issue 66)
+    "warmup_rft": ["warmup=sft", "warmup.prompts=200"],
     # vLLM's engine in this process (its CPU build): the policy's float32, and bfloat16 with TRL's correction
     "vllm": ["generation=vllm_colocate"],
     "vllm_bf16": ["generation=vllm_colocate", "trainer.bfloat16_generation=true"],
@@ -175,20 +177,22 @@ def run_grpo_exp(seed: int, settings: list[str], overrides: list[str], every: in
         summary = json.loads((Path(tmp) / "run" / "summary.json").read_text())
         metrics = [json.loads(line) for line in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()]
         answers = (Path(tmp) / "run" / eval_file("after")).read_text().splitlines()
+    warmed = summary.get("warmup_seconds") or 0.0  # a warm-up's time counts as training (warmup=sft)
     result = {
-        "train_seconds": summary["train_seconds"],
-        "accuracy_before": summary["heldout_accuracy_before"],
+        "train_seconds": summary["train_seconds"] + warmed,
+        "accuracy_before": summary.get("heldout_accuracy_before_warmup", summary["heldout_accuracy_before"]),
         "accuracy_after": summary["heldout_accuracy_after"],
         "correct_after": [None if (c := json.loads(line)["correct"]) is None else int(c) for line in answers],
     }
-    return result | ({"every": every, "validations": validations(metrics)} if every else {})
+    return result | ({"every": every, "validations": validations(metrics, warmed)} if every else {})
 
 
-def validations(metrics: list[dict]) -> list[list[float]]:
-    """[step, training seconds through that step, held-out accuracy] of each validation in a run's metrics.jsonl."""
+def validations(metrics: list[dict], start: float = 0.0) -> list[list[float]]:
+    """[step, training seconds through that step, held-out accuracy] of each validation in a run's metrics.jsonl;
+    `start`: seconds trained before its first step (a warm-up's)."""
     from grpo_exp.run_files import step_seconds  # a step's time with generation ahead's sync (TRL's step_time lacks it)
 
-    seconds, elapsed, points = 0.0, {}, []
+    seconds, elapsed, points = start, {}, []
     for record in sorted(metrics, key=lambda m: m["step"]):
         seconds += step_seconds(record) or 0.0
         elapsed[record["step"]] = seconds

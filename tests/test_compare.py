@@ -142,6 +142,8 @@ def test_time_to_accuracy_is_the_training_time_through_the_first_validation_at_t
     points = validations(list(reversed(metrics)))
     assert points == [[2, 30.0, 0.30], [4, 100.0, 0.45]]
     assert time_to(0.30, points) == (2, 30.0) and time_to(0.40, points) == (4, 100.0) and time_to(0.5, points) is None
+    # a warm-up's seconds (warmup=sft) come before the first step: its run reaches the target that much later
+    assert validations(list(reversed(metrics)), start=25.0) == [[2, 55.0, 0.30], [4, 125.0, 0.45]]
 
     def run(arm, seed, **fields):
         return {"arm": arm, "seed": seed, "every": 2, **fields}
