@@ -167,6 +167,9 @@ def test_a_gain_in_format_only_is_told_from_a_gain_in_content():
     assert "content check went 1.000 -> 1.000 (+0.000" in found.seen
     before, after = paired_runs([(False, "I do not know.")] * 20, [(True, "r")] * 20)
     assert format_gain(evidence(before=before, after=after)) is None  # content too
+    # games won (GuessTheNumber after a warm-up, 23 -> 68 of 100): an environment's episodes have no reference
+    games, won = paired_runs([(False, "<move>[10]</move>")] * 20, [(True, "<move>[13]</move>")] * 20)
+    assert format_gain(RunEvidence(config=multiturn("textarena/GuessTheNumber-v0"), before=games, after=won)) is None
 
 
 def test_no_measurable_change_says_how_many_problems_would_show_it_and_a_flat_reward_says_too_slow():

@@ -267,7 +267,10 @@ def _change(before: list[float], after: list[float]) -> str:
 
 def format_gain(evidence: RunEvidence) -> Finding | None:
     """The held-out gain is format, not content: the labels' accuracy rose beyond noise while the content check's
-    (the reference anywhere in the final sentence) did not rise beyond noise."""
+    (the reference anywhere in the final sentence) did not rise beyond noise. Not for environments: they score their
+    episodes themselves, and a game has no reference for the content check to find."""
+    if evidence.setting("rollout.environment"):
+        return None
     strict = paired_outcomes(evidence)
     lenient = paired_outcomes(evidence, lenient=True)
     if len(strict[0]) < 10 or len(lenient[0]) < 10:
