@@ -231,6 +231,7 @@ def test_the_example_environment_trains_from_outside_the_repository(tmp_path):
     # scored by the environment, not by labels: the summary says so
     assert summary["scored_by"].startswith("the environment (") and "held-out episodes won" in result.stdout
     assert "answers read by" not in result.stdout
+    assert "heldout_gain_format" not in summary and "held-out gain" not in result.stdout  # no reference answers
     assert (run / "checkpoint-best").is_dir()
     evaluated = run_command([GRPO_EXP, "evaluate", str(run), "eval.samples=0"], cwd=project)
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]

@@ -254,6 +254,8 @@ class HeldoutEval:
             for when, result in (("before", self.before), ("after", self.after)):
                 accuracies = accuracy_by_level(result.samples) if result is not None else {}
                 summary |= {f"heldout_accuracy_{task}_level{lv}_{when}": a for (task, lv), a in accuracies.items()}
+        if environment is not None:  # games won have no reference answer: no format/content split
+            return summary
         return summary | format_and_content(summary)
 
 
