@@ -22,7 +22,7 @@ from grpo_exp.run.resolve import RunSpec
 from grpo_exp.run.tracking import MetricsFileCallback, Tracker
 from grpo_exp.run.warmup.sources import demonstrations
 from grpo_exp.run.warmup.weights import load_weights
-from grpo_exp.run_files import METRICS_FILE, WARMUP_DIR, WARMUP_SUMMARY, read_json
+from grpo_exp.run_files import METRICS_FILE, WARMUP_DIR, WARMUP_SUMMARY, read_json, read_jsonl
 from grpo_exp.schema import WarmupSource
 
 log = logging.getLogger("grpo_exp.train")
@@ -81,8 +81,10 @@ def warm_up(
         f", kept of {shown.played} episodes played" if shown.played is not None else f" from {warmup.data}",
         warmup.steps,
     )
-    trainer = _sft_trainer(spec, model, tokenizer, shown.dataset, out_dir, tracker)
     resume_from = attempt.warmup_checkpoint if attempt else None
+    if resume_from is not None and is_main_process():  # its steps up to the checkpoint, logged by the earlier attempt
+        _carry_metrics(attempt.run_dir / WARMUP_DIR / METRICS_FILE, out_dir / METRICS_FILE, resume_from)
+    trainer = _sft_trainer(spec, model, tokenizer, shown.dataset, out_dir, tracker)
     trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     trainer.save_model(str(out_dir / MODEL_DIR))
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
@@ -101,6 +103,13 @@ def warm_up(
         (run_dir / WARMUP_SUMMARY).write_text(json.dumps(record, indent=2), encoding="utf-8")
     wait_for_everyone()
     return WarmupStage(record)
+
+
+def _carry_metrics(source: Path, destination: Path, checkpoint: Path) -> None:
+    """The warm-up's metrics of the steps up to `checkpoint` (those after it are trained, and logged, again)."""
+    step = int(checkpoint.name.rsplit("-", 1)[1])
+    records = [record for record in read_jsonl(source) if record.get("step", 0) <= step]
+    destination.write_text("".join(json.dumps(record) + "\n" for record in records), encoding="utf-8")
 
 
 def _carried(attempt, model, out_dir: Path) -> WarmupStage:
