@@ -179,7 +179,7 @@ def test_an_old_saved_config_reads_the_moved_setting_at_its_new_key():
 def test_the_command_line_translates_a_moved_setting_with_one_warning():
     result = run_cli("--cfg", "job", "rollout.invalid_move_credit=true")
     assert result.returncode == 0, result.stderr
-    assert yaml.safe_load(result.stdout)["rollout"]["textarena"] == {"invalid_move_credit": True}
+    assert yaml.safe_load(result.stdout)["rollout"]["textarena"] == {"invalid_move_credit": True, "shaped": False}
     warnings = [line for line in result.stderr.splitlines() if "deprecated" in line]
     assert warnings == [
         "warning: rollout.invalid_move_credit=true is deprecated: use rollout.textarena.invalid_move_credit=true"
