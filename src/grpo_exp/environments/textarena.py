@@ -72,6 +72,15 @@ SHAPED_GAMES = ("GuessTheNumber-v0",)  # the games rollout.textarena.shaped has 
 GUESS_RANGE = (1, 20)  # GuessTheNumber-v0's
 
 
+def candidates_left(low: int, high: int, guess: int, answer: str) -> tuple[int, int]:
+    """GuessTheNumber's candidates after the game answered `guess` with `answer`: its hint ("higher" / "lower")
+    narrows [low, high]; an answer without a hint leaves it as it was."""
+    hint = HINT.search(answer)
+    if hint is None:
+        return low, high
+    return (max(low, guess + 1), high) if hint.group(1).lower() == "higher" else (low, min(high, guess - 1))
+
+
 def narrowed(low: int, high: int) -> float:
     """How much of GuessTheNumber's search a range of candidates left means done: 0 for the whole range, 1 for one
     number (the potential the shaped step rewards are differences of)."""
@@ -130,14 +139,9 @@ class TextArenaGame:
 
     def _narrow(self, action: str, answer: str) -> None:
         """The candidates the game's hint to this guess leaves (an answer without a hint leaves them as they were)."""
-        guess, hint = re.search(r"\[(-?\d+)\]", action), HINT.search(answer)
-        if guess is None or hint is None:
-            return
-        number = int(guess.group(1))
-        if hint.group(1).lower() == "higher":
-            self.low = max(self.low, number + 1)
-        else:
-            self.high = min(self.high, number - 1)
+        guess = re.search(r"\[(-?\d+)\]", action)
+        if guess is not None:
+            self.low, self.high = candidates_left(self.low, self.high, int(guess.group(1)), answer)
 
     def get_reward(self) -> float:
         if self.shaped:  # the return the step rewards are parts of, a game unfinished within rollout.max_turns too
@@ -176,15 +180,11 @@ def guess_the_number_expert(transcript: str, row: dict) -> str:
     once the game is over it ends the episode with a turn that makes no move."""
     if "Game over" in transcript:
         return "The game is over."
-    low, high = 1, 20
+    low, high = GUESS_RANGE
     moves = list(MOVE.finditer(transcript))
     for move, after in zip(moves, [*moves[1:], None], strict=False):  # each move, and the next (None: the last)
         answer = transcript[move.end() : after.start() if after else len(transcript)]
-        hint = HINT.search(answer)
-        if hint is None:
-            continue
-        guess = int(move.group(1))
-        low, high = (max(low, guess + 1), high) if hint.group(1).lower() == "higher" else (low, min(high, guess - 1))
+        low, high = candidates_left(low, high, int(move.group(1)), answer)
     return f"<move>[{(low + high) // 2}]</move>"
 
 
