@@ -30,12 +30,15 @@ CONVERSATION_FORMATS = "`messages` (a conversation), or `prompt` and `completion
 
 @dataclass
 class Demonstrations:
-    """What the warm-up trains on, and how it was gathered: `played` episodes (None: the user's data), `kept`."""
+    """What the warm-up trains on, and how it was gathered: `played` episodes (None: the user's data)."""
 
     dataset: Dataset
     played: int | None
-    kept: int
     mean_reward: float | None = None  # the reward of the episodes played, before keeping
+
+    @property
+    def kept(self) -> int:
+        return len(self.dataset)
 
     def record(self) -> dict:
         return {"demonstrations": self.kept, "played": self.played, "played_mean_reward": self.mean_reward}
@@ -77,7 +80,7 @@ def demonstrations(spec: RunSpec, parts: RunParts, model, tokenizer, train_set, 
             "warmup.min_reward, play more (warmup.samples_per_prompt, warmup.prompts), or give demonstrations "
             "(warmup.source=dataset warmup.data=...)"
         )
-    return Demonstrations(Dataset.from_list([e.example() for e in kept]), len(episodes), len(kept), mean)
+    return Demonstrations(Dataset.from_list([e.example() for e in kept]), len(episodes), mean)
 
 
 def user_conversations(path: str, split: str) -> Demonstrations:
@@ -101,7 +104,7 @@ def user_conversations(path: str, split: str) -> Demonstrations:
         )
     if len(dataset) == 0:
         raise UserError(f"warmup.data={path}: holds no conversation")
-    return Demonstrations(dataset, None, len(dataset))
+    return Demonstrations(dataset, None)
 
 
 def played_episodes(spec: RunSpec, parts: RunParts, model, tokenizer, train_set) -> list[Episode]:
@@ -124,8 +127,9 @@ def played_episodes(spec: RunSpec, parts: RunParts, model, tokenizer, train_set)
     return map_over_processes(items, batch_size, work)
 
 
-def _single_turn(spec, model, tokenizer, rows, expert, batch_size) -> list[tuple[list[int], list[int], list[int]]]:
-    """(prompt ids, completion ids, player mask) of each row: the policy's sampled completion, or the expert's."""
+def _single_turn(spec, model, tokenizer, rows, expert, batch_size) -> list[tuple]:
+    """(prompt ids, completion ids, player mask, no trajectory fields) of each row: the policy's sampled completion,
+    or the expert's."""
     prompts = [prompt_ids(tokenizer, row["prompt"]) for row in rows]
     if expert is not None:
         path = spec.cfg.warmup.expert
@@ -135,7 +139,7 @@ def _single_turn(spec, model, tokenizer, rows, expert, batch_size) -> list[tuple
         completions = []
         for start in range(0, len(prompts), batch_size):
             completions += _sampled(spec, model, tokenizer, prompts[start : start + batch_size])
-    return [(p, c, [1] * len(c)) for p, c in zip(prompts, completions, strict=True)]
+    return [(p, c, [1] * len(c), {}) for p, c in zip(prompts, completions, strict=True)]
 
 
 @torch.no_grad()
@@ -173,7 +177,7 @@ def _scored(spec: RunSpec, parts: RunParts, tokenizer, rows: list[dict], played:
     if not rows:
         return []
     texts = [tokenizer.decode(p[1], skip_special_tokens=True) for p in played]
-    columns = [row | (p[3] if len(p) > 3 else {}) for row, p in zip(rows, played, strict=True)]
+    columns = [row | p[3] for row, p in zip(rows, played, strict=True)]  # a trajectory's fields too
     scores = []
     for func in parts.reward_funcs:
         try:
