@@ -2,9 +2,7 @@
 
 import json
 import os
-import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,7 +13,7 @@ from grpo_exp.errors import UserError
 from grpo_exp.run.resume import carry_history, explicit_attempt, find_attempt, last_checkpoint, load_attempt
 from grpo_exp.run.tracking import read_metrics
 from support.config import TINY_RUN
-from tests.helpers.cli import run_cli
+from tests.helpers.cli import interrupted_when, run_cli
 
 # Eight steps, a resumable checkpoint every two; `length` gives the tiny model's completions a reward spread.
 RUN = [*TINY_RUN, "reward=math+format+length", "trainer.max_steps=8", "trainer.save_steps=2"]
@@ -34,21 +32,7 @@ def run_dirs(outputs: Path) -> list[Path]:
 
 def interrupt_after_first_checkpoint(args: list[str], outputs: Path) -> subprocess.CompletedProcess:
     """Start a run and send it SIGTERM (what Slurm sends at its time limit) once a checkpoint is complete."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "grpo_exp.train", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=os.environ.copy(),
-    )
-    deadline = time.monotonic() + 300
-    while not list(outputs.rglob("checkpoint-*/trainer_state.json")):
-        assert process.poll() is None, process.communicate()[1][-3000:]
-        assert time.monotonic() < deadline, "no checkpoint was written"
-        time.sleep(0.1)
-    process.send_signal(signal.SIGTERM)
-    stdout, stderr = process.communicate(timeout=300)
-    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+    return interrupted_when(args, lambda: any(outputs.rglob("checkpoint-*/trainer_state.json")))
 
 
 @pytest.mark.e2e

@@ -3,11 +3,6 @@ loads, its demonstrations (the user's conversations, the policy's paid episodes,
 training the tiny model, then GRPO, in one run directory; resume across the stage boundary and mid-warm-up."""
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +14,7 @@ from grpo_exp.run.resume import find_attempt, load_attempt
 from grpo_exp.run.warmup.sources import Episode, user_conversations
 from grpo_exp.run.warmup.weights import load_weights
 from support.config import TINY_RUN, resolved_config
-from tests.helpers.cli import run_cli
+from tests.helpers.cli import interrupted_when, run_cli
 
 GUESS = ["+experiment=textarena_guess", "model=tiny", "trainer=debug", "dataset.eval_size=4", "logger=none"]
 EXPERT = "grpo_exp.environments.textarena:guess_the_number_expert"
@@ -161,20 +156,6 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def interrupted_when(args: list[str], done: callable) -> None:
-    """A run stopped by SIGTERM (Slurm's time limit) as soon as `done()`; it must not have finished."""
-    process = subprocess.Popen([sys.executable, "-m", "grpo_exp.train", *args], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True, env=os.environ.copy())  # fmt: skip
-    deadline = time.monotonic() + 300
-    while not done():
-        assert process.poll() is None, process.communicate()[1][-3000:]
-        assert time.monotonic() < deadline, "the point to stop at was never reached"
-        time.sleep(0.05)
-    process.send_signal(signal.SIGTERM)
-    process.communicate(timeout=300)
-    assert process.returncode != 0
-
-
 @pytest.mark.e2e
 def test_a_run_stopped_mid_warm_up_continues_from_the_warm_ups_checkpoint(tmp_path):
     """The user's conversations (prompt-completion): a warm-up checkpoint every step; stopped after the first, the
@@ -191,7 +172,7 @@ def test_a_run_stopped_mid_warm_up_continues_from_the_warm_ups_checkpoint(tmp_pa
     outputs = tmp_path / "outputs"
     args = [*TINY_RUN, "logger=none", f"outputs_dir={outputs}", "warmup=sft", "warmup.source=dataset",
             f"warmup.data={data}", "warmup.steps=8", "warmup.save_steps=1", "warmup.batch_size=2"]  # fmt: skip
-    interrupted_when(args, lambda: any(outputs.rglob("warmup/checkpoint-*/trainer_state.json")))
+    assert interrupted_when(args, lambda: any(outputs.rglob("warmup/checkpoint-*/trainer_state.json"))).returncode
     first = only_run_dir(outputs)
     stopped = load_attempt(first)
     assert stopped.warmup_checkpoint is not None and not stopped.warmed_up, "the warm-up ended before the stop"
@@ -215,7 +196,7 @@ def test_an_experts_game_episodes_warm_up_the_policy_and_a_run_stopped_after_the
     outputs = tmp_path / "outputs"
     args = [*GUESS, f"outputs_dir={outputs}", "warmup=sft", "warmup.source=expert", f"warmup.expert={EXPERT}",
             "warmup.steps=1", "warmup.batch_size=2", "warmup.prompts=6", "trainer.max_steps=2"]  # fmt: skip
-    interrupted_when(args, lambda: any(outputs.rglob("warmup/summary.json")))
+    assert interrupted_when(args, lambda: any(outputs.rglob("warmup/summary.json"))).returncode
     first = only_run_dir(outputs)
     assert not (first / "summary.json").exists()
     kept = read_jsonl(first / "warmup" / "demonstrations.jsonl")

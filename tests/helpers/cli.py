@@ -3,8 +3,11 @@
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,6 +102,26 @@ def run_cli(
     """`python -m <module> <args>`, its output captured (tests/helpers/warm.py: forked from a warm interpreter when
     its environment allows)."""
     return warm.run([sys.executable, "-m", module, *args], None, {**os.environ, **(env or {})}, timeout)
+
+
+def interrupted_when(args: list[str], done: Callable[[], bool]) -> subprocess.CompletedProcess:
+    """`python -m grpo_exp.train <args>` sent SIGTERM (what Slurm sends at its time limit) as soon as `done()`; it
+    must not have ended before."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "grpo_exp.train", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=os.environ.copy(),
+    )
+    deadline = time.monotonic() + 300
+    while not done():
+        assert process.poll() is None, process.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "the point to stop at was never reached"
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=300)
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
 def run_command(
