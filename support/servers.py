@@ -106,11 +106,19 @@ def vllm_server(port: int, timeout: float = 420, prefix: tuple[str, ...] = (), e
 
 
 @contextlib.contextmanager
-def vllm_servers(ports: list[int], timeout: float = 420, prefix: tuple[str, ...] = (), env: dict | None = None):
+def vllm_servers(
+    ports: list[int],
+    timeout: float = 420,
+    prefix: tuple[str, ...] = (),
+    env: dict | None = None,
+    model: str = "smollm2_135m",
+):
     """vllm_server on each of `ports`, started together: their start-ups (about 45 s each on 2 cores, much of it
-    one core importing and loading) overlap. Yields their processes once every one answers."""
+    one core importing and loading) overlap. Yields their processes once every one answers. `model`: what
+    `grpo-exp serve --model` takes (a model option, a directory)."""
     with contextlib.ExitStack() as stack:
-        commands = [[*prefix, sys.executable, "-m", "grpo_exp.serve", "--port", str(port)] for port in ports]
+        serve = [sys.executable, "-m", "grpo_exp.serve", "--model", model]
+        commands = [[*prefix, *serve, "--port", str(port)] for port in ports]
         processes = [stack.enter_context(started(command, env)) for command in commands]
         deadline = time.monotonic() + timeout
         for port, process in zip(ports, processes, strict=True):

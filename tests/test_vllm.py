@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from grpo_exp.errors import UserError
-from support.config import compose_config
+from support.config import TINY_RUN, compose_config
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (pip install 'grpo-exp[vllm]')"
@@ -383,24 +383,38 @@ def test_multi_turn_rollouts_are_played_ahead_under_two_processes_their_stalenes
     assert steps[1][ESS] > 0.999 and steps[3][ESS] < steps[1][ESS], steps
 
 
+# The tiny model with heads vLLM's CPU attention serves (32 dimensions; the tiny model's own are 16): where what a test
+# checks holds for any weights, its runs take a fraction of the embedded model's steps.
+SERVABLE_TINY = [*TINY_RUN, "model.architecture.num_attention_heads=2", "model.architecture.num_key_value_heads=1"]
+
+
+def servable_tiny_dir(cache_dir: Path) -> str:
+    """SERVABLE_TINY's model saved with its tokenizer, for `grpo-exp serve --model <dir>` (its weights are the
+    trainer's after the first sync: TRL syncs the server before the first batch)."""
+    from grpo_exp.models import load_tokenizer, materialise_tiny
+
+    cfg = compose_config(SERVABLE_TINY)
+    return str(materialise_tiny(cfg.model, load_tokenizer(cfg.model, cfg.cache_dir), str(cache_dir), seed=0))
+
+
 def steps_against_a_fresh_server(tmp_path, name: str, port: int, *overrides: str) -> tuple[list, dict]:
-    """`python -m grpo_exp.train <overrides>` for 3 steps against the `grpo-exp serve` on `port`, started for it alone
-    (vLLM's weights in their starting state), every group of every step in samples.jsonl: (the samples, TRL's
-    metrics by step). Each request carries a seed (TRL's generation_kwargs): without one, vLLM draws from one
-    generator for all the sequences it is decoding, so which draw a row gets depends on how its scheduler happened
-    to batch the requests, which differs from run to run: two runs' second steps differed so (the same weights,
-    on-policy to 1e-5). And without TRL's importance-sampling correction: vLLM's log-probabilities of the same tokens
-    moved by 1e-4 between the two runs' first steps (1.4e-4 from the trainer's against 1e-5), which the correction
-    multiplies into the loss (2.5e-3 of it). The trainer's side is then the same computation in both, to float
-    rounding."""
+    """`python -m grpo_exp.train <overrides>` (SERVABLE_TINY) for 3 steps against the `grpo-exp serve` on `port`,
+    started for it alone (vLLM's weights in their starting state), every group of every step in samples.jsonl: (the
+    samples, TRL's metrics by step). Each request carries a seed (TRL's generation_kwargs): without one, vLLM draws
+    from one generator for all the sequences it is decoding, so which draw a row gets depends on how its scheduler
+    happened to batch the requests, which differs from run to run: two runs' second steps differed so (the same
+    weights, on-policy to 1e-5). And without TRL's importance-sampling correction: vLLM's log-probabilities of the
+    same tokens moved by 1e-4 between the two runs' first steps (1.4e-4 from the trainer's against 1e-5), which the
+    correction multiplies into the loss (2.5e-3 of it). The trainer's side is then the same computation in both, to
+    float rounding."""
     from grpo_exp.run.tracking import read_metrics
     from tests.helpers.cli import run_cli
 
     run_dir = tmp_path / name
     result = run_cli(
-        *overrides, f"trainer.extra.vllm_server_port={port}", "+trainer.extra.generation_kwargs={seed:1234}",
-        "trainer.mismatch_correction=none",
-        *MOVING, "trainer.max_steps=3",
+        *SERVABLE_TINY, *overrides, f"trainer.extra.vllm_server_port={port}",
+        "+trainer.extra.generation_kwargs={seed:1234}", "trainer.mismatch_correction=none",
+        *MOVING, "trainer.max_steps=3", "trainer.num_generations=4", "trainer.prompts_per_step=2",
         "stats.table_every=1", "stats.table_groups=2", "eval.before=false", "eval.after=false",
         "probe.labels_check=off", "save_model=false", "trainer.save_steps=0", "logger=none",
         f"hydra.run.dir={run_dir}",
@@ -413,20 +427,22 @@ def steps_against_a_fresh_server(tmp_path, name: str, port: int, *overrides: str
 
 @pytest.mark.e2e
 def test_async_at_staleness_0_is_the_synchronous_run_exactly(tmp_path):
-    """generation=vllm_async with max_staleness=0 and generation=vllm_server, the same seed, 3 steps of the embedded
-    model, each against a freshly started server: the same prompts in the same order, the same completions, rewards,
+    """generation=vllm_async with max_staleness=0 and generation=vllm_server, the same seed, 3 steps of a tiny model,
+    each against a freshly started server: the same prompts in the same order, the same completions, rewards,
     advantages and loss (to float rounding). The pipeline adds nothing to a synchronous step where no batch is stale
-    (verl's asynchronous mode at staleness 0 did not match its synchronous trainer: verl#6780)."""
+    (verl's asynchronous mode at staleness 0 did not match its synchronous trainer: verl#6780). Any weights show it:
+    the tiny model's steps take a fraction of the embedded model's (184 s for the test on it, 2 cores)."""
     from support.servers import free_ports, vllm_servers
 
     ports = free_ports(2)
-    with vllm_servers(ports):  # started together, one for each run: their start-ups overlap
+    with vllm_servers(ports, model=servable_tiny_dir(tmp_path / "cache")):  # started together: start-ups overlap
         sync, sync_metrics = steps_against_a_fresh_server(tmp_path, "sync", ports[0], "generation=vllm_server")
         ahead, ahead_metrics = steps_against_a_fresh_server(
             tmp_path, "async", ports[1], "generation=vllm_async", "trainer.max_staleness=0"
         )
     assert len(sync) == len(ahead) == 3 * 2 * 4  # 3 steps x 2 prompts x G=4
     assert {m["async/staleness_max"] for m in ahead_metrics.values()} == {0.0}
+    assert len({s["completion"] for s in sync}) > 1  # sampled, not one text repeated
     for ours, theirs in zip(ahead, sync, strict=True):
         same = ("step", "group", "prompt", "completion")
         assert [ours[key] for key in same] == [theirs[key] for key in same]
