@@ -121,7 +121,7 @@ def engine_adjusted(device: str, dtype: str, weights_dir: Path, setting: str):
     trl_class = grpo_trainer.VLLMGeneration
     reload = not trl_sync_serves(device)
     grpo_trainer.VLLMGeneration = adjusted_generation(
-        trl_class, dtype=dtype, reload=reload, weights_dir=weights_dir, setting=setting
+        trl_class, dtype=dtype, eager=device == "cpu", reload=reload, weights_dir=weights_dir, setting=setting
     )
     try:
         yield

@@ -26,14 +26,17 @@ log = logging.getLogger(__name__)
 WEIGHTS_FILE = "model.safetensors"
 
 
-def adjusted_generation(trl_class: type, *, dtype: str, reload: bool, weights_dir: Path, setting: str) -> type:
-    """A subclass of TRL's VLLMGeneration (`trl_class`): a colocated engine in `dtype`; `reload`: the weight sync
-    through vLLM's reload (TRL's otherwise); `setting`: the run's choice its messages name (generation=vllm_async)."""
+def adjusted_generation(
+    trl_class: type, *, dtype: str, eager: bool, reload: bool, weights_dir: Path, setting: str
+) -> type:
+    """A subclass of TRL's VLLMGeneration (`trl_class`): a colocated engine in `dtype` (`eager`: without
+    torch.compile); `reload`: the weight sync through vLLM's reload (TRL's otherwise); `setting`: the run's choice
+    its messages name (generation=vllm_async)."""
 
     class AdjustedVLLMGeneration(trl_class):
         def _init_vllm(self):
             if self.mode == "colocate":
-                with engine_dtype(dtype):
+                with engine_settings(dtype, eager):
                     super()._init_vllm()
                 if self.accelerator.num_processes > 1:
                     # vLLM shuts its engine down at exit, tearing down its groups in the process group: after
@@ -75,12 +78,14 @@ def adjusted_generation(trl_class: type, *, dtype: str, reload: bool, weights_di
 
 
 @contextmanager
-def engine_dtype(dtype: str):
-    """TRL builds its colocated engine with `LLM(...)` by the module's name for it: here, with `dtype`."""
+def engine_settings(dtype: str, eager: bool):
+    """TRL builds its colocated engine with `LLM(...)` by the module's name for it: here, with `dtype`, and
+    `eager` (enforce_eager: on CPU, torch.compile's warm-up took 80 s of a 2-step run's 132 on 2 cores, each process
+    compiling its own engine; grpo-exp serve and the evaluation's engine start eager there too)."""
     import trl.generation.vllm_generation as trl_generation
 
     trl_llm = trl_generation.LLM
-    trl_generation.LLM = functools.partial(trl_llm, dtype=dtype)
+    trl_generation.LLM = functools.partial(trl_llm, dtype=dtype, enforce_eager=eager)
     try:
         yield
     finally:
