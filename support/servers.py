@@ -98,10 +98,17 @@ def stub_judge_overrides(port: int) -> list[str]:
 
 
 @contextlib.contextmanager
-def vllm_server(port: int, timeout: float = 420, prefix: tuple[str, ...] = (), env: dict | None = None):
+def vllm_server(
+    port: int,
+    timeout: float = 420,
+    prefix: tuple[str, ...] = (),
+    env: dict | None = None,
+    model: str = "smollm2_135m",
+):
     """`grpo-exp serve` (vLLM's OpenAI-compatible server, the embedded model as `smollm2_135m`), until it answers;
-    `prefix`: a command it runs under (taskset -c 1), `env`: its environment."""
-    with vllm_servers([port], timeout, prefix, env) as (process,):
+    `prefix`: a command it runs under (taskset -c 1), `env`: its environment, `model`: what `grpo-exp serve --model`
+    takes (a model option, a directory)."""
+    with vllm_servers([port], timeout, prefix, env, model) as (process,):
         yield process
 
 

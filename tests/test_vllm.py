@@ -397,23 +397,21 @@ def servable_tiny_dir(cache_dir: Path) -> str:
     return str(materialise_tiny(cfg.model, load_tokenizer(cfg.model, cfg.cache_dir), str(cache_dir), seed=0))
 
 
-def steps_against_a_fresh_server(tmp_path, name: str, port: int, *overrides: str) -> tuple[list, dict]:
+def steps_against(tmp_path, name: str, port: int, *overrides: str) -> tuple[list, dict]:
     """`python -m grpo_exp.train <overrides>` (SERVABLE_TINY) for 3 steps against the `grpo-exp serve` on `port`,
-    started for it alone (vLLM's weights in their starting state), every group of every step in samples.jsonl: (the
-    samples, TRL's metrics by step). Each request carries a seed (TRL's generation_kwargs): without one, vLLM draws
-    from one generator for all the sequences it is decoding, so which draw a row gets depends on how its scheduler
-    happened to batch the requests, which differs from run to run: two runs' second steps differed so (the same
-    weights, on-policy to 1e-5). And without TRL's importance-sampling correction: vLLM's log-probabilities of the
-    same tokens moved by 1e-4 between the two runs' first steps (1.4e-4 from the trainer's against 1e-5), which the
-    correction multiplies into the loss (2.5e-3 of it). The trainer's side is then the same computation in both, to
-    float rounding."""
+    every group of every step in samples.jsonl: (the samples, TRL's metrics by step). Each prompt is sampled from a
+    seed of its own (trainer.seeded_sampling, the default): without one, vLLM draws from one generator for all the
+    sequences it is decoding, so which draw a row gets depends on how its scheduler happened to batch the requests,
+    and two runs' second steps differed so (the same weights, on-policy to 1e-5). And without TRL's
+    importance-sampling correction: vLLM's log-probabilities of the same tokens moved by 1e-4 between two runs' first
+    steps (1.4e-4 from the trainer's against 1e-5), which the correction multiplies into the loss (2.5e-3 of it).
+    The trainer's side is then the same computation in both, to float rounding."""
     from grpo_exp.run.tracking import read_metrics
     from tests.helpers.cli import run_cli
 
     run_dir = tmp_path / name
     result = run_cli(
-        *SERVABLE_TINY, *overrides, f"trainer.extra.vllm_server_port={port}",
-        "+trainer.extra.generation_kwargs={seed:1234}", "trainer.mismatch_correction=none",
+        *SERVABLE_TINY, *overrides, f"trainer.extra.vllm_server_port={port}", "trainer.mismatch_correction=none",
         *MOVING, "trainer.max_steps=3", "trainer.num_generations=4", "trainer.prompts_per_step=2",
         "stats.table_every=1", "stats.table_groups=2", "eval.before=false", "eval.after=false",
         "probe.labels_check=off", "save_model=false", "trainer.save_steps=0", "logger=none",
@@ -428,17 +426,19 @@ def steps_against_a_fresh_server(tmp_path, name: str, port: int, *overrides: str
 @pytest.mark.e2e
 def test_async_at_staleness_0_is_the_synchronous_run_exactly(tmp_path):
     """generation=vllm_async with max_staleness=0 and generation=vllm_server, the same seed, 3 steps of a tiny model,
-    each against a freshly started server: the same prompts in the same order, the same completions, rewards,
+    one after the other against one server: the same prompts in the same order, the same completions, rewards,
     advantages and loss (to float rounding). The pipeline adds nothing to a synchronous step where no batch is stale
-    (verl's asynchronous mode at staleness 0 did not match its synchronous trainer: verl#6780). Any weights show it:
-    the tiny model's steps take a fraction of the embedded model's (184 s for the test on it, 2 cores)."""
-    from support.servers import free_ports, vllm_servers
+    (verl's asynchronous mode at staleness 0 did not match its synchronous trainer: verl#6780). And a seeded run is
+    reproducible on a server another run has used: its draws are its prompts' own (trainer.seeded_sampling), and
+    its first sync replaces the weights the last run left. Any weights show it: the tiny model's steps take a
+    fraction of the embedded model's (184 s for the test on it with a server for each run, 2 cores)."""
+    from support.servers import free_port, vllm_server
 
-    ports = free_ports(2)
-    with vllm_servers(ports, model=servable_tiny_dir(tmp_path / "cache")):  # started together: start-ups overlap
-        sync, sync_metrics = steps_against_a_fresh_server(tmp_path, "sync", ports[0], "generation=vllm_server")
-        ahead, ahead_metrics = steps_against_a_fresh_server(
-            tmp_path, "async", ports[1], "generation=vllm_async", "trainer.max_staleness=0"
+    port = free_port()
+    with vllm_server(port, model=servable_tiny_dir(tmp_path / "cache")):
+        sync, sync_metrics = steps_against(tmp_path, "sync", port, "generation=vllm_server")
+        ahead, ahead_metrics = steps_against(
+            tmp_path, "async", port, "generation=vllm_async", "trainer.max_staleness=0"
         )
     assert len(sync) == len(ahead) == 3 * 2 * 4  # 3 steps x 2 prompts x G=4
     assert {m["async/staleness_max"] for m in ahead_metrics.values()} == {0.0}

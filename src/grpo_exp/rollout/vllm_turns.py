@@ -14,6 +14,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 from grpo_exp.errors import UserError
+from grpo_exp.rollout.seeded_sampling import SeededClient
 
 
 @dataclass(frozen=True)
@@ -169,6 +170,9 @@ def turn_engine(vllm_generation, requests: int):
 
         url = server_url(vllm_generation)
         client = VLLMClient(base_url=url, connection_timeout=vllm_generation.server_timeout)
+        seed = getattr(vllm_generation, "seed_of_samples", None)  # trainer.seeded_sampling, as the main process's
+        if seed is not None:
+            client = SeededClient(client, seed)
     engine = ServedTurns(client, requests)
     try:
         yield engine

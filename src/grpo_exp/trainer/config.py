@@ -27,7 +27,7 @@ from grpo_exp.trainer.sampling import (
     runs_sharded,
     training_device,
 )
-from grpo_exp.trainer.vllm_engine import check_vllm_installed, check_vllm_sampling
+from grpo_exp.trainer.vllm_engine import check_seeded_sampling, check_vllm_installed, check_vllm_sampling
 from grpo_exp.trainer.zero_variance import check_zero_variance_groups
 
 # grpo_exp's own trainer knobs, read by the trainer from its `args` as TRL reads its own: declared once, in
@@ -138,6 +138,7 @@ def check_trainer(trainer_cfg: DictConfig, processes: int, *, multiturn: bool, p
     )
     if extra.get("use_vllm"):
         check_vllm_sampling(trainer_cfg)
+        check_seeded_sampling(trainer_cfg)
         check_vllm_installed()
     check_fsdp_device(fsdp=bool(parse_flag_from_env("ACCELERATE_USE_FSDP") or extra.get("fsdp")))
     check_zero_variance_groups(trainer_cfg.zero_variance_groups, processes)

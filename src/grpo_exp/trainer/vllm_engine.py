@@ -96,6 +96,24 @@ def check_vllm_sampling(trainer_cfg) -> None:
         )
 
 
+def check_seeded_sampling(trainer_cfg) -> None:
+    """One seed for every request (TRL's generation_kwargs) and a seed for each prompt cannot both hold."""
+    seed = (trainer_cfg.extra.get("generation_kwargs") or {}).get("seed")
+    if seed is not None and trainer_cfg.seeded_sampling and serves(trainer_cfg):
+        raise UserError(
+            f"trainer.extra.generation_kwargs.seed={seed} with trainer.seeded_sampling=true: grpo_exp seeds each "
+            "prompt of the server's requests from trainer.seed already (grpo_exp.rollout.seeded_sampling), and one "
+            "seed for every request gives every prompt of every step the same draws. Leave the seed out, or set "
+            "trainer.seeded_sampling=false to send it"
+        )
+
+
+def serves(trainer_cfg) -> bool:
+    """The run samples from vLLM's server (generation=vllm_server or vllm_async)."""
+    extra = trainer_cfg.extra
+    return bool(extra.get("use_vllm")) and extra.get("vllm_mode", "server") == "server"
+
+
 def prepare_engine_environment(device: str) -> None:
     """vLLM's settings for this machine, before the engine starts (the user's own environment wins)."""
     if device == "cpu":
@@ -109,11 +127,11 @@ def trl_sync_serves(device: str) -> bool:
 
 
 @contextmanager
-def engine_adjusted(device: str, dtype: str, weights_dir: Path, setting: str):
+def engine_adjusted(device: str, dtype: str, weights_dir: Path, setting: str, sampling_seed: int | None = None):
     """Within it, a GRPOTrainer built with use_vllm builds grpo_exp.trainer.vllm_reload's VLLMGeneration: a colocated
     engine in `dtype`, and where TRL's weight sync cannot serve (`device`), the sync through vLLM's reload. TRL builds
     its VLLMGeneration by the module's name for it, which this replaces for the call. `setting`: the run's choice,
-    which its messages name."""
+    which its messages name; `sampling_seed`: a server's prompts each seeded from it (None: vLLM's one generator)."""
     import trl.trainer.grpo_trainer as grpo_trainer
 
     from grpo_exp.trainer.vllm_reload import adjusted_generation
@@ -121,7 +139,13 @@ def engine_adjusted(device: str, dtype: str, weights_dir: Path, setting: str):
     trl_class = grpo_trainer.VLLMGeneration
     reload = not trl_sync_serves(device)
     grpo_trainer.VLLMGeneration = adjusted_generation(
-        trl_class, dtype=dtype, eager=device == "cpu", reload=reload, weights_dir=weights_dir, setting=setting
+        trl_class,
+        dtype=dtype,
+        eager=device == "cpu",
+        reload=reload,
+        weights_dir=weights_dir,
+        setting=setting,
+        sampling_seed=sampling_seed,
     )
     try:
         yield
@@ -142,7 +166,8 @@ def vllm_generation_for(args, model):
     device = training_device(args.use_cpu)
     prepare_engine_environment(device)
     dtype = "bfloat16" if args.bfloat16_generation else str(model.dtype).removeprefix("torch.")
-    with engine_adjusted(device, dtype, Path(args.output_dir) / VLLM_WEIGHTS_DIR, generation_setting(args)):
+    seed = args.seed if args.seeded_sampling else None
+    with engine_adjusted(device, dtype, Path(args.output_dir) / VLLM_WEIGHTS_DIR, generation_setting(args), seed):
         yield
 
 
@@ -162,6 +187,17 @@ def _has_cuda() -> bool:
 
 # Settings that act only given another (grpo_exp.config_rules; checked by grpo_exp.run.inert)
 ONLY_WITH = (
+    OnlyWith(
+        ("trainer.seeded_sampling",),
+        lambda cfg: serves(cfg.trainer),
+        "where vLLM's server samples (generation=vllm_server or vllm_async)",
+        lambda cfg: (
+            "this run samples in its own processes (generation=vllm_colocate)"
+            if cfg.trainer.extra.get("use_vllm")
+            else "this run samples with transformers, seeded by trainer.seed (generation=transformers)"
+        ),
+        "choose generation=vllm_server or generation=vllm_async",
+    ),
     OnlyWith(
         ("trainer.extra.vllm_gpu_memory_utilization", "trainer.extra.vllm_enable_sleep_mode"),
         lambda cfg: _has_cuda(),

@@ -18,6 +18,7 @@ import requests
 from safetensors.torch import save_file
 
 from grpo_exp.errors import UserError
+from grpo_exp.rollout.seeded_sampling import SeededClient
 from grpo_exp.rollout.vllm_turns import served_failure, server_url
 from grpo_exp.trainer.vllm_worker import reload_policy
 
@@ -27,14 +28,29 @@ WEIGHTS_FILE = "model.safetensors"
 
 
 def adjusted_generation(
-    trl_class: type, *, dtype: str, eager: bool, reload: bool, weights_dir: Path, setting: str
+    trl_class: type,
+    *,
+    dtype: str,
+    eager: bool,
+    reload: bool,
+    weights_dir: Path,
+    setting: str,
+    sampling_seed: int | None = None,
 ) -> type:
     """A subclass of TRL's VLLMGeneration (`trl_class`): a colocated engine in `dtype` (`eager`: without
     torch.compile); `reload`: the weight sync through vLLM's reload (TRL's otherwise); `setting`: the run's choice
-    its messages name (generation=vllm_async)."""
+    its messages name (generation=vllm_async); `sampling_seed`: a server's prompts each sampled from a seed of its
+    own drawn from it (grpo_exp.rollout.seeded_sampling; None: vLLM's one generator)."""
 
     class AdjustedVLLMGeneration(trl_class):
+        seed_of_samples = sampling_seed  # grpo_exp.rollout.vllm_turns seeds its own clients with it too
+
         def _init_vllm(self):
+            self._init_engine_or_client()
+            if self.mode == "server" and sampling_seed is not None and hasattr(self, "vllm_client"):
+                self.vllm_client = SeededClient(self.vllm_client, sampling_seed)
+
+        def _init_engine_or_client(self):
             if self.mode == "colocate":
                 with engine_settings(dtype, eager):
                     super()._init_vllm()
