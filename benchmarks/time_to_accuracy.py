@@ -101,9 +101,10 @@ ARMS = {
     # a vLLM server started beforehand (grpo-exp serve; its port among the overrides: trainer.extra.vllm_server_port=
     # N): synchronous, and generating 1 and 2 steps ahead (docs/async.md)
     "vllm_server": ["generation=vllm_server"],
-    # the synchronous run again, seed for seed: the server's sampler is seeded per process, not per request, so which
-    # draw a sequence gets depends on how its scheduler batched the requests; two runs of one seed part after their
-    # first steps, and how far they end apart is the noise an arm's difference from `vllm_server` must stand out of
+    # the synchronous run again, seed for seed: how far two runs of one seed end apart is the noise an arm's difference
+    # from `vllm_server` must stand out of. With trainer.seeded_sampling (the default) each prompt's draws are its
+    # own, and the two should be one run; with trainer.seeded_sampling=false (vLLM's one generator, whose draws depend
+    # on how its scheduler batched the requests) two runs of a seed parted after their first steps
     "vllm_server_again": ["generation=vllm_server"],
     "async1": ["generation=vllm_async"],
     "async2": ["generation=vllm_async", "trainer.max_staleness=2"],
@@ -114,7 +115,7 @@ ARMS = {
 }
 COMMON = ["trainer.save_steps=0", "save_model=false"]
 # The arms whose generation is a vLLM server: each run gets a freshly started one (grpo-exp serve), so that every run
-# starts from the same sampler state
+# starts from the same server state (with trainer.seeded_sampling=false, its sampler's)
 SERVER_GENERATION = {"generation=vllm_server", "generation=vllm_async"}
 SERVED = tuple(arm for arm, settings in ARMS.items() if SERVER_GENERATION & set(settings or []))
 
