@@ -4,11 +4,8 @@ callbacks -> train -> evaluate after -> summary."""
 
 import json
 import logging
-import signal
-import threading
 import time
 import warnings
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -22,15 +19,16 @@ from grpo_exp.rewards.components import graded_components
 from grpo_exp.rollout.native import with_system
 from grpo_exp.run.build import RunParts
 from grpo_exp.run.console import ConsoleView
-from grpo_exp.run.distributed import is_main_process, shared_run_dir, world_size
+from grpo_exp.run.distributed import is_main_process, shared_run_dir
 from grpo_exp.run.evaluation import BeforeTraining, HeldoutEval, OnPolicy
 from grpo_exp.run.health import PolicyHealth
+from grpo_exp.run.interruption import interruptible
 from grpo_exp.run.kept_models import KeptModels, carry_best
 from grpo_exp.run.memory_check import check_run_memory, hand_back_freed_memory
 from grpo_exp.run.probe_first import probe_first
 from grpo_exp.run.report import build_summary, print_summary, write_summary
 from grpo_exp.run.resolve import RunSpec, resolve
-from grpo_exp.run.resume import Attempt, carry_history, is_complete, remove_checkpoints
+from grpo_exp.run.resume import Attempt, carry_history, remove_checkpoints
 from grpo_exp.run.sample_log import SampleLog
 from grpo_exp.run.setup import HELDOUT, TRAINING, load_policy, set_up
 from grpo_exp.run.tracking import MetricsFileCallback, Tracker, run_identity
@@ -356,46 +354,3 @@ def report_finished(attempt: Attempt, run_dir: Path) -> dict:
         log.info("trainer.resume=auto: this run already finished in %s; nothing to train", attempt.run_dir)
         print_summary(summary)
     return summary
-
-
-@contextmanager
-def interruptible(trainer):
-    """Ctrl-C, SIGTERM (Slurm's time limit, preemption) or a crash mid-training: save a resumable checkpoint
-    of the last completed step first, so that trainer.resume=auto continues from there.
-
-    Not under several processes: saving makes collective calls, which a rank that failed alone would make with
-    no partner (a hang, or data paired with another call); it fails at once instead, and the launcher ends the
-    other ranks. trainer.resume=auto continues from the last checkpoint of trainer.save_steps."""
-    previous = signal.getsignal(signal.SIGTERM)
-    in_main_thread = threading.current_thread() is threading.main_thread()
-    if in_main_thread:
-        signal.signal(signal.SIGTERM, signal.default_int_handler)  # raise KeyboardInterrupt instead of dying
-    try:
-        yield
-    except BaseException:
-        if world_size() == 1:
-            save_resumable_checkpoint(trainer)
-        else:
-            log.error(
-                "Training stopped at step %d on rank %d of %d; no checkpoint saved on failure under several "
-                "processes (trainer.resume=auto continues from the last one of trainer.save_steps)",
-                trainer.state.global_step,
-                trainer.accelerator.process_index,
-                world_size(),
-            )
-        raise
-    finally:
-        if in_main_thread:
-            signal.signal(signal.SIGTERM, previous)
-
-
-def save_resumable_checkpoint(trainer) -> None:
-    """Never let this mask the original error (an out-of-memory error may well strike again while saving)."""
-    step = trainer.state.global_step
-    if step == 0 or is_complete(Path(trainer.args.output_dir) / f"checkpoint-{step}"):
-        return
-    try:
-        trainer.save_checkpoint()
-        log.warning("Training stopped at step %d; resumable checkpoint saved in %s", step, trainer.args.output_dir)
-    except Exception as err:  # noqa: BLE001
-        log.warning("Could not save a checkpoint of the interrupted run: %s", err)
