@@ -157,9 +157,10 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 @pytest.mark.e2e
-def test_a_run_stopped_mid_warm_up_continues_from_the_warm_ups_checkpoint(tmp_path):
-    """The user's conversations (prompt-completion): a warm-up checkpoint every step; stopped after the first, the
-    resumed run trains the steps after the last complete one, then GRPO."""
+def test_a_run_stopped_mid_warm_up_continues_from_the_step_it_had_trained(tmp_path):
+    """The user's conversations (prompt-completion): a warm-up checkpoint every 4 steps (warmup.save_steps); stopped
+    by SIGTERM after its sixth step, it saves the step it stopped at too (as GRPO's stage does), and the resumed run
+    trains the steps after it, then GRPO."""
     data = tmp_path / "conversations.jsonl"
     rows = [
         {
@@ -171,22 +172,29 @@ def test_a_run_stopped_mid_warm_up_continues_from_the_warm_ups_checkpoint(tmp_pa
     data.write_text("".join(json.dumps(row) + "\n" for row in rows))
     outputs = tmp_path / "outputs"
     args = [*TINY_RUN, "logger=none", f"outputs_dir={outputs}", "warmup=sft", "warmup.source=dataset",
-            f"warmup.data={data}", "warmup.steps=8", "warmup.save_steps=1", "warmup.batch_size=2"]  # fmt: skip
-    assert interrupted_when(args, lambda: any(outputs.rglob("warmup/checkpoint-*/trainer_state.json"))).returncode
+            f"warmup.data={data}", "warmup.steps=16", "warmup.save_steps=4", "warmup.batch_size=2"]  # fmt: skip
+
+    def losses_logged(run_dir: Path) -> dict[int, float]:
+        metrics = run_dir / "warmup" / "metrics.jsonl"
+        lines = read_jsonl(metrics) if metrics.is_file() else []
+        return {m["step"]: m["loss"] for m in lines if "loss" in m}
+
+    stopped_after = lambda: any(len(losses_logged(d.parent)) >= 6 for d in outputs.rglob(".hydra"))  # noqa: E731
+    assert interrupted_when(args, stopped_after).returncode
     first = only_run_dir(outputs)
     stopped = load_attempt(first)
     assert stopped.warmup_checkpoint is not None and not stopped.warmed_up, "the warm-up ended before the stop"
+    trained = max(losses_logged(first))
+    saved = sorted(int(p.name.split("-")[1]) for p in (first / "warmup").glob("checkpoint-*"))
+    done = int(stopped.warmup_checkpoint.name.split("-")[1])
+    assert 4 in saved and done in (trained, trained + 1) and 6 <= done < 16, (saved, trained)
 
     result = run_cli(*args, "trainer.resume=auto")
     assert result.returncode == 0, result.stderr[-3000:]
     (second,) = [p.parent for p in (outputs / "runs").rglob(".hydra") if p.parent != first]
-    steps = [m["step"] for m in read_jsonl(second / "warmup" / "metrics.jsonl") if "loss" in m]
-    assert steps == list(range(1, 9))  # those up to the checkpoint carried, those after it trained: each once
-    first_losses = {m["step"]: m["loss"] for m in read_jsonl(first / "warmup" / "metrics.jsonl") if "loss" in m}
-    done = int(stopped.warmup_checkpoint.name.split("-")[1])
-    assert 1 <= done < 8 and all(step in first_losses for step in range(1, done + 1))
+    assert sorted(losses_logged(second)) == list(range(1, 17))  # those up to the checkpoint carried, the rest trained
     summary = json.loads((second / "summary.json").read_text())
-    assert summary["warmup_steps"] == 8 and summary["warmup_demonstrations"] == 40 and summary["steps"] == 2
+    assert summary["warmup_steps"] == 16 and summary["warmup_demonstrations"] == 40 and summary["steps"] == 2
 
 
 @pytest.mark.e2e

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from grpo_exp.run.distributed import world_size
 from grpo_exp.run.resume import is_complete
+from grpo_exp.trainer.trl_surface import save_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ def save_resumable_checkpoint(trainer) -> None:
     if step == 0 or is_complete(Path(trainer.args.output_dir) / f"checkpoint-{step}"):
         return
     try:
-        trainer.save_checkpoint()
+        save_checkpoint(trainer)
         log.warning("Training stopped at step %d; resumable checkpoint saved in %s", step, trainer.args.output_dir)
     except Exception as err:  # noqa: BLE001
         log.warning("Could not save a checkpoint of the interrupted run: %s", err)

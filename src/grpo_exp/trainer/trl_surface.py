@@ -16,6 +16,12 @@ from grpo_exp.trainer.mismatch import completion_sequences
 from grpo_exp.trainer.scored_batch import ROW_KEYS, ScoredBatch, aggregated_reward
 
 
+def save_checkpoint(trainer) -> None:
+    """A resumable checkpoint of a transformers Trainer's current step (GRPO's, the warm-up's SFTTrainer): weights,
+    optimiser, scheduler, RNG, trainer state."""
+    trainer._save_checkpoint(trainer.model, trial=None)
+
+
 class TRLSurface:
     def record_metric(self, key: str, value: float) -> None:
         """A scalar for this step: averaged with TRL's own metrics over the logging step, logged alongside them."""
@@ -43,8 +49,7 @@ class TRLSurface:
         }
 
     def save_checkpoint(self) -> None:
-        """A resumable checkpoint of the current step: weights, optimiser, scheduler, RNG, trainer state."""
-        self._save_checkpoint(self.model, trial=None)
+        save_checkpoint(self)
 
     def generate_and_score(self, inputs: list[dict]) -> dict:
         """TRL's generation batch for `inputs` (each prompt's row G times), as the training loop makes it."""

@@ -18,6 +18,7 @@ from trl import SFTConfig, SFTTrainer
 from grpo_exp.run.build import RunParts
 from grpo_exp.run.distributed import is_main_process, wait_for_everyone
 from grpo_exp.run.evaluation import HeldoutEval
+from grpo_exp.run.interruption import interruptible
 from grpo_exp.run.resolve import RunSpec
 from grpo_exp.run.tracking import MetricsFileCallback, Tracker
 from grpo_exp.run.warmup.sources import demonstrations
@@ -85,7 +86,8 @@ def warm_up(
     if resume_from is not None and is_main_process():  # its steps up to the checkpoint, logged by the earlier attempt
         _carry_metrics(attempt.run_dir / WARMUP_DIR / METRICS_FILE, out_dir / METRICS_FILE, resume_from)
     trainer = _sft_trainer(spec, model, tokenizer, shown.dataset, out_dir, tracker)
-    trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    with interruptible(trainer):  # stopped, its last step saved as GRPO's is (warmup.save_steps or not)
+        trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     trainer.save_model(str(out_dir / MODEL_DIR))
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     record = {
