@@ -184,3 +184,27 @@ def test_the_fsdp_config_on_cpu_processes_stops_before_training_with_the_alterna
     # the message, not our stack trace (the launcher prints its own when a process fails)
     assert f'File "{REPO_ROOT / "src"}' not in result.stderr
     assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_a_rank_whose_clock_named_another_run_directory_logs_in_the_shared_one_and_leaves_none_behind(tmp_path):
+    """Ranks started a second apart compose different run directories from the clock: the later one's log goes on
+    in the main process's directory (train.rank1.log, its first lines moved with it) and its own directory goes."""
+    import logging
+
+    from grpo_exp.run.distributed import leave_own_run_dir
+
+    own, shared = tmp_path / "18-27-41", tmp_path / "18-27-40"
+    (own / ".hydra").mkdir(parents=True)
+    (own / ".hydra" / "config.yaml").write_text("{}")
+    shared.mkdir()
+    handler = logging.FileHandler(own / "train.log", mode="w")
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        root.warning("before the broadcast")
+        leave_own_run_dir(own, shared, rank=1)
+        root.warning("after it")
+    finally:
+        root.removeHandler(handler)
+        handler.close()
+    assert not own.exists() and (shared / "train.rank1.log").read_text() == "before the broadcast\nafter it\n"

@@ -34,7 +34,26 @@ def shared_run_dir(run_dir: Path, timeout: timedelta) -> Path:
     PartialState(cpu=not torch.cuda.is_available(), timeout=timeout)
     shared = [str(run_dir)]
     broadcast_object_list(shared, from_process=0)
+    if Path(shared[0]) != run_dir:
+        leave_own_run_dir(run_dir, Path(shared[0]), int(os.environ.get("RANK", "0")))
     return Path(shared[0])
+
+
+def leave_own_run_dir(own: Path, shared: Path, rank: int) -> None:
+    """A rank whose clock named another run directory than the main process's: its log goes on in the shared one
+    (train.rank<N>.log, what it logged so far moved there) and its own directory, which holds nothing of the run
+    but Hydra's record of the job, goes (outputs/runs had a stray directory for each such rank)."""
+    import logging
+    import shutil
+
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == own:
+            handler.close()
+            moved = shared / f"{Path(handler.baseFilename).stem}.rank{rank}.log"
+            shutil.move(handler.baseFilename, moved)
+            handler.baseFilename, handler.mode = str(moved), "a"  # reopened there at the next record
+    if {path.name for path in own.iterdir()} <= {".hydra"}:
+        shutil.rmtree(own)
 
 
 # DeepSpeed's name for its shared-memory all-reduce (deepspeed/ops/op_builder/cpu/comm.py: ShareMemCommBuilder)
