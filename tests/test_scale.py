@@ -181,6 +181,34 @@ def test_a_run_that_would_not_fit_is_refused_before_any_model_loads_naming_what_
     assert check_run_memory(fits, prompts, tokenizer).total_gib < 16
 
 
+def test_a_warm_ups_sft_step_is_a_phase_its_whole_logits_counted_and_bounded_by_its_micro_batch():
+    """TRL's SFTTrainer computes its loss from the whole logits (about 5 float32 copies of rows x length x
+    vocabulary): 8 demonstrations of 1,024 tokens at a 150k vocabulary peak far above the GRPO step; a row at a time,
+    an eighth of those logits, the gradients held across the accumulated rows."""
+    grpo = estimate(shape_of(gradient_checkpointing=True))
+    warm = estimate(shape_of(gradient_checkpointing=True, warmup_rows=8, warmup_tokens=1024))
+    assert warm.peak_phase == "warm-up (SFT)" and warm.total > grpo.total
+    assert warm.parts["logits"] == int(5.25 * 8 * 1024 * 151936 * 4)
+    assert "reference model" not in warm.parts  # GRPO's trainer does not exist yet
+    a_row = {"warmup_rows": 1, "warmup_tokens": 1024, "warmup_accumulates": True}
+    one_row = estimate(shape_of(gradient_checkpointing=True, **a_row))
+    assert 8 * one_row.parts["logits"] == pytest.approx(warm.parts["logits"], rel=1e-6)
+    assert one_row.phases["warm-up (SFT)"] < warm.phases["warm-up (SFT)"] and "gradients" in one_row.parts
+    assert estimate(shape_of()).phases.keys() == grpo.phases.keys()  # no warm-up, no phase
+
+
+def test_a_warm_up_that_would_not_fit_names_its_micro_batch(tmp_path, no_model_loads):
+    data = tmp_path / "conversations.jsonl"
+    data.write_text('{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}\n')
+    checkpointed = ["+trainer.extra.gradient_checkpointing=true", "warmup=sft", "warmup.source=dataset"]
+    settings = ["model=shape", "model.shape=qwen2.5-1.5b", *SEED_SETTINGS, *checkpointed, f"warmup.data={data}"]
+    run = estimate_run(resolved_config(settings), prompt_tokens=100)
+    assert run.estimate.peak_phase == "warm-up (SFT)" and run.shape.warmup_tokens == 1024  # a conversation's most
+    assert "warmup.micro_batch_size=1" in run.remedies(resolved_config(settings).cfg, 40 * GIB)
+    one_row = estimate_run(resolved_config([*settings, "warmup.micro_batch_size=1"]), prompt_tokens=100)
+    assert one_row.shape.warmup_accumulates and one_row.estimate.total < run.estimate.total
+
+
 def test_lora_at_7b_is_what_the_estimate_names_where_full_fine_tuning_cannot_fit(monkeypatch):
     spec = resolved_config(["model=shape", "model.shape=qwen2.5-7b", *SEED_SETTINGS])
     run = estimate_run(spec, prompt_tokens=100)

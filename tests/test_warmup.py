@@ -57,6 +57,10 @@ def test_a_warm_up_batch_that_the_processes_cannot_share_is_refused_naming_it():
 
     with pytest.raises(UserError, match="warmup.batch_size=7 is split over the 2 processes that train: give a mult"):
         resolve(compose_config([*TINY_RUN, "warmup=sft", "warmup.batch_size=7"]), processes=2)
+    match = r"warmup.micro_batch_size=3 does not divide warmup.batch_size=8 \(the 4 of each of the 2 processes\)"
+    with pytest.raises(UserError, match=match):
+        resolve(compose_config([*TINY_RUN, "warmup=sft", "warmup.micro_batch_size=3"]), processes=2)
+    resolve(compose_config([*TINY_RUN, "warmup=sft", "warmup.micro_batch_size=2"]), processes=2)
 
 
 def test_without_a_warm_up_no_warm_up_setting_is_read_and_the_default_is_none():
@@ -239,15 +243,17 @@ def test_the_policys_own_paid_episodes_warm_it_up_under_two_processes_then_grpo_
     tmp_path,
 ):
     """accelerate launch with 2 processes (gloo): the 16 episodes are split between the processes and gathered on
-    both, SFTTrainer shards the kept ones, then GRPO; both stages in the run directory, the summary and TensorBoard."""
+    both, SFTTrainer shards the kept ones (each process's 2 a row at a time: warmup.micro_batch_size=1), then GRPO;
+    both stages in the run directory, the summary and TensorBoard."""
     from grpo_exp.paths import REPO_ROOT
     from tests.helpers.cli import accelerate_launch
 
     outputs = tmp_path / "outputs"
     result = accelerate_launch(
         *TINY_RUN, "reward=math+length", "logger=tensorboard", f"outputs_dir={outputs}", "warmup=sft",
-        "warmup.steps=2", "warmup.batch_size=4", "warmup.prompts=8", "warmup.samples_per_prompt=2",
-        "warmup.min_reward=0.05", "dataset.eval_size=5", accelerate_config=REPO_ROOT / "accelerate_configs/ddp.yaml",
+        "warmup.steps=2", "warmup.batch_size=4", "warmup.micro_batch_size=1", "warmup.prompts=8",
+        "warmup.samples_per_prompt=2", "warmup.min_reward=0.05", "dataset.eval_size=5",
+        accelerate_config=REPO_ROOT / "accelerate_configs/ddp.yaml",
     )  # fmt: skip
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     run_dir = only_run_dir(outputs)

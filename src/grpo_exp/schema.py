@@ -683,6 +683,10 @@ class WarmupSchema:
     steps: int = knob(20, ge=1)
     learning_rate: float = knob(1e-5, gt=0.0)
     batch_size: int = knob(8, ge=1)  # demonstrations per step, across all processes
+    # demonstrations a process's forward takes at once, its share of batch_size accumulated over as many (null: its
+    # whole share). TRL's SFT loss holds about 5 float32 copies of these rows' logits (rows x length x vocabulary):
+    # 1 keeps the warm-up's peak to one row's at a 150k vocabulary (grpo_exp.run.memory_estimate)
+    micro_batch_size: int | None = knob(None, ge=1)
     save_steps: int = knob(0, ge=0)  # a resumable warm-up checkpoint every N steps (0: none but the warmed model)
     # source=dataset: a JSONL file or a `datasets` dataset (hub id or directory) of conversations in TRL's formats:
     # `messages` (every token trained), or `prompt` and `completion` (the completion's tokens trained)

@@ -171,7 +171,14 @@ def estimate_run(spec, prompt_tokens: int | None = None) -> MemoryEstimate:
         copies["reference model"] = parameters * compute_bytes
     for name, frozen in frozen_models(spec):
         copies[name] = parameter_count(model_config(frozen, cfg.cache_dir)) * _bytes(torch_dtype(frozen.dtype))
+    from grpo_exp.run.warmup.rules import warmup_rows_and_tokens
+
+    warmup_rows, warmup_tokens = warmup_rows_and_tokens(cfg, spec.processes, prompt_tokens + t.max_completion_length)
+    share = cfg.warmup.batch_size // spec.processes
     settings = {
+        "warmup_rows": warmup_rows,
+        "warmup_tokens": warmup_tokens,
+        "warmup_accumulates": bool(warmup_rows) and warmup_rows < share,
         "weight_bytes": weight_bytes,
         "compute_bytes": compute_bytes,
         "rows": max(t.prompts_per_step * t.num_generations // spec.processes, 1),
@@ -221,6 +228,8 @@ class RunEstimate:
                 changes.append(("model.lora.enabled=true model.dtype=bfloat16", lora | BFLOAT16))
         if shape.copies.get("sampling copy"):
             changes.append(("generation=vllm_server", {"copies": {}, "generates": False}))
+        if shape.warmup_rows > 1:  # the warm-up's SFT logits, a row at a time
+            changes.append(("warmup.micro_batch_size=1", {"warmup_rows": 1, "warmup_accumulates": True}))
         found = [overrides for overrides, change in changes if fits(replace(shape, **change))]
         group = next((g for g in range(t.num_generations - 1, 1, -1) if fits(self._with_group(g, t))), None)
         if group:
@@ -245,7 +254,9 @@ class RunEstimate:
         return replace(self.shape, rows=rows, packed_group=group if self.shape.packed_group else 0)
 
     def _with_length(self, length: int) -> RunShape:
-        return replace(self.shape, tokens=self.prompt_tokens + length)
+        played = self.shape.warmup_tokens == self.shape.tokens  # a played episode is as long as a completion
+        tokens = self.prompt_tokens + length
+        return replace(self.shape, tokens=tokens, warmup_tokens=tokens if played else self.shape.warmup_tokens)
 
 
 BFLOAT16 = {"weight_bytes": 2, "compute_bytes": 2}

@@ -12,7 +12,7 @@ and the gradients).
 Pure functions of a RunShape; grpo_exp.run.memory_check reads a run's shape from its config and checks it.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from transformers import PretrainedConfig
 
@@ -34,6 +34,10 @@ OUTSIDE_LAYERS = 2
 # float32 buffers at once (measured alone: 3.15 GB for a 2,864-token tile, 8.4 buffers; docs/scale.md).
 HEAD_TILE_BUFFERS = 8
 HEAD_VOCABULARY_CHUNK = 32768  # TRL's _CHUNKED_LOGPROB_CHUNK_SIZE
+# TRL's SFTTrainer (the warm-up, warmup=sft) computes its loss from the whole logits: its step's peak held 5.25
+# float32 copies of rows x length x vocabulary beyond the model's state (measured with the tiny model's 49,152-token
+# vocabulary, 8 x 256 and 4 x 512 tokens alike, docs/scale.md)
+SFT_LOGIT_COPIES = 5.25
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,11 @@ class RunShape:
     copies: dict[str, int] = field(default_factory=dict)  # grpo_exp's copies of the weights, by setting, in bytes
     on_gpu: bool = False
     generates: bool = True  # the process generates (not a vLLM server elsewhere): it holds the KV cache
+    # the warm-up stage before GRPO (warmup=sft): the rows a process's SFT forward takes at once (0: no warm-up), their
+    # length, and whether its batch is accumulated over several (the gradients held across them)
+    warmup_rows: int = 0
+    warmup_tokens: int = 0
+    warmup_accumulates: bool = False
 
 
 @dataclass(frozen=True)
@@ -107,8 +116,24 @@ def lm_head_bytes(shape: RunShape) -> int:
     return HEAD_TILE_BUFFERS * tile_tokens * min(shape.vocab_size, HEAD_VOCABULARY_CHUNK) * 4
 
 
+def warmup_phase(shape: RunShape, always: dict[str, int]) -> dict[str, int]:
+    """The warm-up's SFT step (TRL's SFTTrainer on the policy, its own AdamW): the loss's whole logits and the
+    activations of its rows, with the gradients where it accumulates them over micro-batches (else the larger of
+    those and the gradients alone, as in the GRPO step's backward)."""
+    unpacked = replace(shape, rows=shape.warmup_rows, tokens=shape.warmup_tokens, packed_group=0)
+    forward = {
+        "activations": activation_bytes(unpacked),
+        "logits": int(SFT_LOGIT_COPIES * shape.warmup_rows * shape.warmup_tokens * shape.vocab_size * 4),
+    }
+    gradients = shape.trainable * 4
+    if shape.warmup_accumulates:
+        return always | forward | {"gradients": gradients}
+    return always | (forward if sum(forward.values()) >= gradients else {"gradients": gradients})
+
+
 def estimate(shape: RunShape) -> MemoryEstimate:
-    """The peak of a training step, by phase (a pure function of the run's shape)."""
+    """The peak of a training step, by phase (a pure function of the run's shape); with a warm-up (warmup=sft), its
+    SFT step is a phase too."""
     runtime = 0 if shape.on_gpu else RUNTIME_BYTES_CPU
     weights = shape.parameters * shape.weight_bytes
     moments = 2 * shape.trainable * 4  # AdamW's, float32
@@ -134,6 +159,11 @@ def estimate(shape: RunShape) -> MemoryEstimate:
         "end of the backward": sum(backward_end.values()),
     }
     parts = {"generation": generation, "loss forward and backward": backward_start, "end of the backward": backward_end}
+    if shape.warmup_rows:
+        # before GRPO's trainer exists: no reference model nor sampling copy yet; the frozen scorers are loaded
+        before_grpo = {k: v for k, v in always.items() if k not in ("reference model",)}
+        parts["warm-up (SFT)"] = warmup_phase(shape, before_grpo)
+        phases["warm-up (SFT)"] = sum(parts["warm-up (SFT)"].values())
     peak = max(phases, key=phases.get)
     return MemoryEstimate(phases, {k: v for k, v in parts[peak].items() if v})
 
@@ -156,7 +186,7 @@ def _kv_size(config: PretrainedConfig) -> int:
 def run_shape(config: PretrainedConfig, parameters: int, settings: dict) -> RunShape:
     """The run's shape from the model's config and `settings`: weight_bytes, compute_bytes, rows, tokens,
     prompt_tokens, packed_group, lora_r (None: full fine-tuning), gradient_checkpointing, head_tile_tokens, copies,
-    on_gpu, generates."""
+    on_gpu, generates, warmup_rows, warmup_tokens, warmup_accumulates."""
     lora_r = settings.get("lora_r")
     trainable = parameters if lora_r is None else lora_parameters(config, lora_r)
     return RunShape(
@@ -178,6 +208,9 @@ def run_shape(config: PretrainedConfig, parameters: int, settings: dict) -> RunS
         copies=settings.get("copies", {}),
         on_gpu=settings.get("on_gpu", False),
         generates=settings.get("generates", True),
+        warmup_rows=settings.get("warmup_rows", 0),
+        warmup_tokens=settings.get("warmup_tokens", 0),
+        warmup_accumulates=settings.get("warmup_accumulates", False),
     )
 
 

@@ -11,6 +11,19 @@ from grpo_exp.run.warmup.expert import load_expert
 from grpo_exp.schema import WarmupSource
 
 PLAYED = (WarmupSource.policy, WarmupSource.expert)
+# A user's conversation is cut at this many tokens (TRL's SFT truncation); played episodes are not cut (each is at most
+# the prompt and trainer.max_completion_length)
+DATA_MAX_LENGTH = 1024
+
+
+def warmup_rows_and_tokens(cfg: DictConfig, processes: int, played_tokens: int) -> tuple[int, int]:
+    """What a process's warm-up forward takes at once: its rows (warmup.micro_batch_size, else its share of
+    warmup.batch_size; 0 without a warm-up) and their length, at most (`played_tokens`: an episode's)."""
+    warmup = cfg.warmup
+    if warmup.source is WarmupSource.none:
+        return 0, 0
+    rows = warmup.micro_batch_size or max(warmup.batch_size // processes, 1)
+    return rows, played_tokens if warmup.source in PLAYED else DATA_MAX_LENGTH
 
 
 def check_warmup(cfg: DictConfig, native_tool_calling: bool, processes: int) -> None:
@@ -23,6 +36,13 @@ def check_warmup(cfg: DictConfig, native_tool_calling: bool, processes: int) -> 
         raise UserError(
             f"warmup.batch_size={warmup.batch_size} is split over the {processes} processes that train: give a "
             f"multiple of {processes}"
+        )
+    share, micro = warmup.batch_size // processes, warmup.micro_batch_size
+    if micro is not None and share % micro:
+        each = f"the {share} of each of the {processes} processes" if processes > 1 else f"its {share}"
+        raise UserError(
+            f"warmup.micro_batch_size={micro} does not divide warmup.batch_size={warmup.batch_size} ({each}): give "
+            f"a divisor of {share}"
         )
     if cfg.model.lora.enabled:
         raise UserError(

@@ -21,6 +21,7 @@ from grpo_exp.run.evaluation import HeldoutEval
 from grpo_exp.run.interruption import interruptible
 from grpo_exp.run.resolve import RunSpec
 from grpo_exp.run.tracking import MetricsFileCallback, Tracker
+from grpo_exp.run.warmup.rules import DATA_MAX_LENGTH
 from grpo_exp.run.warmup.sources import demonstrations
 from grpo_exp.run.warmup.weights import load_weights
 from grpo_exp.run_files import METRICS_FILE, WARMUP_DIR, WARMUP_SUMMARY, read_json, read_jsonl
@@ -133,12 +134,16 @@ def _sft_trainer(spec: RunSpec, model, tokenizer, dataset, out_dir: Path, tracke
     """TRL's SFTTrainer on the warm-up's settings and the run's own (seed, precision, device, trackers)."""
     warmup, grpo = spec.cfg.warmup, spec.args
     played = warmup.source is not WarmupSource.dataset
+    share = warmup.batch_size // spec.processes
+    micro = warmup.micro_batch_size or share
     args = SFTConfig(
         output_dir=str(out_dir),
         max_steps=warmup.steps,
         learning_rate=warmup.learning_rate,
         lr_scheduler_type="constant",
-        per_device_train_batch_size=warmup.batch_size // spec.processes,  # a multiple (grpo_exp.run.warmup.rules)
+        # a process's share, micro_batch_size rows at a time (each a divisor: grpo_exp.run.warmup.rules)
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=share // micro,
         logging_steps=1,
         save_strategy="steps" if warmup.save_steps else "no",
         save_steps=warmup.save_steps or 500,
@@ -151,7 +156,7 @@ def _sft_trainer(spec: RunSpec, model, tokenizer, dataset, out_dir: Path, tracke
         # played episodes come tokenised, the player's tokens marked (completion_mask); the user's conversations
         # are TRL's to read (prompt-completion: the completion trained; messages: every token)
         completion_only_loss=True if played else None,
-        max_length=None if played else 1024,
+        max_length=None if played else DATA_MAX_LENGTH,
     )
     trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
     trainer.remove_callback(PrinterCallback)
