@@ -26,11 +26,12 @@ class RecordingClient:
         with self.lock:
             self.requests.append((prompts, dict(generation_kwargs or {}), {"n": n, **params}))
         seed = (generation_kwargs or {}).get("seed")
+        asked = params.get("logprobs") is not None  # TRL's client answers None for them otherwise
         return {
             "prompt_ids": [list(p) for p in prompts],
             "completion_ids": [[seed + i] for p in prompts for i in range(n)],
-            "logprobs": [[-1.0] for p in prompts for i in range(n)],
-            "logprob_token_ids": [[[0]] for p in prompts for i in range(n)],
+            "logprobs": [[-1.0] for p in prompts for i in range(n)] if asked else None,
+            "logprob_token_ids": [[[0]] for p in prompts for i in range(n)] if asked else None,
         }
 
 
@@ -38,18 +39,19 @@ def test_each_prompt_is_a_request_of_its_own_seeded_by_the_run_the_prompt_and_it
     client = RecordingClient()
     seeded = SeededClient(client, run_seed=42)
     prompts = [[1, 2, 3], [4, 5], [1, 2, 3]]
-    answer = seeded.generate(prompts=prompts, n=2, temperature=1.0, generation_kwargs={"stop": ["x"]})
+    answer = seeded.generate(prompts=prompts, n=2, temperature=1.0, logprobs=0, generation_kwargs={"stop": ["x"]})
     assert sorted(map(str, (r[0] for r in client.requests))) == sorted(map(str, ([p] for p in prompts)))
-    assert all(r[1]["stop"] == ["x"] and r[2] == {"n": 2, "temperature": 1.0} for r in client.requests)
+    assert all(r[1]["stop"] == ["x"] and r[2] == {"n": 2, "temperature": 1.0, "logprobs": 0} for r in client.requests)
     expected = [prompt_seed(42, [1, 2, 3], 0), prompt_seed(42, [4, 5], 0), prompt_seed(42, [1, 2, 3], 1)]
     # answered in the prompts' order, each prompt's n completions together
     assert answer["prompt_ids"] == prompts
     assert answer["completion_ids"] == [[s + i] for s in expected for i in range(2)]
     assert len(answer["logprobs"]) == len(answer["logprob_token_ids"]) == 6
     assert len(set(expected)) == 3  # a prompt sent again is drawn afresh
-    # the next request of the same prompt is its third occurrence
-    again = seeded.generate(prompts=[[1, 2, 3]], n=1)
-    assert again["completion_ids"] == [[prompt_seed(42, [1, 2, 3], 2)]]
+    # the next request of the same prompt is its third occurrence; without log-probabilities asked, none answered
+    again = seeded.generate(prompts=[[1, 2, 3], [4, 5]], n=1, logprobs=None)
+    assert again["completion_ids"] == [[prompt_seed(42, [1, 2, 3], 2)], [prompt_seed(42, [4, 5], 1)]]
+    assert again["logprobs"] is None and again["logprob_token_ids"] is None
 
 
 def test_the_seeds_are_the_same_in_another_run_of_the_seed_and_differ_with_the_seed():

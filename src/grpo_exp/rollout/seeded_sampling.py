@@ -61,4 +61,9 @@ class SeededClient:
         else:
             with ThreadPoolExecutor(max_workers=max(1, min(MOST_REQUESTS_AT_ONCE, len(prompts)))) as pool:
                 answers = list(pool.map(one, range(len(prompts))))
-        return {key: [item for answer in answers for item in answer[key]] for key in answers[0]} if answers else {}
+        return {key: joined([answer[key] for answer in answers]) for key in answers[0]} if answers else {}
+
+
+def joined(parts: list[list | None]) -> list | None:
+    """The answers' lists of one key end to end; None where the client left it out (log-probabilities not asked)."""
+    return None if all(part is None for part in parts) else [item for part in parts for item in part]
