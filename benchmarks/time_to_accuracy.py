@@ -102,7 +102,7 @@ ARMS = {
     # N): synchronous, and generating 1 and 2 steps ahead (docs/async.md)
     "vllm_server": ["generation=vllm_server"],
     # the synchronous run again, seed for seed: how far two runs of one seed end apart is the noise an arm's difference
-    # from `vllm_server` must stand out of. With trainer.seeded_sampling (the default) each prompt's draws are its
+    # from `vllm_server` must stand out of. With trainer.seeded_sampling=true each prompt's draws are its
     # own, and the two should be one run; with trainer.seeded_sampling=false (vLLM's one generator, whose draws depend
     # on how its scheduler batched the requests) two runs of a seed parted after their first steps
     "vllm_server_again": ["generation=vllm_server"],

@@ -80,7 +80,9 @@ SERVER = ["generation=vllm_server"]
 
 
 def test_a_seed_for_every_request_is_refused_with_seeded_sampling_naming_both_keys():
-    cfg = compose_config([*TINY_RUN, *SERVER, "+trainer.extra.generation_kwargs={seed:1234}"])
+    cfg = compose_config(
+        [*TINY_RUN, *SERVER, "trainer.seeded_sampling=true", "+trainer.extra.generation_kwargs={seed:1234}"]
+    )
     with pytest.raises(UserError, match=r"trainer.extra.generation_kwargs.seed=1234 with trainer.seeded_sampling"):
         check_trainer(cfg.trainer, 1, multiturn=False, policy_dtype=torch.float32)
     cfg = compose_config([*TINY_RUN, *SERVER, "+trainer.extra.generation_kwargs={seed:1234}"])
@@ -95,7 +97,7 @@ def test_a_seed_for_every_request_is_refused_with_seeded_sampling_naming_both_ke
     [("transformers", "generation=transformers"), ("vllm_colocate", "generation=vllm_colocate")],
 )
 def test_seeded_sampling_given_where_no_server_samples_is_refused(generation, named):
-    cfg = compose_config([*TINY_RUN, f"generation={generation}", "trainer.seeded_sampling=false"])
-    with pytest.raises(UserError, match=rf"trainer.seeded_sampling=false is read only where vLLM's server.*{named}"):
+    cfg = compose_config([*TINY_RUN, f"generation={generation}", "trainer.seeded_sampling=true"])
+    with pytest.raises(UserError, match=rf"trainer.seeded_sampling=true is read only where vLLM's server.*{named}"):
         check_only_with(cfg)
-    check_only_with(compose_config([*TINY_RUN, "generation=vllm_async", "trainer.seeded_sampling=false"]))
+    check_only_with(compose_config([*TINY_RUN, "generation=vllm_async", "trainer.seeded_sampling=true"]))

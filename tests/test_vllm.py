@@ -400,7 +400,7 @@ def servable_tiny_dir(cache_dir: Path) -> str:
 def steps_against(tmp_path, name: str, port: int, *overrides: str) -> tuple[list, dict]:
     """`python -m grpo_exp.train <overrides>` (SERVABLE_TINY) for 3 steps against the `grpo-exp serve` on `port`,
     every group of every step in samples.jsonl: (the samples, TRL's metrics by step). Each prompt is sampled from a
-    seed of its own (trainer.seeded_sampling, the default): without one, vLLM draws from one generator for all the
+    seed of its own (trainer.seeded_sampling=true): without one, vLLM draws from one generator for all the
     sequences it is decoding, so which draw a row gets depends on how its scheduler happened to batch the requests,
     and two runs' second steps differed so (the same weights, on-policy to 1e-5). And without TRL's
     importance-sampling correction: vLLM's log-probabilities of the same tokens moved by 1e-4 between two runs' first
@@ -412,6 +412,7 @@ def steps_against(tmp_path, name: str, port: int, *overrides: str) -> tuple[list
     run_dir = tmp_path / name
     result = run_cli(
         *SERVABLE_TINY, *overrides, f"trainer.extra.vllm_server_port={port}", "trainer.mismatch_correction=none",
+        "trainer.seeded_sampling=true",
         *MOVING, "trainer.max_steps=3", "trainer.num_generations=4", "trainer.prompts_per_step=2",
         "stats.table_every=1", "stats.table_groups=2", "eval.before=false", "eval.after=false",
         "probe.labels_check=off", "save_model=false", "trainer.save_steps=0", "logger=none",
