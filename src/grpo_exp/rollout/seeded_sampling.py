@@ -18,10 +18,14 @@ SEED_SPACE = 2**31 - 2**16
 MOST_REQUESTS_AT_ONCE = 64  # TRL's own client sends as many at once (its multimodal path)
 
 
+def prompt_text(prompt: list[int] | str) -> str:
+    """A prompt (token ids or text) as one string: its identity for seeding and counting."""
+    return prompt if isinstance(prompt, str) else ",".join(map(str, prompt))
+
+
 def prompt_seed(run_seed: int, prompt: list[int] | str, occurrence: int) -> int:
     """The seed of the `occurrence`-th request (from 0) of `prompt` (token ids or text) in a run seeded `run_seed`."""
-    text = prompt if isinstance(prompt, str) else ",".join(map(str, prompt))
-    digest = hashlib.sha256(f"{run_seed}|{occurrence}|{text}".encode()).digest()
+    digest = hashlib.sha256(f"{run_seed}|{occurrence}|{prompt_text(prompt)}".encode()).digest()
     return int.from_bytes(digest[:8], "big") % SEED_SPACE
 
 
@@ -43,7 +47,7 @@ class SeededClient:
         seeds = []
         with self.counting:
             for prompt in prompts:
-                key = prompt if isinstance(prompt, str) else ",".join(map(str, prompt))
+                key = prompt_text(prompt)
                 occurrence = self.sent.get(key, 0)
                 self.sent[key] = occurrence + 1
                 seeds.append(prompt_seed(self.run_seed, prompt, occurrence))
