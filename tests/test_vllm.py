@@ -153,7 +153,7 @@ def test_evaluate_answers_through_vllm_as_generate_does(tmp_path):
     assert len(answers["vllm"]) == 8 and answers["vllm"] == answers["transformers"]
 
 
-# ---- one server for the rest ---------------------------------------------------------------------------------------
+# ---- the servers for the rest: the embedded model, and a tiny model for checks that hold for any weights --------
 
 
 @pytest.fixture(scope="module")
@@ -170,11 +170,38 @@ def embedded():
     return load_model(cfg.model, tokenizer, cfg.cache_dir, seed=0).eval(), tokenizer
 
 
+# The tiny model with heads vLLM's CPU attention serves (32 dimensions; the tiny model's own are 16): where what a test
+# checks holds for any weights, its runs take a fraction of the embedded model's steps.
+SERVABLE_TINY = [*TINY_RUN, "model.architecture.num_attention_heads=2", "model.architecture.num_key_value_heads=1"]
+
+
+def servable_tiny_dir(cache_dir: Path) -> str:
+    """SERVABLE_TINY's model saved with its tokenizer, for `grpo-exp serve --model <dir>` (its weights are the
+    trainer's after the first sync: TRL syncs the server before the first batch)."""
+    from grpo_exp.models import load_tokenizer, materialise_tiny
+
+    cfg = compose_config(SERVABLE_TINY)
+    return str(materialise_tiny(cfg.model, load_tokenizer(cfg.model, cfg.cache_dir), str(cache_dir), seed=0))
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tmp_path_factory):
+    """`grpo-exp serve` on SERVABLE_TINY's model, once for this module: the port of a server for the tests whose
+    checks hold for any weights (a run's pipeline, its staleness and resume, its collective calls). Each run syncs its
+    own weights before its first batch."""
+    from support.servers import free_port, vllm_server
+
+    port = free_port()
+    with vllm_server(port, model=servable_tiny_dir(tmp_path_factory.mktemp("servable_tiny"))):
+        yield port
+
+
 @pytest.mark.e2e
-def test_server_trains_the_embedded_model_reloading_the_weights_the_trainer_writes(server, tmp_path):
-    port = server.rsplit(":", 1)[1]
+def test_server_trains_reloading_the_weights_the_trainer_writes(tiny_server, tmp_path):
+    """generation=vllm_server: the server answers from the weights the trainer writes each step (its tied head
+    processed again, as the embedded model's is: the reload test below), and evaluates before and after."""
     run_dir, summary, steps = trained_through_vllm(
-        tmp_path, "generation=vllm_server", f"trainer.extra.vllm_server_port={port}", "trainer.max_steps=2"
+        tmp_path, *SERVABLE_TINY, "generation=vllm_server", f"trainer.extra.vllm_server_port={tiny_server}"
     )
     assert summary["steps"] == 2 and summary["heldout_accuracy_before"] is not None
     assert (run_dir / "trainer" / "vllm_weights" / "model.safetensors").is_file()  # what the server reloaded from
@@ -383,32 +410,6 @@ def test_multi_turn_rollouts_are_played_ahead_under_two_processes_their_stalenes
     assert all(m["async/dropped_total"] == 0 and m["async/regenerated_total"] == 0 for m in steps.values())
     assert all(m["rollout/turns_mean"] >= 1 for m in steps.values())  # trajectories, played by grpo_exp's loop
     assert steps[1][ESS] > 0.999 and steps[3][ESS] < steps[1][ESS], steps
-
-
-# The tiny model with heads vLLM's CPU attention serves (32 dimensions; the tiny model's own are 16): where what a test
-# checks holds for any weights, its runs take a fraction of the embedded model's steps.
-SERVABLE_TINY = [*TINY_RUN, "model.architecture.num_attention_heads=2", "model.architecture.num_key_value_heads=1"]
-
-
-def servable_tiny_dir(cache_dir: Path) -> str:
-    """SERVABLE_TINY's model saved with its tokenizer, for `grpo-exp serve --model <dir>` (its weights are the
-    trainer's after the first sync: TRL syncs the server before the first batch)."""
-    from grpo_exp.models import load_tokenizer, materialise_tiny
-
-    cfg = compose_config(SERVABLE_TINY)
-    return str(materialise_tiny(cfg.model, load_tokenizer(cfg.model, cfg.cache_dir), str(cache_dir), seed=0))
-
-
-@pytest.fixture(scope="module")
-def tiny_server(tmp_path_factory):
-    """`grpo-exp serve` on SERVABLE_TINY's model, once for this module: the port of a server for the tests whose
-    checks hold for any weights (a run's pipeline, its staleness and resume, its collective calls). Each run syncs its
-    own weights before its first batch."""
-    from support.servers import free_port, vllm_server
-
-    port = free_port()
-    with vllm_server(port, model=servable_tiny_dir(tmp_path_factory.mktemp("servable_tiny"))):
-        yield port
 
 
 def steps_against(tmp_path, name: str, port: int, *overrides: str) -> tuple[list, dict]:
