@@ -33,8 +33,12 @@ def serve_command(model: str, host: str, port: int, dtype: str, cuda: bool, extr
     command += ["--worker-extension-cls", WORKER_EXTENSION]
     if cuda:  # TRL's own weight sync, over NCCL
         command += ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
-    else:  # torch.compile's warm-up took over 4 minutes on 2 busy cores here, eager starts in under one
-        command += ["--enforce-eager"]
+    else:
+        # torch.compile's warm-up took over 4 minutes on 2 busy cores here, eager starts in under one. And no chunked
+        # prefill: where a seeded request's prefill is cut in chunks, vLLM rewinds its generator with set_offset,
+        # which a CPU generator lacks, and the engine dies ("CPU Generator does not use offset"; seeded sampling
+        # under load). A `--enable-chunked-prefill` in `extra` comes later and wins.
+        command += ["--enforce-eager", "--no-enable-chunked-prefill"]
     return command + extra
 
 
