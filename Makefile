@@ -112,6 +112,7 @@ bench: install-dev  ## benchmarks (ratios side by side in one run; ~4 h: time to
 	$(PY) -m benchmarks.decode
 	$(PY) -m benchmarks.vllm
 	$(PY) -m benchmarks.async_generation
+	$(PY) -m benchmarks.sampling_law
 	$(PY) -m benchmarks.heldout_eval
 	$(PY) -m benchmarks.time_to_accuracy
 	$(PY) -m benchmarks.time_to_accuracy --seeds 42 43 44 45 46 --arms vllm_server vllm_server_again async1 async2 \

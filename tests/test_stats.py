@@ -198,3 +198,22 @@ def test_a_repeat_without_the_arm_it_repeats_is_refused_naming_both_flags(capsys
         main(["--arms", "vllm_server", "vllm_server_again", "--repeat", "vllm_server_again"])
     assert stopped.value.code == 2
     assert "--repeat vllm_server_again: give --paired ARM too" in capsys.readouterr().err
+
+
+def test_the_sampling_law_check_passes_draws_of_the_law_and_flags_a_sampler_that_never_draws_the_tail():
+    """benchmarks.sampling_law's count by bands: draws of the distribution itself match it; draws from the same
+    distribution with every token below 1e-7 left out (vLLM's float32 race) show that band short."""
+    import numpy as np
+
+    from benchmarks.sampling_law import law_check
+
+    rng = np.random.default_rng(0)
+    p = 1.0 / np.arange(1, 50_001) ** 2  # a long tail: the last ~47,000 tokens below 1e-7
+    p /= p.sum()
+    exact = law_check(rng.multinomial(2_000_000, p).astype(float), p)
+    assert exact["p"] > 1e-3 and all(abs(band["z"]) < 4 for band in exact["bands"])
+    truncated = np.where(p < 1e-7, 0.0, p)
+    short = law_check(rng.multinomial(2_000_000, truncated / truncated.sum()).astype(float), p)
+    tail = short["bands"][-1]
+    assert tail["band"] == "p in [0, 1e-07)" and tail["observed"] == 0 and tail["z"] < -10
+    assert short["p"] < 1e-10
