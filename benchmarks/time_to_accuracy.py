@@ -106,6 +106,10 @@ ARMS = {
     # own, and the two should be one run; with trainer.seeded_sampling=false (vLLM's one generator, whose draws depend
     # on how its scheduler batched the requests) two runs of a seed parted after their first steps
     "vllm_server_again": ["generation=vllm_server"],
+    # the synchronous run against a server whose sampler draws its exponential noise in float64 (vLLM's
+    # --use-fp64-gumbel, SERVER_ARGS): the float32 noise of its default sampler never draws the vocabulary's least
+    # likely tokens (BENCHMARKS.md, vLLM's sampling law)
+    "vllm_server_fp64": ["generation=vllm_server"],
     "async1": ["generation=vllm_async"],
     "async2": ["generation=vllm_async", "trainer.max_staleness=2"],
     # staleness 1 under the token-level corrections in place of TRL's default (sequence_mask): where the gap to
@@ -118,6 +122,7 @@ COMMON = ["trainer.save_steps=0", "save_model=false"]
 # starts from the same server state (with trainer.seeded_sampling=false, its sampler's)
 SERVER_GENERATION = {"generation=vllm_server", "generation=vllm_async"}
 SERVED = tuple(arm for arm, settings in ARMS.items() if SERVER_GENERATION & set(settings or []))
+SERVER_ARGS = {"vllm_server_fp64": ("--use-fp64-gumbel",)}  # vLLM's own options for an arm's server
 
 
 def run_trl(seed: int, overrides: list[str]) -> dict:
@@ -148,14 +153,17 @@ def run_trl(seed: int, overrides: list[str]) -> dict:
     return {"train_seconds": seconds, "accuracy_after": result.accuracy}
 
 
-def run_grpo_exp(seed: int, settings: list[str], overrides: list[str], every: int = 0, served: bool = False) -> dict:
-    """The grpo_exp job (against a vLLM server started for it where `served`): its training time, held-out accuracy
-    before and after, and each held-out problem's verdict after (1, 0, None: undecided) for paired comparisons."""
-    if served:
+def run_grpo_exp(
+    seed: int, settings: list[str], overrides: list[str], every: int = 0, served: tuple[str, ...] | None = None
+) -> dict:
+    """The grpo_exp job (against a vLLM server started for it with vLLM's options `served`, where given): its
+    training time, held-out accuracy before and after, and each held-out problem's verdict after (1, 0, None:
+    undecided) for paired comparisons."""
+    if served is not None:
         from support.servers import free_port, vllm_server
 
         port = free_port()
-        with vllm_server(port):
+        with vllm_server(port, vllm_args=served):
             return run_grpo_exp(seed, [*settings, f"trainer.extra.vllm_server_port={port}"], overrides, every)
     from grpo_exp.run_files import eval_file
 
@@ -209,7 +217,8 @@ def time_to(target: float, points: list[list[float]]) -> tuple[int, float] | Non
 
 def run_arm(arm: str, seed: int, overrides: list[str], every: int = 0) -> dict:
     if ARMS[arm] is not None:
-        return run_grpo_exp(seed, ARMS[arm], overrides, every, served=arm in SERVED)
+        served = SERVER_ARGS.get(arm, ()) if arm in SERVED else None
+        return run_grpo_exp(seed, ARMS[arm], overrides, every, served)
     with tempfile.TemporaryDirectory() as tmp:  # bare TRL in its own process, as the grpo_exp job is
         out = Path(tmp) / "result.json"
         command = [sys.executable, "-m", "benchmarks.time_to_accuracy", "--trl-worker", str(seed), str(out), *overrides]

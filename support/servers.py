@@ -104,11 +104,12 @@ def vllm_server(
     prefix: tuple[str, ...] = (),
     env: dict | None = None,
     model: str = "smollm2_135m",
+    vllm_args: tuple[str, ...] = (),
 ):
     """`grpo-exp serve` (vLLM's OpenAI-compatible server, the embedded model as `smollm2_135m`), until it answers;
     `prefix`: a command it runs under (taskset -c 1), `env`: its environment, `model`: what `grpo-exp serve --model`
-    takes (a model option, a directory)."""
-    with vllm_servers([port], timeout, prefix, env, model) as (process,):
+    takes (a model option, a directory), `vllm_args`: vLLM's own options (after serve's `--`)."""
+    with vllm_servers([port], timeout, prefix, env, model, vllm_args) as (process,):
         yield process
 
 
@@ -119,13 +120,15 @@ def vllm_servers(
     prefix: tuple[str, ...] = (),
     env: dict | None = None,
     model: str = "smollm2_135m",
+    vllm_args: tuple[str, ...] = (),
 ):
     """vllm_server on each of `ports`, started together: their start-ups (about 45 s each on 2 cores, much of it
     one core importing and loading) overlap. Yields their processes once every one answers. `model`: what
-    `grpo-exp serve --model` takes (a model option, a directory)."""
+    `grpo-exp serve --model` takes (a model option, a directory), `vllm_args`: vLLM's own options."""
     with contextlib.ExitStack() as stack:
         serve = [sys.executable, "-m", "grpo_exp.serve", "--model", model]
-        commands = [[*prefix, *serve, "--port", str(port)] for port in ports]
+        after = ["--", *vllm_args] if vllm_args else []
+        commands = [[*prefix, *serve, "--port", str(port), *after] for port in ports]
         processes = [stack.enter_context(started(command, env)) for command in commands]
         deadline = time.monotonic() + timeout
         for port, process in zip(ports, processes, strict=True):
