@@ -9,8 +9,8 @@ where a machine class loses, e.g. an AVX2-only CPU's on an AVX-512 one (BENCHMAR
 
 Parts (nested ones are inside their parent): the step (TRL's step_time: its training_step, which generates,
 scores, and runs the loss forward and backward; the optimizer's step comes after it), of which generation and
-scoring (TRL's _generate_and_score_completions: the sampling copy's refresh, decoding, rewards, the log-probability
-forwards) and the rest, the loss forward (TRL's compute_loss) and backward.
+scoring (TRL's _generate_and_score_completions: the sampling copy's decoding with its refresh, rewards, the
+log-probability forwards) and the rest, the loss forward (TRL's compute_loss) and backward.
 """
 
 import argparse
@@ -23,8 +23,8 @@ from benchmarks.overhead_worker import SECONDS, timed
 
 PARTS = {
     "generation and scoring": ("trl", "GRPOTrainer", "_generate_and_score_completions"),
-    "  the sampling copy's refresh": ("grpo_exp.trainer.sampling", "Sampler", "copy_to_sample"),
-    "  decoding": ("grpo_exp.trainer.sampling", "Sampler", "generate"),
+    "  decoding (the sampling copy's)": ("grpo_exp.trainer.sampling", "Sampler", "generate"),
+    "    of which its refresh from the policy": ("grpo_exp.trainer.sampling_copy", "SamplingCopy", "sync"),
     "  the loss forward": ("trl", "GRPOTrainer", "compute_loss"),
 }
 LOSS = "the loss forward and backward (the rest of the step)"
