@@ -99,6 +99,7 @@ ACTING = [
     ["trainer.zero_variance_groups=resample", "trainer.max_resample_batches=8"],
     ["trainer.lr_scheduler_type=linear", "trainer.warmup_steps=1"],
     ["trainer.mismatch_correction=token_mask", "trainer.mismatch_clip_min=0.5", "trainer.mismatch_clip_max=2.0"],
+    ["generation=vllm_async", "trainer.mismatch_clip_max=2.0"],  # generation ahead's token truncation reads it
     ["trainer.float64_reference_every=10", "trainer.float64_reference_completions=8"],
     ["reward=math+selfverify", "trainer.prompts_per_step=3", "scorer=self", "scorer.yes_token=Yes"],
     ["reward=math+judge", "judge.mode=text", "judge.temperature=0.5", "judge.model=tiny"],

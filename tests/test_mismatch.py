@@ -301,6 +301,19 @@ def test_paged_generation_runs_unmeasured_by_default_and_vllm_takes_the_correcti
     assert vllm_fields(trainer_cfg()) == {}  # TRL's own defaults
 
 
+def test_generation_ahead_corrects_each_token_truncated_unless_told_otherwise():
+    """Staleness 1 ended closest to synchronous under token truncation (BENCHMARKS.md): generation ahead's default.
+    Staleness 0 keeps the synchronous path's (TRL's), so that it stays the synchronous run exactly."""
+    ahead = ["generation=vllm_async"]
+    assert vllm_fields(trainer_cfg(*ahead))["vllm_importance_sampling_mode"] == "token_truncate"
+    assert vllm_fields(trainer_cfg(*ahead, "trainer.max_staleness=0")) == {}
+    assert (
+        vllm_fields(trainer_cfg(*ahead, "trainer.mismatch_correction=sequence_mask"))["vllm_importance_sampling_mode"]
+        == "sequence_mask"
+    )
+    assert vllm_fields(trainer_cfg(*ahead, "+trainer.extra.vllm_importance_sampling_mode=sequence_mask")) == {}
+
+
 def test_the_rules_run_with_the_trainers_before_any_model_loads():
     cfg = trainer_cfg("trainer.mismatch_correction=sequence_truncate", "trainer.loss_type=vespo")
     with pytest.raises(UserError, match="vespo"):

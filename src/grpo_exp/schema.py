@@ -470,7 +470,8 @@ class TrainerSchema:
     mismatch_metrics: bool | None = knob(None, trainer_arg=True)
     # How the loss corrects for it: none | behaviour_ratio (PPO's ratio and clip against the sampler) | TRL's
     # importance weights token_truncate | token_mask | sequence_truncate | sequence_mask, within mismatch_clip_min/max.
-    # null: the path's own (the bfloat16 copy: behaviour_ratio; vLLM: TRL's vllm_importance_sampling_*; else none).
+    # null: the path's own (the bfloat16 copy: behaviour_ratio; vLLM: TRL's vllm_importance_sampling_*, and
+    # token_truncate with generation ahead, max_staleness >= 1, the closest to synchronous measured; else none).
     mismatch_correction: MismatchCorrection | None = knob(None, trainer_arg=True)
     mismatch_clip_min: float | None = knob(None, gt=0.0, trainer_arg=True)
     mismatch_clip_max: float | None = knob(3.0, gt=0.0, trainer_arg=True)  # TRL's default

@@ -239,7 +239,7 @@ def grpo_exp_config(
         "bf16": bf16,  # mixed precision only for a bfloat16 model (TRL's default assumes a GPU)
         "use_cpu": not torch.cuda.is_available(),  # on CPU, accelerate's multi-process mode needs it (gloo)
     }
-    if extra.get("use_vllm"):  # an explicit trainer.mismatch_correction is TRL's own with vLLM
+    if extra.get("use_vllm"):  # the correction asked (mismatch.asked_correction) is TRL's own with vLLM
         ours |= vllm_fields(trainer_cfg)
     if algorithm is not None:
         ours |= {"advantage_estimator": algorithm.name, "advantage_settings": algorithm_settings(algorithm)}
