@@ -4,13 +4,15 @@ Milliseconds per token-step (one new token for every sequence of the batch) with
 batch 8 (the default step: 2 prompts x G=4, sampled at temperature 1) and at batch 1. Each path generates
 exactly 8 and then 72 new tokens for the same prompts (EOS ignored); the difference over 64 steps is the decode
 cost, prefill excluded. Then a whole step's generation at batch 8 (prefill included, 64 new tokens), TRL's against
-the sampling copy's, whose prefill is computed once per prompt. Paths, all in one process, one after another:
+the sampling copy's (MKL's and oneDNN's kernels), whose prefill is computed once per prompt. Paths, all in one
+process, one after another:
 
 - transformers, float32: what TRL's own generation does in the default run (on-policy);
 - transformers, bfloat16: the same weights rounded to bfloat16 (half the bytes read per step);
 - transformers, static KV cache with torch.compile: generate()'s compiled decoding;
-- grpo_exp's sampling copy (trainer.fast_generation): float32 with oneDNN-prepacked Linear weights (on-policy),
-  and the same in bfloat16 (with trainer.bfloat16_generation; skipped, with the reason, on a CPU without AVX-512
+- grpo_exp's sampling copy (trainer.fast_generation): float32 with Linear weights packed for MKL's sgemm (on-policy;
+  where torch has MKL), the same laid out for oneDNN's matmul instead (GRPO_EXP_MKL_PACK=0, the kernel before MKL's),
+  and oneDNN's in bfloat16 (with trainer.bfloat16_generation; skipped, with the reason, on a CPU without AVX-512
   BW/VL/DQ or AVX-NE-CONVERT);
 - transformers continuous batching (`generate_batch`, paged attention: TRL's use_transformers_paged), float32;
 - llama.cpp (llama-cpp-python: `make llama-cpp` compiles it; skipped without it), the packaged Q4_1 GGUF: batch 1
@@ -21,7 +23,9 @@ the sampling copy's, whose prefill is computed once per prompt. Paths, all in on
 """
 
 import argparse
+import contextlib
 import importlib.util
+import os
 import statistics
 import time
 
@@ -29,7 +33,7 @@ import torch
 from transformers import GenerationConfig
 
 from grpo_exp.models import gguf_location, load_tokenizer, materialise_embedded
-from grpo_exp.trainer.sampling_copy import SamplingCopy, prepack_unsupported
+from grpo_exp.trainer.sampling_copy import MKL_PACK_ENV, SamplingCopy, prepack_unsupported
 from support.config import resolved_config
 
 QUESTIONS = [(12, 34), (56, 7)]
@@ -67,9 +71,21 @@ def transformers_ms(model, tokenizer, batch: int, repeats: int, **options) -> fl
     return decode_ms(seconds, repeats)
 
 
-def step_generation_seconds(policy, tokenizer, repeats: int) -> tuple[float, float]:
+@contextlib.contextmanager
+def onednn_float32():
+    """The sampling copy's float32 Linear layers laid out for oneDNN, not MKL (GRPO_EXP_MKL_PACK=0), while inside."""
+    before = os.environ.get(MKL_PACK_ENV)
+    os.environ[MKL_PACK_ENV] = "0"
+    try:
+        yield
+    finally:
+        os.environ.pop(MKL_PACK_ENV) if before is None else os.environ.update({MKL_PACK_ENV: before})
+
+
+def step_generation_seconds(policy, tokenizer, repeats: int) -> tuple[float, float, float]:
     """A default step's generation (2 prompts x G=4, 64 new tokens, prefill included): the policy's generate(), as
-    TRL calls it, against generation=transformers_fast's copy (prepacked, prefill once per prompt)."""
+    TRL calls it, against generation=transformers_fast's copy (prepacked, prefill once per prompt), its float32
+    weights packed for MKL (the default where torch has MKL) and laid out for oneDNN."""
     inputs = prompts(tokenizer, 8)
     config = GenerationConfig(
         do_sample=True,
@@ -83,6 +99,8 @@ def step_generation_seconds(policy, tokenizer, repeats: int) -> tuple[float, flo
     )
     rows = [row[mask.bool()].tolist() for row, mask in zip(inputs["input_ids"], inputs["attention_mask"], strict=True)]
     fast = SamplingCopy(policy, torch.float32, prepack=True)
+    with onednn_float32():
+        onednn = SamplingCopy(policy, torch.float32, prepack=True)
 
     def seconds(generate) -> float:
         generate()
@@ -95,7 +113,8 @@ def step_generation_seconds(policy, tokenizer, repeats: int) -> tuple[float, flo
         return statistics.median(times)
 
     plain = seconds(lambda: policy.generate(**inputs, generation_config=config))
-    return plain, seconds(lambda: fast.generate(rows, config, with_log_probs=False))
+    packed = [seconds(lambda copy=copy: copy.generate(rows, config, with_log_probs=False)) for copy in (fast, onednn)]
+    return plain, *packed
 
 
 def continuous_batching_ms(model, tokenizer, batch: int, repeats: int) -> float:
@@ -205,23 +224,25 @@ def main(argv: list[str] | None = None) -> None:
             rows.append((label, batch, ms))
             print(f"  {label:55s} batch {batch}: {ms:6.1f} ms", flush=True)
     policy = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
-    for label, dtype in [
-        ("sampling copy, float32 prepacked (transformers_fast, on-policy)", torch.float32),
-        ("sampling copy, bfloat16 prepacked (fast + bf16)", torch.bfloat16),
+    for label, dtype, kernels in [
+        ("sampling copy, float32 prepacked (transformers_fast, on-policy)", torch.float32, contextlib.nullcontext),
+        ("sampling copy, float32 prepacked for oneDNN (MKL_PACK=0)", torch.float32, onednn_float32),
+        ("sampling copy, bfloat16 prepacked (fast + bf16)", torch.bfloat16, contextlib.nullcontext),
     ]:
-        unsupported = prepack_unsupported(dtype)  # bfloat16: AVX-512 BW/VL/DQ or AVX-NE-CONVERT
+        with kernels():
+            unsupported = prepack_unsupported(dtype)  # bfloat16: AVX-512 BW/VL/DQ or AVX-NE-CONVERT
+            copy = None if unsupported else SamplingCopy(policy, dtype, prepack=True).copy
         if unsupported is not None:
             print(f"  {label:55s} skipped: {unsupported}", flush=True)
             continue
-        copy = SamplingCopy(policy, dtype, prepack=True).copy
         for batch in (8, 1):
             ms = transformers_ms(copy, tokenizer, batch, args.repeats)
             rows.append((label, batch, ms))
             print(f"  {label:55s} batch {batch}: {ms:6.1f} ms", flush=True)
-    plain, fast = step_generation_seconds(policy, tokenizer, args.repeats)
+    plain, fast, onednn = step_generation_seconds(policy, tokenizer, args.repeats)
     print(
         f"  a step's generation, 8 x 64 new tokens, prefill included: TRL's {plain:.2f} s, transformers_fast "
-        f"{fast:.2f} s ({fast / plain:.2f}x)"
+        f"{fast:.2f} s ({fast / plain:.2f}x), its float32 laid out for oneDNN {onednn:.2f} s ({onednn / plain:.2f}x)"
     )
     label = "transformers continuous batching (generate_batch), float32"
     try:

@@ -20,6 +20,7 @@ from grpo_exp.trainer.sampling_copy import (
     ONEDNN_BF16_ENV,
     PrepackedLinear,
     SamplingCopy,
+    mkl_packs,
     prepack_unsupported,
     shared_prefill,
 )
@@ -272,10 +273,49 @@ def test_the_probe_catches_a_copy_whose_logits_differ(tiny_policy, monkeypatch):
         SamplingCopy(policy, torch.float32, prepack=True, probe=probe)
 
 
-def test_without_onednn_it_is_refused_naming_the_key(tmp_path, monkeypatch):
+def test_without_onednn_or_mkl_it_is_refused_naming_the_key(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)  # a torch build without oneDNN
-    with pytest.raises(UserError, match=r"trainer.fast_generation .* no oneDNN .* generation=transformers"):
+    monkeypatch.setattr(torch.backends.mkl, "is_available", lambda: False)  # nor MKL (an aarch64 build)
+    with pytest.raises(
+        UserError, match=r"trainer.fast_generation .* no oneDNN \(mkldnn\) and no MKL.* generation=transformers"
+    ):
         make_trainer(tmp_path, by_index, prompts=2, fast_generation=True)
+
+
+@pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="this torch build has no MKL (oneDNN packs float32)")
+def test_with_mkl_and_without_onednn_float32_still_prepacks(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    assert prepack_unsupported(torch.float32) is None
+    assert prepack_unsupported(torch.bfloat16) == "this torch build has no oneDNN (mkldnn)"
+
+
+@pytest.mark.skipif(not mkl_packs(torch.float32), reason="this torch build has no MKL: oneDNN packs float32 weights")
+def test_an_mkl_packed_layer_packs_for_each_decode_batch_and_multiplies_a_prefill_unpacked():
+    """MKL packs for one number of rows: a decode step (one token a row) packs at its first call and again when the
+    number of rows changes; a prefill multiplies the weight itself. Each is torch.nn.Linear's result, to rounding."""
+    linear = torch.nn.Linear(48, 80)
+    packed = PrepackedLinear(linear)
+    assert packed.packed is None and packed.unpacked.data_ptr() == linear.weight.data_ptr()  # not a copy
+    for shape, rows in [((4, 1, 48), 4), ((4, 1, 48), 4), ((6, 1, 48), 6), ((2, 9, 48), 6)]:
+        x = torch.randn(shape)
+        with torch.no_grad():
+            torch.testing.assert_close(packed(x), linear(x), atol=1e-5, rtol=1e-5)
+        assert packed.packed_rows == rows  # a prefill (9 tokens) leaves the decode layout as it was
+    packed.release()
+    assert packed.packed is None and packed.unpacked is None
+
+
+def test_the_copy_holds_no_second_float32_copy_of_the_policys_linear_weights(tiny_policy):
+    """Where MKL packs, the copy multiplies a prefill by the policy's own weights (refreshed by each sync)."""
+    policy, _ = tiny_policy
+    fast = SamplingCopy(policy, torch.float32, prepack=True)
+    fast.sync(policy, step=1)
+    weights = {name: module.weight for name, module in policy.named_modules() if type(module) is torch.nn.Linear}
+    for name, packed in fast.prepacked.items():
+        if packed.mkl:
+            assert packed.unpacked.data_ptr() == weights[name].data_ptr()
+        else:
+            assert packed.unpacked is None and packed.packed is not None
 
 
 @pytest.mark.parametrize(

@@ -220,7 +220,7 @@ PATHS = {
 @pytest.mark.parametrize("path", list(PATHS))
 def test_every_generation_path_logs_the_mismatch_under_trls_names(tmp_path, path):
     if path == "float32_copy" and not can_prepack():
-        pytest.skip("this torch cannot prepack float32 weights for oneDNN: no float32 copy here")
+        pytest.skip("this torch cannot prepack float32 weights (MKL or oneDNN): no float32 copy here")
     result = run_cli(
         *TINY_RUN,
         "logger=none",

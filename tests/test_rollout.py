@@ -208,7 +208,7 @@ def test_evaluate_plays_trajectories_with_the_tools(protocol_model):
 
 
 @pytest.mark.e2e  # the protocol_model fixture fine-tunes for a minute on 2 cores
-@pytest.mark.skipif(not can_prepack(), reason="this CPU or torch build cannot prepack float32 weights for oneDNN")
+@pytest.mark.skipif(not can_prepack(), reason="this CPU or torch build cannot prepack float32 weights (MKL or oneDNN)")
 def test_turns_are_sampled_from_the_prepacked_copy_with_the_policys_log_probs(protocol_model, tmp_path):
     """trainer.fast_generation with rollout=multiturn: TRL's rollout_func samples the turns from the policy's prepacked
     float32 copy; the log-probabilities it records are the policy's own (a teacher-forced forward), within float

@@ -452,7 +452,7 @@ class TrainerSchema:
     # with a float32 policy (a bfloat16 policy samples itself). An option: BENCHMARKS.md, time to accuracy.
     bfloat16_generation: bool = knob(False, trainer_arg=True)
     # CPU: TRL's transformers generation samples from a copy of the policy in its own dtype (one more copy of the
-    # weights in memory), its Linear weights prepacked for oneDNN and each prompt's prefill computed once for its G
+    # weights in memory), its Linear weights packed for MKL or oneDNN and each prompt's prefill computed once for its G
     # completions (refreshed every step): the policy's distribution, in ~0.6x the time (BENCHMARKS.md). null
     # (auto): on for training on an x86-64 CPU (not DeepSpeed/FSDP) with TRL's transformers generation. true
     # (generation=transformers_fast): on, refused where it cannot be (a GPU: use vLLM; vLLM; multi-turn rollouts;
@@ -587,7 +587,7 @@ class EvalSchema:
     after: bool = True  # ...and after
     batch_size: int = knob(16, ge=1)
     max_new_tokens: int | None = knob(None, ge=1)  # null: the trainer's max_completion_length
-    # Greedy held-out answers on CPU from the policy's oneDNN-prepacked float32 copy (the training sampler's): the
+    # Greedy held-out answers on CPU from the policy's prepacked float32 copy (the training sampler's): the
     # same answers, measured, several times faster; where it cannot serve, generate() on the policy (false: always)
     prepacked: bool = True
     # `python -m grpo_exp.evaluate` only: k sampled completions per problem for pass@k and maj@k (0: greedy only)...

@@ -1,12 +1,12 @@
-"""Greedy held-out answers from the policy's oneDNN-prepacked float32 copy (eval.prepacked): the training sampler's
+"""Greedy held-out answers from the policy's prepacked float32 copy (eval.prepacked): the training sampler's
 machinery (grpo_exp.trainer.sampling_copy), used for evaluation on CPU.
 
-The copy holds the policy's own float32 weights, laid out for oneDNN's matmul; it is refreshed from the policy at
+The copy multiplies by the policy's own float32 weights, packed for MKL (or oneDNN); it is refreshed from the policy at
 every call. Its logits differ from the policy's only by the rounding of another summation order, so greedy
 answers are the same unless two tokens tie to within that rounding: measured identical on the 100 default
 held-out problems (tests/test_validation.py, BENCHMARKS.md), at several times the speed of generate() on the
 policy. Where the copy cannot serve (a GPU, non-float32 or LoRA weights, DeepSpeed's partitioned parameters, a CPU
-or torch build without oneDNN), evaluation uses generate() on the policy, as before, and says why once.
+or torch build without MKL or oneDNN), evaluation uses generate() on the policy, as before, and says why once.
 """
 
 import copy

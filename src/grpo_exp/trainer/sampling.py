@@ -107,12 +107,12 @@ def check_sharded_copy(bfloat16_generation: bool, sharded: bool, policy_dtype: t
 
 
 def check_fast_generation_device(fast_generation: bool | None, device: str, sharded: bool) -> None:
-    """An explicit fast_generation decodes from a prepacked copy of the whole policy, on CPU with oneDNN."""
-    unsupported = prepack_unsupported(torch.float32)  # e.g. "this torch build has no oneDNN (mkldnn)"
+    """An explicit fast_generation decodes from a prepacked copy of the whole policy, on CPU with MKL or oneDNN."""
+    unsupported = prepack_unsupported(torch.float32)  # e.g. "this torch build has no oneDNN (mkldnn) and no MKL"
     if fast_generation and (device != "cpu" or sharded or unsupported):
         raise UserError(
             f"trainer.fast_generation (generation=transformers_fast) decodes from a prepacked copy of the whole "
-            f"policy on CPU, with torch's oneDNN kernels; this run is on {device}"
+            f"policy on CPU, with torch's MKL or oneDNN kernels; this run is on {device}"
             + (" under DeepSpeed/FSDP" if sharded else "")
             + (f", and {unsupported}" if unsupported else "")
             + ". Use generation=transformers, or on a GPU generation=vllm_colocate / vllm_server"
