@@ -33,7 +33,8 @@ import torch
 from transformers import GenerationConfig
 
 from grpo_exp.models import gguf_location, load_tokenizer, materialise_embedded
-from grpo_exp.trainer.sampling_copy import MKL_PACK_ENV, SamplingCopy, prepack_unsupported
+from grpo_exp.trainer.prepacked_linear import MKL_PACK_ENV, prepack_unsupported
+from grpo_exp.trainer.sampling_copy import SamplingCopy
 from support.config import resolved_config
 
 QUESTIONS = [(12, 34), (56, 7)]

@@ -42,7 +42,8 @@ from grpo_exp.data import load_splits
 from grpo_exp.generation import prompt_ids
 from grpo_exp.rollout.multiturn import MultiTurnRollout, greedy_generation
 from grpo_exp.run.setup import load_policy
-from grpo_exp.trainer.sampling_copy import SamplingCopy, can_prepack
+from grpo_exp.trainer.prepacked_linear import can_prepack
+from grpo_exp.trainer.sampling_copy import SamplingCopy
 from support.config import resolved_config
 
 VARIANTS = ("whole", "cached", "cached+prepacked")

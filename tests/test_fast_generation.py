@@ -16,14 +16,8 @@ from transformers import AutoModelForCausalLM, GenerationConfig
 from grpo_exp.errors import UserError
 from grpo_exp.trainer import sampling
 from grpo_exp.trainer.config import check_trainer
-from grpo_exp.trainer.sampling_copy import (
-    ONEDNN_BF16_ENV,
-    PrepackedLinear,
-    SamplingCopy,
-    mkl_packs,
-    prepack_unsupported,
-    shared_prefill,
-)
+from grpo_exp.trainer.prepacked_linear import ONEDNN_BF16_ENV, PrepackedLinear, mkl_packs, prepack_unsupported
+from grpo_exp.trainer.sampling_copy import SamplingCopy, shared_prefill
 from support.config import TINY_RUN, compose_config
 from tests.helpers.cli import logged_steps, run_cli
 from tests.helpers.tiny_trainer import generation_batch, logged, make_trainer
@@ -169,7 +163,7 @@ def test_on_a_cpu_without_avx512_the_probe_reports_the_kernels_own_refusal():
     """oneDNN capped at AVX2 (ONEDNN_MAX_CPU_ISA, read when it starts: a fresh process) is an AVX2-only CPU such as
     an AMD EPYC's: bfloat16 is refused with the kernel's own message, float32 still prepacks."""
     script = (
-        "import torch; from grpo_exp.trainer.sampling_copy import prepack_unsupported; "
+        "import torch; from grpo_exp.trainer.prepacked_linear import prepack_unsupported; "
         "print(prepack_unsupported(torch.bfloat16)); print(prepack_unsupported(torch.float32))"
     )
     env = {key: value for key, value in os.environ.items() if key != ONEDNN_BF16_ENV} | {"ONEDNN_MAX_CPU_ISA": "AVX2"}
@@ -182,7 +176,7 @@ def test_on_a_cpu_without_avx512_the_probe_reports_the_kernels_own_refusal():
 
 def test_the_cpu_probe_leaves_torch_s_random_generator_as_it_was():
     """The probe runs when a seeded trainer is built: a draw from the global generator would change its samples."""
-    from grpo_exp.trainer.sampling_copy import _probe_failure
+    from grpo_exp.trainer.prepacked_linear import _probe_failure
 
     _probe_failure.cache_clear()
     torch.manual_seed(0)

@@ -20,7 +20,7 @@ from grpo_exp.trainer.mismatch_stats import (
     reference_sums,
     weighted_advantages,
 )
-from grpo_exp.trainer.sampling_copy import can_prepack
+from grpo_exp.trainer.prepacked_linear import can_prepack
 from support.config import TINY_RUN, compose_config
 from tests.helpers.cli import logged_steps, run_cli
 from tests.helpers.tiny_trainer import G, generation_batch, make_trainer

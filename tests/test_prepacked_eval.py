@@ -5,7 +5,7 @@ import torch
 
 from grpo_exp.run import prepacked_eval
 from grpo_exp.run.prepacked_eval import greedy_completions, prepack_refusal
-from grpo_exp.trainer.sampling_copy import can_prepack
+from grpo_exp.trainer.prepacked_linear import can_prepack
 from support.config import resolved_config
 
 needs_onednn = pytest.mark.skipif(

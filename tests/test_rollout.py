@@ -15,7 +15,7 @@ from grpo_exp.rollout.multiturn import MultiTurnRollout, greedy_generation, scor
 from grpo_exp.run.tracking import read_metrics
 from grpo_exp.run_files import latest_evaluation
 from grpo_exp.trainer.config import grpo_exp_config
-from grpo_exp.trainer.sampling_copy import can_prepack
+from grpo_exp.trainer.prepacked_linear import can_prepack
 from grpo_exp.trainer.trainer import GRPOExpTrainer
 from grpo_exp.trainer.trl_batch import RolloutFunc
 from grpo_exp.verification.labels import built_in_labels

@@ -16,7 +16,8 @@ import weakref
 import torch
 from tqdm.auto import tqdm
 
-from grpo_exp.trainer.sampling_copy import SamplingCopy, prepack_unsupported
+from grpo_exp.trainer.prepacked_linear import prepack_unsupported
+from grpo_exp.trainer.sampling_copy import SamplingCopy
 
 log = logging.getLogger(__name__)
 

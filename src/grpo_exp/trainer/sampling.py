@@ -15,7 +15,8 @@ import torch
 from accelerate.utils import parse_flag_from_env
 
 from grpo_exp.errors import UserError
-from grpo_exp.trainer.sampling_copy import SamplingCopy, can_prepack, prepack_unsupported
+from grpo_exp.trainer.prepacked_linear import can_prepack, prepack_unsupported
+from grpo_exp.trainer.sampling_copy import SamplingCopy
 
 log = logging.getLogger(__name__)
 
