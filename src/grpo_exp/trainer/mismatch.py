@@ -108,8 +108,8 @@ def check_mismatch(trainer_cfg, *, use_vllm: bool, use_transformers_paged: bool,
         )
 
 
-# Generation ahead's correction when none is asked: staleness 1 ended closest to synchronous under it over 5 seeds
-# (-0.010 from the mean of two synchronous runs, against -0.036 under TRL's sequence_mask; BENCHMARKS.md).
+# Generation ahead's correction when none is asked: staleness 1 ended closest to synchronous under it (from the mean
+# of two synchronous runs: -0.010 over 5 seeds, +0.001 over 7; -0.036 over 5 under TRL's sequence_mask; BENCHMARKS.md).
 AHEAD_CORRECTION = MismatchCorrection.token_truncate
 
 
