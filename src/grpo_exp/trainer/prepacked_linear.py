@@ -73,7 +73,8 @@ ONEDNN_BF16_NEEDS = "AVX-512 BW/VL/DQ or AVX-NE-CONVERT"
 
 
 def prepack_unsupported(dtype: torch.dtype) -> str | None:
-    """Why oneDNN cannot prepack Linear weights of `dtype` on this CPU; None when it can.
+    """Why Linear weights of `dtype` cannot be prepacked on this CPU (MKL's kernel or oneDNN's: mkl_packs); None when
+    they can.
 
     oneDNN's prepacked matmul is a CPU kernel of torch builds with mkldnn; in bfloat16 it also needs AVX-512 BW/VL/DQ
     or AVX-NE-CONVERT. Detected by prepacking and running a 2x2 Linear once per dtype (`_probe_failure`).
