@@ -24,10 +24,12 @@ process, one after another:
 
 import argparse
 import contextlib
+import functools
 import importlib.util
 import os
 import statistics
 import time
+from unittest import mock
 
 import torch
 from transformers import GenerationConfig
@@ -72,15 +74,8 @@ def transformers_ms(model, tokenizer, batch: int, repeats: int, **options) -> fl
     return decode_ms(seconds, repeats)
 
 
-@contextlib.contextmanager
-def onednn_float32():
-    """The sampling copy's float32 Linear layers laid out for oneDNN, not MKL (GRPO_EXP_MKL_PACK=0), while inside."""
-    before = os.environ.get(MKL_PACK_ENV)
-    os.environ[MKL_PACK_ENV] = "0"
-    try:
-        yield
-    finally:
-        os.environ.pop(MKL_PACK_ENV) if before is None else os.environ.update({MKL_PACK_ENV: before})
+# The sampling copy's float32 Linear layers laid out for oneDNN, not MKL (GRPO_EXP_MKL_PACK=0), while inside.
+onednn_float32 = functools.partial(mock.patch.dict, os.environ, {MKL_PACK_ENV: "0"})
 
 
 def step_generation_seconds(policy, tokenizer, repeats: int) -> tuple[float, float, float]:

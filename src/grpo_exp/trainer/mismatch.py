@@ -301,7 +301,7 @@ class MismatchWatch:
 ONLY_WITH = (
     OnlyWith(
         ("trainer.mismatch_clip_min", "trainer.mismatch_clip_max"),
-        lambda cfg: asked_correction(cfg.trainer) is not None and asked_correction(cfg.trainer).weighs,
+        lambda cfg: getattr(asked_correction(cfg.trainer), "weighs", False),
         "by an importance-weighting correction",
         lambda cfg: f"trainer.mismatch_correction={_correction(cfg)} weighs nothing",
         "set trainer.mismatch_correction=token_truncate, token_mask, sequence_truncate or sequence_mask",

@@ -18,13 +18,17 @@ import torch
 MKL_PACK_ENV = "GRPO_EXP_MKL_PACK"
 
 
+def _turned_off(variable: str) -> bool:
+    """Whether the environment sets `variable` to 0, false, off or no (read on every call: it acts at once)."""
+    return os.environ.get(variable, "").strip().lower() in ("0", "false", "off", "no")
+
+
 def mkl_packs(dtype: torch.dtype) -> bool:
     """Whether a PrepackedLinear of `dtype` multiplies by MKL's packed sgemm: float32, where torch has MKL (x86-64
     builds), unless GRPO_EXP_MKL_PACK=0 (or false/off/no) in the environment. MKL's packed layout gains with AVX2
     kernels too, where oneDNN's prepacked float32 gains nothing over TRL's generate() (BENCHMARKS.md, decode).
     Otherwise, and for bfloat16, oneDNN's kernels."""
-    turned_off = os.environ.get(MKL_PACK_ENV, "").strip().lower() in ("0", "false", "off", "no")
-    return dtype == torch.float32 and torch.backends.mkl.is_available() and not turned_off
+    return dtype == torch.float32 and torch.backends.mkl.is_available() and not _turned_off(MKL_PACK_ENV)
 
 
 class PrepackedLinear(torch.nn.Module):
@@ -84,7 +88,7 @@ def prepack_unsupported(dtype: torch.dtype) -> str | None:
     starts, reproduces an AVX2-only CPU: the probe then fails as it does there.)"""
     if not mkl_packs(dtype) and not torch.backends.mkldnn.is_available():
         return "this torch build has no oneDNN (mkldnn)" + (" and no MKL" if dtype == torch.float32 else "")
-    if dtype == torch.bfloat16 and os.environ.get(ONEDNN_BF16_ENV, "").strip().lower() in ("0", "false", "off", "no"):
+    if dtype == torch.bfloat16 and _turned_off(ONEDNN_BF16_ENV):
         return f"{_cannot(dtype)}: {ONEDNN_BF16_ENV}={os.environ[ONEDNN_BF16_ENV]} turns bfloat16 prepacking off"
     return _probe_failure(dtype, mkl_packs(dtype))
 
