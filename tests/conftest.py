@@ -1,4 +1,5 @@
 import copy
+import gc
 import os
 from pathlib import Path
 
@@ -26,6 +27,15 @@ def pytest_configure(config):
     hub_offline()
     without_wandb_key()
     register_schemas()
+
+
+def pytest_collection_finish(session):
+    """What the imports and the collection made (torch, transformers, TRL, every test module) lives as long as the
+    session: frozen out of the collector's sight, as the warm server does for commands (tests/helpers/warm.py), so
+    that the full collection accelerate makes at every trainer's start (free_memory) and Python's own walk only
+    what the tests made since."""
+    gc.collect()
+    gc.freeze()
 
 
 @pytest.fixture(autouse=True)
