@@ -29,7 +29,6 @@ from collections import defaultdict
 from pathlib import Path
 
 SECONDS: dict[tuple[str, ...], float] = defaultdict(float)
-CALLS: dict[tuple[str, ...], int] = defaultdict(int)
 STACK: list[str] = []
 # When each turn ended, from its rollout's start: {turn index: [seconds, one per trajectory]}, per rollout
 TURN_ENDS: list[dict[int, list[float]]] = []
@@ -63,7 +62,6 @@ class _Part:
     def __exit__(self, *exc):
         path = tuple(STACK)
         SECONDS[path] += time.perf_counter() - self.started
-        CALLS[path] += 1
         STACK.pop()
         return False
 
@@ -185,7 +183,7 @@ def step_parts(steps: int, overrides: list[str]) -> dict:
         "no_spread": sum(no_spread) / len(no_spread) if no_spread else None,
         "parts": per_step(dict(SECONDS), at_step_2, later),
         "tokens_per_step": tokens,
-        "turn_ends": [{turn: ends for turn, ends in rollout.items()} for rollout in TURN_ENDS[1:]],
+        "turn_ends": [dict(rollout) for rollout in TURN_ENDS[1:]],
     }
 
 
