@@ -2,12 +2,13 @@
 
 One server on the embedded model (`grpo-exp serve`; tests/conftest.py's vllm_embedded_server, one a session) serves
 the tests that need a real model: its weight reload (the tied head), greedy multi-turn trajectories against
-generate()'s (tool calls), a TextArena game, multi-turn rollouts played ahead, the judge (scores and rubric JSON) and
-the P(Yes) scorer. A second, on a tiny model whose heads vLLM's CPU attention serves (tiny_server), serves the tests
-whose checks hold for any weights: training against it (generation=vllm_server), generation ahead's pipeline,
-staleness, resume and collective calls, seeded requests under load, at a fraction of the embedded model's steps.
-The colocated engine (generation=vllm_colocate) is started by its own training run. Nothing is mocked: TRL's
-GRPOTrainer trains, vLLM generates.
+generate()'s (tool calls), a TextArena game, the judge (scores and rubric JSON) and the P(Yes) scorer. A second, on
+a tiny model whose heads vLLM's CPU attention serves (tiny_server), serves the tests whose checks hold for any
+weights: training against it (generation=vllm_server), generation ahead's pipeline, staleness, resume and collective
+calls, multi-turn rollouts played ahead, seeded requests under load, at a fraction of the embedded model's steps.
+The multi-turn runs train that tiny model taught to call the calculator (calculator_caller), so that their
+trajectories go on after the tool answers. The colocated engine (generation=vllm_colocate) is started by its own
+training run. Nothing is mocked: TRL's GRPOTrainer trains, vLLM generates.
 """
 
 import importlib.util
@@ -111,16 +112,16 @@ def test_tool_calls_end_a_turn_at_their_closing_tag():
 
 
 @pytest.mark.e2e
-def test_colocate_under_two_processes_trains_multi_turn_evaluates_and_exits_cleanly(tmp_path):
-    """generation=vllm_colocate on the embedded model under `accelerate launch` with 2 processes: an engine in each
-    (TRL's external launcher), the calculator preset's multi-turn rollouts, each turn from vLLM, each rank synced
-    through vLLM's reload each step, the held-out evaluation from the engines, the same torch.distributed calls on
-    both ranks, and no traceback when the engines shut down at exit."""
+def test_colocate_under_two_processes_trains_multi_turn_evaluates_and_exits_cleanly(calculator_caller, tmp_path):
+    """generation=vllm_colocate under `accelerate launch` with 2 processes: an engine in each (TRL's external
+    launcher), the calculator preset's multi-turn rollouts (a tiny model taught to call the calculator), each turn
+    from vLLM, each rank synced through vLLM's reload each step (its tied head included), the held-out evaluation
+    from the engines, the same torch.distributed calls on both ranks, and no traceback when the engines shut down at
+    exit."""
     from tests.helpers.cli import recorded_launch
     from tests.test_collectives import assert_same_calls
 
-    overrides = ("model=smollm2_135m", "+experiment=calculator", "generation=vllm_colocate", "trainer.max_steps=2")
-    overrides += tuple(QUIET_RUN)
+    overrides = (*calculator_caller, "generation=vllm_colocate", "trainer.max_steps=2", *QUIET_RUN)
     launched = recorded_launch(tmp_path, *overrides, launch_args=("--num_processes", "2"))
     assert launched.returncode == 0, launched.stderr[-4000:]
     assert "Traceback" not in launched.stdout + launched.stderr, launched.stderr[-4000:]
@@ -188,15 +189,33 @@ def servable_tiny_dir(cache_dir: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def tiny_server(tmp_path_factory):
+def servable_tiny(tmp_path_factory) -> str:
+    return servable_tiny_dir(tmp_path_factory.mktemp("servable_tiny"))
+
+
+@pytest.fixture(scope="module")
+def tiny_server(servable_tiny):
     """`grpo-exp serve` on SERVABLE_TINY's model, once for this module: the port of a server for the tests whose
-    checks hold for any weights (a run's pipeline, its staleness and resume, its collective calls). Each run syncs its
-    own weights before its first batch."""
+    checks hold for any weights (a run's pipeline, its staleness and resume, its collective calls, multi-turn
+    rollouts played ahead). Each run syncs its own weights before its first batch."""
     from support.servers import free_port, vllm_server
 
     port = free_port()
-    with vllm_server(port, model=servable_tiny_dir(tmp_path_factory.mktemp("servable_tiny"))):
+    with vllm_server(port, model=servable_tiny):
         yield port
+
+
+@pytest.fixture(scope="module")
+def calculator_caller(servable_tiny, tmp_path_factory) -> tuple[str, ...]:
+    """The overrides of the calculator preset on SERVABLE_TINY's model taught to open its answers with a calculator
+    call (tests/helpers/tool_calling_model.py): multi-turn runs whose trajectories go on after the tool answers, at a
+    fraction of the embedded model's steps, where a test's checks need no more of the model than that."""
+    from tests.helpers.tool_calling_model import taught_calculator_caller
+
+    preset = "+experiment=calculator"
+    directory = tmp_path_factory.mktemp("calculator_caller") / "model"
+    taught = taught_calculator_caller(directory, Path(servable_tiny), [*SERVABLE_TINY, preset])
+    return ("model=pretrained", f"model.name_or_path={taught}", preset)
 
 
 @pytest.mark.e2e
@@ -415,21 +434,22 @@ ESS, CLIPPED = "sampling/importance_sampling_ess_fraction", "sampling/importance
 
 
 @pytest.mark.e2e
-def test_multi_turn_rollouts_are_played_ahead_under_two_processes_their_staleness_bounded_and_logged(server, tmp_path):
-    """generation=vllm_async with the calculator preset under `accelerate launch` with 2 processes: each rank plays
-    its coming steps' trajectories on the server, turn by turn with the tool's answers between turns, while it
-    trains on this step's; the weights move once both ranks' trajectories in flight have finished. Both ranks make
-    the same torch.distributed calls; the first batch is on-policy and every later one a step old; none is dropped
-    or played again; TRL's correction weighs the stale turns by the server's log-probabilities (the importance
-    weights' effective sample size below 1)."""
+def test_multi_turn_rollouts_are_played_ahead_under_two_processes_their_staleness_bounded_and_logged(
+    tiny_server, calculator_caller, tmp_path
+):
+    """generation=vllm_async with the calculator preset (a tiny model taught to call the calculator) under
+    `accelerate launch` with 2 processes: each rank plays its coming steps' trajectories on the server, turn by turn
+    with the tool's answers between turns, while it trains on this step's; the weights move once both ranks'
+    trajectories in flight have finished. Both ranks make the same torch.distributed calls; the first batch is
+    on-policy and every later one a step old; none is dropped or played again; TRL's correction weighs the stale
+    turns by the server's log-probabilities (the importance weights' effective sample size below 1)."""
     from grpo_exp.run.tracking import read_metrics
     from tests.helpers.cli import recorded_launch
     from tests.test_collectives import assert_same_calls
 
-    port = server.rsplit(":", 1)[1]
     overrides = (
-        "model=smollm2_135m", "+experiment=calculator", "generation=vllm_async",
-        f"trainer.extra.vllm_server_port={port}", *MOVING,  # the length reward: every group with spread, so trained
+        *calculator_caller, "generation=vllm_async", f"trainer.extra.vllm_server_port={tiny_server}",
+        *MOVING,  # the length reward: every group with spread, so trained
         "trainer.max_steps=3", *QUIET_RUN,
         "eval.before=false", "eval.after=false", "probe.labels_check=off",
     )  # fmt: skip
@@ -439,7 +459,7 @@ def test_multi_turn_rollouts_are_played_ahead_under_two_processes_their_stalenes
     steps = {m["step"]: m for m in read_metrics(tmp_path / "run" / "metrics.jsonl") if STALENESS in m}
     assert [steps[s][STALENESS] for s in sorted(steps)] == [0.0, 1.0, 1.0]
     assert all(m["async/dropped_total"] == 0 and m["async/regenerated_total"] == 0 for m in steps.values())
-    assert all(m["rollout/turns_mean"] >= 1 for m in steps.values())  # trajectories, played by grpo_exp's loop
+    assert all(m["rollout/tool_calls_mean"] > 0 for m in steps.values())  # turns went on after the tool answered
     assert steps[1][ESS] > 0.999 and steps[3][ESS] < steps[1][ESS], steps
 
 

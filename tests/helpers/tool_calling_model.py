@@ -1,13 +1,15 @@
-"""A tiny model with a chat template that supports tool calling (TRL's own Qwen3 template on the tiny model's
-tokenizer), taught in a few seconds to answer its prompts with one fixed tool call, so that TRL's tool-calling loop
-really parses a call and runs a method. It learns nothing else."""
+"""Tiny models taught in a few seconds to open their answers with one fixed tool call, so that a tool-calling loop
+really parses a call and runs a tool: TRL's own (a Qwen3 chat template on the tiny model's tokenizer) and
+grpo_exp's multi-turn rollout (the calculator preset). They learn nothing else."""
 
+import shutil
 from pathlib import Path
 
 import torch
 import trl
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from support.config import compose_config
 from support.models import write_tiny_model
 
 QWEN3_TEMPLATE = Path(trl.__file__).parent / "chat_templates" / "qwen3.jinja"
@@ -18,18 +20,45 @@ def taught_tool_caller(
 ) -> Path:
     """Save in `directory` the tiny model (Qwen3's template) taught to answer each of `prompts` (chat messages, with
     `tools` described) with `call` (e.g. '<tool_call>\\n{"name": "probe", "arguments": {"digit": 7}}\\n</tool_call>'),
-    then its end of turn. Only the answer's positions are scored (logits_to_keep): a few seconds on a CPU."""
+    then its end of turn."""
     write_tiny_model(directory, seed=0)
     tokenizer = AutoTokenizer.from_pretrained(directory)
     tokenizer.chat_template = QWEN3_TEMPLATE.read_text(encoding="utf-8")
-    tokenizer.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(directory)
-    answer = f"{call}<|im_end|>"
     texts = [
-        tokenizer.apply_chat_template(prompt, tools=tools, tokenize=False, add_generation_prompt=True) + answer
+        tokenizer.apply_chat_template(prompt, tools=tools, tokenize=False, add_generation_prompt=True)
         for prompt in prompts
     ]
-    batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    return _taught(directory, tokenizer, texts, f"{call}<|im_end|>", steps, lr)
+
+
+def taught_calculator_caller(
+    directory: Path, source: Path, overrides: list[str], problems: int = 16, steps: int = 100, lr: float = 1e-2
+) -> Path:
+    """Save in `directory` the model saved in `source` (a tiny one), taught to open each of the first `problems`
+    training prompts of the run `overrides` composes (its multi-turn rollout's messages: the calculator preset's
+    system message and tools) with a calculator call, '<calc>1+1</calc>'. Its trajectories then go on after the
+    tool's answer, which a random tiny model's never do."""
+    from grpo_exp.data import load_splits
+    from grpo_exp.rollout.multiturn import MultiTurnRollout
+
+    shutil.copytree(source, directory)
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    cfg = compose_config(overrides)
+    train, _ = load_splits(cfg.dataset)
+    rollout = MultiTurnRollout(cfg.rollout)
+    texts = [
+        tokenizer.apply_chat_template(rollout.messages(row["prompt"]), tokenize=False, add_generation_prompt=True)
+        for row in train.select(range(problems))
+    ]
+    return _taught(directory, tokenizer, texts, "<calc>1+1</calc>", steps, lr)
+
+
+def _taught(directory: Path, tokenizer, texts: list[str], answer: str, steps: int, lr: float) -> Path:
+    """The model saved in `directory` trained to write `answer` after each of `texts`, saved there with `tokenizer`.
+    Only the answer's positions are scored (logits_to_keep): a few seconds on a CPU."""
+    tokenizer.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(directory)
+    batch = tokenizer([text + answer for text in texts], return_tensors="pt", padding=True, add_special_tokens=False)
     width = len(tokenizer(answer, add_special_tokens=False)["input_ids"])
     target = batch["input_ids"][:, -width:]
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
