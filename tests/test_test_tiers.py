@@ -15,10 +15,12 @@ E2E_PASSES = "import pytest\n\n\n@pytest.mark.e2e\ndef test_e2e_passes():\n    p
 E2E_FAILS = "import pytest\n\n\n@pytest.mark.e2e\ndef test_e2e_fails():\n    assert False\n"
 
 
-def run_tiers(directory, *args: str, workers: str = "0") -> subprocess.CompletedProcess:
+def run_tiers(directory, *args: str, workers: str = "0", **variables: str) -> subprocess.CompletedProcess:
     """The runner on the tests in `directory`, run from there (its report goes to the directory's outputs/, never
-    the repository's, where a running make test writes its own), with no configuration file but its own."""
-    environment = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TEST_WORKERS": workers}
+    the repository's, where a running make test writes its own), with no configuration file but its own, and
+    OpenMP's wait policy only where `variables` set it (the in-process tier's own is PASSIVE)."""
+    environment = {key: value for key, value in os.environ.items() if key != "OMP_WAIT_POLICY"}
+    environment.update(PYTHONPATH=str(REPO_ROOT), TEST_WORKERS=workers, **variables)
     isolated = ["-c", os.devnull, "--rootdir", ".", "-p", "no:cacheprovider", "-W", "ignore"]
     return subprocess.run(
         [sys.executable, "-m", "support.test_tiers", *isolated, *args],
@@ -68,3 +70,23 @@ def test_a_disk_with_less_free_than_the_suite_writes_is_named_once():
     assert disk_warnings([here, here / "src"], needed_gb=0) == []
     [line] = disk_warnings([here, here / "src"], needed_gb=1e9)  # one file system, named once
     assert line.startswith("make test: ") and f"the disk of {here};" in line and "No space left on device" in line
+
+
+def sees_wait_policy(expected: str | None, e2e: bool = False) -> str:
+    """A test file whose one test passes where OMP_WAIT_POLICY is `expected` (None: not set)."""
+    mark = "@pytest.mark.e2e\n" if e2e else ""
+    return (
+        f"import os\n\nimport pytest\n\n\n{mark}def test_wait_policy():\n"
+        f"    assert os.environ.get('OMP_WAIT_POLICY') == {expected!r}\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("given", "in_process", "e2e"), [({}, "PASSIVE", None), ({"OMP_WAIT_POLICY": "ACTIVE"}, "ACTIVE", "ACTIVE")]
+)
+def test_the_in_process_tiers_threads_wait_asleep_unless_the_user_says_otherwise(tmp_path, given, in_process, e2e):
+    (tmp_path / "test_a.py").write_text(sees_wait_policy(in_process))
+    (tmp_path / "test_b.py").write_text(sees_wait_policy(e2e, e2e=True))
+    completed = run_tiers(tmp_path, **given)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    assert "2 passed" not in completed.stdout and completed.stdout.count("1 passed") == 2, completed.stdout
