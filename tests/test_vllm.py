@@ -179,18 +179,15 @@ def embedded():
 SERVABLE_TINY = [*TINY_RUN, "model.architecture.num_attention_heads=2", "model.architecture.num_key_value_heads=1"]
 
 
-def servable_tiny_dir(cache_dir: Path) -> str:
+@pytest.fixture(scope="module")
+def servable_tiny(tmp_path_factory) -> str:
     """SERVABLE_TINY's model saved with its tokenizer, for `grpo-exp serve --model <dir>` (its weights are the
-    trainer's after the first sync: TRL syncs the server before the first batch)."""
+    trainer's after the first sync: TRL syncs the server before the first batch) and for a model taught from it."""
     from grpo_exp.models import load_tokenizer, materialise_tiny
 
     cfg = compose_config(SERVABLE_TINY)
-    return str(materialise_tiny(cfg.model, load_tokenizer(cfg.model, cfg.cache_dir), str(cache_dir), seed=0))
-
-
-@pytest.fixture(scope="module")
-def servable_tiny(tmp_path_factory) -> str:
-    return servable_tiny_dir(tmp_path_factory.mktemp("servable_tiny"))
+    cache_dir = str(tmp_path_factory.mktemp("servable_tiny"))
+    return str(materialise_tiny(cfg.model, load_tokenizer(cfg.model, cfg.cache_dir), cache_dir, seed=0))
 
 
 @pytest.fixture(scope="module")
