@@ -1,8 +1,7 @@
 """The one seam between grpo_exp and TRL's GRPOTrainer internals: it overrides TRL's methods, each a short delegation
 to a feature module beside it (zero_variance, imputation, sampling, shared_prompt, advantages, losses, turn_credit).
 It translates; the features decide. TRL's state is read here and in grpo_exp.trainer.trl_surface (mixed into the same
-class), both declared in trl_contract and checked by tests/test_trl_contract.py against the installed TRL.
-"""
+class), both declared in trl_contract and checked by tests/test_trl_contract.py against the installed TRL."""
 
 import functools
 
@@ -103,8 +102,7 @@ class HookedGRPOTrainer(TrainingHooks, TRLSurface, GRPOTrainer):
         (grpo_exp.trainer.sampling)."""
         policy = self.accelerator.unwrap_model(self.model)
         self.mismatch.see_policy(policy.dtype)
-        text_only = images is None and not multimodal_fields
-        training = self.model.training and text_only
+        training = self.model.training and images is None and not multimodal_fields  # text only
         copy = self.sampler.copy_to_sample(policy, prompt_ids[0]) if training else None
         with_log_probs = training and self.mismatch.wants_sampler_log_probs
         if copy is not None:
@@ -174,9 +172,8 @@ class HookedGRPOTrainer(TrainingHooks, TRLSurface, GRPOTrainer):
         if self.args.advantage_estimator != TRL_ADVANTAGES:
             self._replace_advantages(len(inputs), output)
         turn_signal = self._credit_turns(inputs, output) if self.args.turn_credit == "discounted_return" else None
-        batch = None
-        if self.wants_scored_batch or self.args.zero_variance_groups is not ZeroVarianceGroups.keep:
-            batch = self._scored_batch(inputs, output)  # before the loss mask: lengths count every generated token
+        scored = self.wants_scored_batch or self.args.zero_variance_groups is not ZeroVarianceGroups.keep
+        batch = self._scored_batch(inputs, output) if scored else None  # before the loss mask: lengths count all
         if self.wants_scored_batch:
             self.after_scoring(batch)
         mask = self.loss_token_mask(inputs, output["completion_ids"], output["completion_mask"])
