@@ -13,8 +13,8 @@ from pathlib import Path
 
 from benchmarks.arguments import run_directory_with
 from grpo_exp.answers import BUILT_IN, normalise_answer
+from grpo_exp.measures import paired_change, wilson_interval
 from grpo_exp.run_files import read_jsonl
-from grpo_exp.stats import paired_change, wilson_interval
 
 
 def outcomes(run_dir: Path, when: str, rule: str | None) -> dict[str, float]:

@@ -14,8 +14,8 @@ from pathlib import Path
 from scipy.stats import binomtest
 
 from benchmarks.arguments import run_directory_with
+from grpo_exp.measures import mean_interval
 from grpo_exp.run_files import read_jsonl
-from grpo_exp.stats import mean_interval
 
 
 def won(path: Path) -> dict[str, list[bool]]:

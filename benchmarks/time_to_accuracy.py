@@ -258,7 +258,7 @@ def report(results: list[dict], arms: list[str]) -> None:
 
 def report_time_to(results: list[dict], arms: list[str], baseline: str) -> None:
     """Each arm's time to the bare TRL run's final accuracy (same seed) over the baseline arm's, seed by seed."""
-    from grpo_exp.stats import mean_interval
+    from grpo_exp.measures import mean_interval
 
     by = {(r["arm"], r["seed"]): r for r in results}
     for arm in [a for a in arms if a not in ("trl", baseline)]:
@@ -286,7 +286,7 @@ def report_paired(results: list[dict], arms: list[str], baseline: str) -> None:
     their differences; the mean difference with its 95% t interval over seeds (each seed's training is the unit
     that varies); and over every (seed, problem) pair, the paired t interval and the exact sign test on the pairs
     where the two runs disagree."""
-    from grpo_exp.stats import exact_sign_test, mean_interval, paired_change
+    from grpo_exp.measures import exact_sign_test, mean_interval, paired_change
 
     by = {(r["arm"], r["seed"]): r for r in results}
     for arm in [a for a in arms if a != baseline]:
@@ -319,7 +319,7 @@ def report_paired(results: list[dict], arms: list[str], baseline: str) -> None:
 
 def report_against_repeat(results: list[dict], arms: list[str], baseline: str, repeat: str) -> None:
     """Each arm against the baseline's two runs of each seed (the baseline and its repeat): the run is the unit."""
-    from grpo_exp.stats import against_repeated_baseline
+    from grpo_exp.measures import against_repeated_baseline
 
     accuracy = {arm: {r["seed"]: r["accuracy_after"] for r in results if r["arm"] == arm} for arm in arms}
     for arm in [a for a in arms if a not in (baseline, repeat)]:

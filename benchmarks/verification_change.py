@@ -13,9 +13,9 @@ import random
 import sys
 from pathlib import Path
 
+from grpo_exp.measures import auroc
 from grpo_exp.models import load_model, load_tokenizer, model_option_config
 from grpo_exp.run_files import BENCHMARK_FILE, FINAL_CHECKPOINT_DIR
-from grpo_exp.stats import auroc
 from grpo_exp.verification.benchmark import benchmark_metrics, load_benchmark
 from grpo_exp.verification.p_yes import policy_p_yes
 from support.config import resolved_config

@@ -18,7 +18,8 @@ from grpo_exp.data import check_data_files, load_splits
 from grpo_exp.errors import UserError
 from grpo_exp.paths import experiment_presets
 from grpo_exp.run.build import build_parts
-from grpo_exp.run.resolve import resolve, saved_path_overrides
+from grpo_exp.run.resolve import resolve
+from grpo_exp.run.setting_paths import saved_path_overrides
 from grpo_exp.run_files import latest_evaluation
 from support.config import TINY_RUN, compose_config
 from tests.helpers.cli import run_cli, run_command

@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from grpo_exp.deprecated import renamed_config, translate_argv, translate_override
-from grpo_exp.run.resolve import resolve, saved_path_overrides
+from grpo_exp.run.resolve import resolve
+from grpo_exp.run.setting_paths import saved_path_overrides
 from grpo_exp.run.sources import compose_with, resolve_source
 from grpo_exp.run_files import FINAL_CHECKPOINT_DIR
 from grpo_exp.schema import ScorerName

@@ -27,8 +27,8 @@ from grpo_exp.analysis.diagnosis.rules import (
     turns_exhausted,
 )
 from grpo_exp.diagnose import main as diagnose_main
+from grpo_exp.measures import paired_change, problems_to_resolve, wilson_interval
 from grpo_exp.run.labels_check import answers_alike
-from grpo_exp.stats import paired_change, problems_to_resolve, wilson_interval
 from support.config import TINY_RUN
 from tests.helpers.cli import run_cli
 

@@ -5,18 +5,16 @@ import math
 import pytest
 import torch
 
+from grpo_exp.measures import exact_sign_test, mean_interval, paired_differences
 from grpo_exp.stats import (
     advantage_stats,
     correctness_stats,
     diversity_stats,
-    exact_sign_test,
     final_answers,
     group_statistics,
     length_by_correctness,
     majority_vote_accuracy,
-    mean_interval,
     ngram_overlap,
-    paired_differences,
     pass_at_k,
     reward_spread,
 )
@@ -160,7 +158,7 @@ def test_the_paired_report_sets_each_arm_against_the_baseline_seed_by_seed_and_p
 
 
 def test_against_a_repeated_baseline_each_seeds_run_is_the_unit():
-    from grpo_exp.stats import against_repeated_baseline
+    from grpo_exp.measures import against_repeated_baseline
 
     baseline = {42: 0.40, 43: 0.50, 44: 0.60}
     repeat = {42: 0.44, 43: 0.46, 44: 0.60}

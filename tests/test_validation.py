@@ -7,6 +7,13 @@ import pytest
 
 from grpo_exp.analysis.alarms import hacking_alarm
 from grpo_exp.errors import UserError
+from grpo_exp.measures import (
+    accuracy_change_interval,
+    accuracy_standard_error,
+    auroc_change_interval,
+    auroc_standard_error,
+    slope_interval,
+)
 from grpo_exp.run.kept_models import Best, KeptModels, best_of, ranked
 from grpo_exp.run.tracking import read_metrics
 from grpo_exp.run.validation import (
@@ -19,13 +26,6 @@ from grpo_exp.run.validation import (
 )
 from grpo_exp.run_files import latest_evaluation
 from grpo_exp.schema import AlarmAction
-from grpo_exp.stats import (
-    accuracy_change_interval,
-    accuracy_standard_error,
-    auroc_change_interval,
-    auroc_standard_error,
-    slope_interval,
-)
 from support.config import TINY_RUN, compose_config
 from tests.helpers.cli import CliRun, copied_run, run_cli
 

@@ -5,8 +5,8 @@ import math
 import pytest
 from transformers import AutoModelForCausalLM
 
+from grpo_exp.measures import auroc, balanced_accuracy, bootstrap_interval
 from grpo_exp.models import load_tokenizer
-from grpo_exp.stats import auroc, balanced_accuracy, bootstrap_interval
 from grpo_exp.verification.benchmark import (
     benchmark_metrics,
     load_benchmark,

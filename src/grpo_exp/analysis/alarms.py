@@ -9,8 +9,8 @@
 import statistics
 from collections import Counter
 
+from grpo_exp.measures import accuracy_change_interval, auroc_change_interval, slope_interval
 from grpo_exp.run_files import HELDOUT_ACCURACY as METRIC
-from grpo_exp.stats import accuracy_change_interval, auroc_change_interval, slope_interval
 
 # The setting that cuts a completion: its whole length, or (multi-turn) each turn's
 MAX_COMPLETION, MAX_TURN = "trainer.max_completion_length", "rollout.max_tokens_per_turn"

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from grpo_exp.analysis.diagnosis import diagnose, read_run
+from grpo_exp.measures import mean_interval, paired_differences, quarter_means
 from grpo_exp.run_files import HELDOUT_ACCURACY as HELDOUT
 from grpo_exp.run_files import (
     METRICS_FILE,
@@ -19,7 +20,6 @@ from grpo_exp.run_files import (
     read_yaml,
     step_seconds,
 )
-from grpo_exp.stats import mean_interval, paired_differences, quarter_means
 
 CURVES = ["reward", "groups/pass@1", "groups/reward/frac_zero_std", "kl", "advantages/mean_abs", "entropy"]
 SEED = "trainer.seed"

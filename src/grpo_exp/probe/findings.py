@@ -15,8 +15,8 @@ import math
 import statistics
 from dataclasses import dataclass
 
+from grpo_exp.measures import mean_interval
 from grpo_exp.probe.attacks import RIGHT, WRONG
-from grpo_exp.stats import mean_interval
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ from rich.console import Console
 from rich.table import Table
 
 from grpo_exp.analysis.diagnosis import Finding, diagnosis_lines
+from grpo_exp.measures import quarter_means
 from grpo_exp.run.tracking import read_metrics
-from grpo_exp.stats import quarter_means
 
 
 def reward_trend(metrics: list[dict], key: str = "reward") -> tuple[float, float]:

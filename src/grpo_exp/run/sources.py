@@ -15,7 +15,7 @@ from grpo_exp.errors import DamagedFile, UserError
 from grpo_exp.paths import CONF_DIR
 from grpo_exp.plugins import ensure_cwd_importable
 from grpo_exp.run.kept_models import BEST_CHECKPOINT_DIR, TOP_CHECKPOINTS_DIR
-from grpo_exp.run.resolve import saved_path_overrides
+from grpo_exp.run.setting_paths import saved_path_overrides
 from grpo_exp.run_files import FINAL_CHECKPOINT_DIR, read_yaml
 
 

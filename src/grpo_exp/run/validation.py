@@ -20,11 +20,11 @@ from transformers import TrainerCallback
 from grpo_exp.analysis.alarms import hacking_alarm, labelled
 from grpo_exp.config_rules import OnlyWith
 from grpo_exp.errors import UserError
+from grpo_exp.measures import accuracy_standard_error, auroc_standard_error
 from grpo_exp.run.kept_models import METRIC, Best, KeptModels
 from grpo_exp.run.tracking import read_metrics
 from grpo_exp.run_files import METRICS_FILE
 from grpo_exp.schema import AlarmAction
-from grpo_exp.stats import accuracy_standard_error, auroc_standard_error
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from grpo_exp.config_rules import OnlyWith
 from grpo_exp.generation import generate_completions
-from grpo_exp.stats import auroc, balanced_accuracy, bootstrap_interval
+from grpo_exp.measures import auroc, balanced_accuracy, bootstrap_interval
 from grpo_exp.verification.labels import Labels
 from grpo_exp.verification.p_yes import policy_p_yes
 from grpo_exp.verification.selfverify import (

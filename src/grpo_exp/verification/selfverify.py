@@ -15,8 +15,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from grpo_exp.answers import AnswerExtractor
+from grpo_exp.measures import auroc
 from grpo_exp.schema import ShownPart
-from grpo_exp.stats import auroc
 from grpo_exp.text import BOXED, last_boxed_span
 
 YES, NO = "Yes", "No"

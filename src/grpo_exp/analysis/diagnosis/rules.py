@@ -11,8 +11,8 @@ from dataclasses import asdict, dataclass
 from grpo_exp.analysis.alarms import MAX_COMPLETION, MAX_TURN, TURN_CUT, entropy_alarm, truncation_warning
 from grpo_exp.analysis.diagnosis.evidence import RunEvidence
 from grpo_exp.answers import BUILT_IN, final_sentence, lenient_match, normalise_answer, vote_key
+from grpo_exp.measures import paired_change, problems_to_resolve, slope_interval, wilson_interval
 from grpo_exp.schema import TrainerSchema
-from grpo_exp.stats import paired_change, problems_to_resolve, slope_interval, wilson_interval
 
 ZERO_STD = "frac_reward_zero_std"  # TRL's: the share of groups whose rewards have no spread
 NO_SIGNAL_SHARE = 0.75  # most groups without spread: the 95% interval of their share above this
