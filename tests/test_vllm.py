@@ -605,7 +605,7 @@ def test_serve_refuses_on_cpu_a_model_whose_heads_vllms_cpu_attention_does_not_s
     request. Refused before vLLM starts, naming --model and the sizes it serves."""
     from grpo_exp import serve
 
-    monkeypatch.setattr(serve.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     monkeypatch.setattr(serve.os, "execve", lambda *args: pytest.fail("vLLM was started"))
     with pytest.raises(UserError, match=r"--model=tiny: its attention heads are of 16 dimensions.*32, 64"):
         serve.main(["--model", "tiny", "--port", "8123"])

@@ -11,21 +11,18 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 from rich.console import Console
 from rich.table import Table
 
 from grpo_exp.errors import UserError, run_command
 from grpo_exp.run.config_store import register_schemas
-from grpo_exp.run.evaluation import HeldoutEval
-from grpo_exp.run.heldout import SampledResult
-from grpo_exp.run.resolve import resolve
-from grpo_exp.run.setup import HELDOUT, load_policy, set_up
 from grpo_exp.run.sources import command_args, composed, resolve_source
-from grpo_exp.run.tracking import Tracker, masked_override
-from grpo_exp.run.vllm_evaluation import answered_through_vllm
 from grpo_exp.run_files import check_command_outputs, new_evaluation_files
+
+if TYPE_CHECKING:
+    from grpo_exp.run.heldout import SampledResult
 
 EPILOG = """\
 The first argument may be a grpo_exp run directory (its config is re-composed and its checkpoint-final
@@ -49,7 +46,7 @@ def parse_args(argv: list[str]) -> tuple[list[str], list[str]]:
     return command_args(argv, "python -m grpo_exp.evaluate", __doc__, EPILOG, "[RUN_DIR | CHECKPOINT] [KEY=VALUE ...]")
 
 
-def write_answers(path: Path, greedy: list[dict], sampled: SampledResult | None) -> None:
+def write_answers(path: Path, greedy: list[dict], sampled: "SampledResult | None") -> None:
     """One line per problem: its question, reference, greedy answer and (eval.samples > 0) its sampled answers, each
     with the extracted answer and its label."""
     with path.open("w", encoding="utf-8") as f:
@@ -65,6 +62,15 @@ def main(argv: list[str] | None = None) -> dict:
     warnings.filterwarnings("ignore", category=FutureWarning)
     register_schemas()
     source = resolve_source(*parse_args(sys.argv[1:] if argv is None else argv))
+    # torch, the model libraries and the run's modules: after the arguments (--help, a bad one: answered without them)
+    import torch
+
+    from grpo_exp.run.evaluation import HeldoutEval
+    from grpo_exp.run.resolve import resolve
+    from grpo_exp.run.setup import HELDOUT, load_policy, set_up
+    from grpo_exp.run.tracking import Tracker, masked_override
+    from grpo_exp.run.vllm_evaluation import answered_through_vllm
+
     overrides, out_dir = source.overrides, source.out_dir
     cfg = composed(source)
     spec = resolve(cfg, processes=1, evaluating=True)

@@ -21,24 +21,25 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
 
 from grpo_exp.errors import UserError, run_command
-from grpo_exp.models import load_tokenizer
 from grpo_exp.probe.attacks import RIGHT, WRONG
 from grpo_exp.probe.battery import MIX, ProbeResult, finding_lines, probe_heldout
 from grpo_exp.run.config_store import register_schemas
-from grpo_exp.run.resolve import RunSpec, resolve
-from grpo_exp.run.setup import set_up
 from grpo_exp.run.sources import command_args, composed, resolve_source
 from grpo_exp.run_files import check_command_outputs
+
+if TYPE_CHECKING:
+    from grpo_exp.run.resolve import RunSpec
 
 log = logging.getLogger(__name__)
 
 
-def probe_run(spec: RunSpec, parts, tokenizer, heldout) -> ProbeResult:
+def probe_run(spec: "RunSpec", parts, tokenizer, heldout) -> ProbeResult:
     """The probe of this run's rewards, as training would call them."""
     if parts.rollout is not None:
         raise UserError(
@@ -86,6 +87,11 @@ def main(argv: list[str] | None = None) -> ProbeResult:
     warnings.filterwarnings("ignore", category=FutureWarning)
     register_schemas()
     source = resolve_source(*parse_args(sys.argv[1:] if argv is None else argv))
+    # torch, the model libraries and the run's modules: after the arguments (--help, a bad one: answered without them)
+    from grpo_exp.models import load_tokenizer
+    from grpo_exp.run.resolve import resolve
+    from grpo_exp.run.setup import set_up
+
     cfg = composed(source)  # the user's modules importable: their reward components and attacks
     spec = resolve(cfg, processes=1, evaluating=source.out_dir is not None, probing=True)
     out_dir = source.out_dir or Path(cfg.outputs_dir) / "probe" / time.strftime("%Y-%m-%d_%H-%M-%S")

@@ -5,6 +5,7 @@ scorer is built once by the run (grpo_exp.run.build) and shared with whoever els
 """
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from omegaconf import MISSING, DictConfig
 
@@ -13,7 +14,9 @@ from grpo_exp.rewards.components import reward_component
 from grpo_exp.schema import ScorerName, ShownPart
 from grpo_exp.text import completion_text, prompt_text
 from grpo_exp.verification.labels import Labels
-from grpo_exp.verification.p_yes import PYesScorer
+
+if TYPE_CHECKING:  # its module loads torch and transformers, which naming the component needs not
+    from grpo_exp.verification.p_yes import PYesScorer
 
 
 @dataclass
@@ -35,7 +38,7 @@ def _check_in_run(settings: DictConfig, cfg: DictConfig, processes: int) -> None
 
 
 @reward_component("confidence", ConfidenceReward, graded=True, check=_check_in_run)
-def make_confidence_reward(p_yes: PYesScorer, show: ShownPart, verifier: Labels):
+def make_confidence_reward(p_yes: "PYesScorer", show: ShownPart, verifier: Labels):
     def confidence(prompts, completions, question=None, **kwargs) -> list[float]:
         """P(Yes) of the verifier asked whether the completion correctly answers the prompt."""
         texts = [completion_text(c) for c in completions]

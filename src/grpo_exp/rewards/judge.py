@@ -29,8 +29,6 @@ from omegaconf import MISSING, DictConfig
 from grpo_exp.config_rules import OnlyWith, mix
 from grpo_exp.errors import UserError
 from grpo_exp.failure_budget import FailureBudget
-from grpo_exp.generation import generate_completions
-from grpo_exp.models import check_frozen_copies, check_reachable, load_frozen, load_tokenizer, model_option_config
 from grpo_exp.rewards.components import reward_component
 from grpo_exp.rewards.rubric import (
     Rubric,
@@ -42,7 +40,6 @@ from grpo_exp.rewards.rubric import (
     rubric_reward,
     score_position,
 )
-from grpo_exp.rewards.score_tokens import score_tokens_locally
 from grpo_exp.schema import JudgeBackend, JudgeMode, StructuredOutput
 from grpo_exp.text import completion_text, prompt_text
 
@@ -52,9 +49,13 @@ TOP_LOGPROBS = 20  # enough for the (at most ten) score tokens; vLLM's default l
 
 
 class LocalJudge:
-    """A frozen model in this process; loaded on first use, then kept."""
+    """A frozen model in this process; loaded on first use, then kept. (grpo_exp.models and the modules that run the
+    model import torch and transformers: they are imported where a judge is made, not where the judge component is
+    only named, as by --help and --cfg.)"""
 
     def __init__(self, cfg: DictConfig, cache_dir: str):
+        from grpo_exp.models import model_option_config
+
         self.cfg, self.cache_dir, self.rubric = cfg, cache_dir, rubric_of(cfg)
         self.model_cfg = model_option_config(cfg.model)
         if cfg.dtype is not None:
@@ -62,6 +63,8 @@ class LocalJudge:
         self._model = self.tokenizer = None
 
     def _load(self):
+        from grpo_exp.models import load_frozen, load_tokenizer
+
         if self._model is None:
             log.info("Loading the judge model %s", self.cfg.model)
             self.tokenizer = load_tokenizer(self.model_cfg, self.cache_dir)
@@ -69,11 +72,15 @@ class LocalJudge:
 
     async def score_tokens(self, conversations: list[list[dict]], groups: list[str]) -> list[list[float] | None]:
         """`groups`: the question each conversation judges; a group's shared opening is read once."""
+        from grpo_exp.rewards.score_tokens import score_tokens_locally
+
         self._load()
         prompts = [chat_prompt(self.tokenizer, c) for c in conversations]
         return score_tokens_locally(self._model, self.tokenizer, prompts, self.cfg.batch_size, groups, self.rubric)
 
     async def complete(self, conversations: list[list[dict]], temperature: float) -> list[str | None]:
+        from grpo_exp.generation import generate_completions
+
         self._load()
         # The rubric JSON is flat: generation can stop at its closing brace instead of running to the limit.
         return generate_completions(
@@ -100,6 +107,8 @@ class OpenAIJudge:
     """Any OpenAI-compatible endpoint; one step's requests run concurrently, at most judge.concurrency at once."""
 
     def __init__(self, cfg: DictConfig, cache_dir: str):
+        from grpo_exp.models import model_option_config
+
         self.cfg, self.cache_dir, self.rubric = cfg, cache_dir, rubric_of(cfg)
         # scores mode renders the chat template here: the tokenizer of the served model (judge.tokenizer).
         self.tokenizer_cfg = model_option_config(cfg.tokenizer or cfg.model, "judge.tokenizer")
@@ -117,6 +126,8 @@ class OpenAIJudge:
         """`groups` is not needed here: servers reuse shared prompt openings themselves (vLLM's prefix caching,
         llama.cpp's prompt cache)."""
         from openai import OpenAIError
+
+        from grpo_exp.models import load_tokenizer
 
         if self.tokenizer is None:
             self.tokenizer = load_tokenizer(self.tokenizer_cfg, self.cache_dir)
@@ -252,6 +263,8 @@ def check_judge(cfg: DictConfig, processes: int = 1) -> None:
     """What the schema cannot check of the judge (the resolve phase; no model is loaded, no request sent): the
     rubric, an endpoint's settings, and the model (or the endpoint's tokenizer, in scores mode) found; a local judge's
     copies, one per process, must fit."""
+    from grpo_exp.models import check_frozen_copies, check_reachable
+
     check_rubric(cfg)
     if cfg.backend is JudgeBackend.openai:
         for key in ("model", "base_url"):

@@ -3,7 +3,6 @@
 from dataclasses import dataclass
 
 from omegaconf import MISSING
-from trl.rewards import get_repetition_penalty_reward
 
 from grpo_exp.rewards.components import reward_component
 from grpo_exp.schema import knob
@@ -18,6 +17,8 @@ class RepetitionReward:
 
 @reward_component("repetition", RepetitionReward)
 def make_repetition_reward(ngram_size: int, max_penalty: float):
+    from trl.rewards import get_repetition_penalty_reward  # TRL: when a run builds it, not for --help
+
     penalty = get_repetition_penalty_reward(ngram_size=ngram_size, max_penalty=max_penalty)
 
     def repetition(completion_ids, **kwargs) -> list[float]:

@@ -2,14 +2,18 @@
 
 Each prompt is a chat-templated judge request ending where the reply starts; the reply is opened at each
 criterion's score (`{"accuracy": `) and the judge's distribution over the rubric's score tokens ("1".."5") there
-gives an expected score. Prompts that judge answers to the same question share their opening, which is read once."""
+gives an expected score. Prompts that judge answers to the same question share their opening, which is read once.
 
-import torch
+torch is imported where a model is read, not with the module: every module of grpo_exp.rewards is imported to find
+the components (grpo_exp.rewards.components), also where they are only named (--help, --cfg)."""
+
+from typing import TYPE_CHECKING
 
 from grpo_exp.errors import UserError
-from grpo_exp.generation import left_padded_eval
-from grpo_exp.masks import MASKABLE_ATTENTION, additive_mask, branch_attention
 from grpo_exp.rewards.rubric import QUALITY, Rubric, expected_score, score_position
+
+if TYPE_CHECKING:
+    import torch
 
 
 def score_token_ids(tokenizer, prefix: str, rubric: Rubric = QUALITY) -> list[int]:
@@ -25,7 +29,6 @@ def score_token_ids(tokenizer, prefix: str, rubric: Rubric = QUALITY) -> list[in
     return ids
 
 
-@torch.no_grad()
 def score_tokens_locally(
     model, tokenizer, prompts: list[str], batch_size: int, groups: list[str] | None = None, rubric: Rubric = QUALITY
 ) -> list[list[float]]:
@@ -34,10 +37,14 @@ def score_tokens_locally(
     Prompts with the same `groups` key (the question a group of completions answers) share their opening: the
     rubric's instructions and the question. That opening is read once per group; then one pass reads each prompt's
     own rest and, as branches after it, the reply opened at every criterion's score."""
+    import torch
+
+    from grpo_exp.generation import left_padded_eval
+
     digits = score_token_ids(tokenizer, prompts[0] + score_position(rubric.criteria[0]), rubric)
     groups = groups or list(range(len(prompts)))
     scores: list[list[float]] = []
-    with left_padded_eval(model, tokenizer):
+    with left_padded_eval(model, tokenizer), torch.no_grad():
         for start in range(0, len(prompts), batch_size):
             chunk = slice(start, start + batch_size)
             scores += _score_batch(model, tokenizer, prompts[chunk], groups[chunk], digits, rubric)
@@ -47,6 +54,10 @@ def score_tokens_locally(
 def _score_batch(
     model, tokenizer, prompts: list[str], groups: list, digits: list[int], rubric: Rubric
 ) -> list[list[float]]:
+    import torch
+
+    from grpo_exp.masks import MASKABLE_ATTENTION
+
     prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
     branches = [
         tokenizer([p + score_position(c) for c in rubric.criteria], add_special_tokens=False)["input_ids"]
@@ -93,12 +104,16 @@ def _forward(model, batch):
     return out.logits[:, -1, :], out.past_key_values, mask
 
 
-def _read_branches(model, cache, cached_mask, rests, tails, pad: int) -> torch.Tensor:
+def _read_branches(model, cache, cached_mask, rests, tails, pad: int) -> "torch.Tensor":
     """Each row's cached opening continued by its rest, then by each of its branches (the criteria's openings of
     the reply), all in one pass: a branch sees the cache, its row's rest and itself, never another branch, so the
     cache is not copied per branch. The logits at each branch's end, row-major.
 
     Columns: the rests left-padded to one width, then branch k of every row right-padded to branch k's width."""
+    import torch
+
+    from grpo_exp.masks import additive_mask, branch_attention
+
     rows, widths = len(rests), [max(len(row[k]) for row in tails) for k in range(len(tails[0]))]
     rest_width = max(len(r) for r in rests)
     ids = torch.full((rows, rest_width + sum(widths)), pad, dtype=torch.long)

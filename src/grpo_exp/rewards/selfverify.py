@@ -21,7 +21,6 @@ from grpo_exp.schema import (
 )
 from grpo_exp.text import completion_text
 from grpo_exp.verification.selfverify import parse_judgement, verification_reward
-from grpo_exp.verification.task import SelfVerificationTask, check_task
 
 
 @dataclass
@@ -63,11 +62,21 @@ class SelfVerifyReward:
 
 
 def _check_task(settings: DictConfig, cfg: DictConfig) -> None:
+    from grpo_exp.verification.task import check_task
+
     check_task(settings, cfg.trainer, cfg.algorithm)
 
 
+def _build_task(cfg: DictConfig, verifier, p_yes, seed: int):
+    """grpo_exp.verification.task's SelfVerificationTask (torch and datasets: imported when a run builds it, not
+    where the component is only named, as by --help and --cfg)."""
+    from grpo_exp.verification.task import SelfVerificationTask
+
+    return SelfVerificationTask(cfg, verifier, p_yes, seed)
+
+
 # The verification prompts are the task's (grpo_exp.verification.task), mixed into batches by the trainer.
-TASK = Task("the self-verification task", SelfVerificationTask, check=_check_task)
+TASK = Task("the self-verification task", _build_task, check=_check_task)
 
 
 @reward_component(

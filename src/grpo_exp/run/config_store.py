@@ -41,8 +41,8 @@ def __getattr__(name: str) -> type:
 
 
 def register_schemas() -> None:
-    # The components' modules import transformers, which reads HF_HUB_OFFLINE at import: tests set it first
-    # (tests/conftest.py imports this module before).
+    # The components' modules import no model library (torch, transformers, TRL: tests/test_command.py), so that
+    # --help, --cfg and a refused key answer without loading them.
     from grpo_exp.rewards.registry import REWARD_COMPONENTS
 
     store = ConfigStore.instance()

@@ -12,20 +12,12 @@ import re
 import threading
 from collections.abc import Callable
 
-from latex2sympy2_extended import NormalizationConfig
-from math_verify import LatexExtractionConfig, parse, verify
-
 from grpo_exp.answers import AnswerExtractor
 from grpo_exp.text import BOXED, stated_answer
 
 # (texts, references, entries=None: each reasoning-gym entry, for task_score) -> True / False / None each
 Verifier = Callable[..., list[bool | None]]
 
-BOXED_ONLY = [
-    LatexExtractionConfig(
-        normalization_config=NormalizationConfig(units=True), boxed_match_priority=0, try_extract_without_anchor=False
-    )
-]
 # Two numbers joined by + - * × · ÷ \times \cdot \div: unevaluated arithmetic, not a value (3/4 is a fraction).
 UNEVALUATED = re.compile(r"\d\s*(?:[-+*×·÷]|\\times|\\cdot|\\div)\s*\(?\s*-?\s*\d")
 # The final answer lives at the end; a bounded tail keeps parsing time bounded on huge completions.
@@ -44,9 +36,27 @@ def _timeout() -> int | None:
     return TIMEOUT_SECONDS if threading.current_thread() is threading.main_thread() else None
 
 
+@functools.cache
+def _boxed_only() -> list:
+    """math-verify's extraction of a \\boxed{} answer only (math-verify and sympy: imported when an answer is first
+    parsed, not where the labels are only named, as by --help and --cfg)."""
+    from latex2sympy2_extended import NormalizationConfig
+    from math_verify import LatexExtractionConfig
+
+    return [
+        LatexExtractionConfig(
+            normalization_config=NormalizationConfig(units=True),
+            boxed_match_priority=0,
+            try_extract_without_anchor=False,
+        )
+    ]
+
+
 @functools.lru_cache(maxsize=4096)
 def parse_reference(reference: str) -> list:
     """Cached: the G completions of a group share one reference."""
+    from math_verify import parse
+
     return parse(str(reference), parsing_timeout=_timeout())
 
 
@@ -59,5 +69,7 @@ def answer_score(text: str, reference: str, extract: AnswerExtractor = stated_an
     answer = extract(text[-TAIL_CHARS:])
     if answer is None or UNEVALUATED.search(answer):
         return 0.0
-    parsed = parse(BOXED + answer + "}", extraction_config=BOXED_ONLY, parsing_timeout=_timeout())
+    from math_verify import parse, verify
+
+    parsed = parse(BOXED + answer + "}", extraction_config=_boxed_only(), parsing_timeout=_timeout())
     return float(verify(gold, parsed, timeout_seconds=_timeout()))

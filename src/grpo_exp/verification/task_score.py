@@ -11,7 +11,6 @@ import json
 from collections.abc import Callable
 
 from omegaconf import DictConfig
-from reasoning_gym import get_score_answer_fn
 
 from grpo_exp.answers import AnswerExtractor
 from grpo_exp.errors import UserError
@@ -22,7 +21,10 @@ ENTRY = "task_entry"  # the dataset column that holds each row's reasoning-gym e
 
 @functools.cache
 def _scorer(task: str) -> Callable:
-    """The task's score_answer, built once per task (reasoning-gym builds a dataset object for it)."""
+    """The task's score_answer, built once per task (reasoning-gym builds a dataset object for it; reasoning-gym is
+    imported here, when a task is scored, not where the labels are only named)."""
+    from reasoning_gym import get_score_answer_fn
+
     return get_score_answer_fn(task)
 
 
