@@ -140,6 +140,7 @@ def run_trl(seed: int, overrides: list[str]) -> dict:
         started = time.perf_counter()
         trainer.train()
         seconds = time.perf_counter() - started
+        steps = step_records(trainer.state.log_history)
     _, heldout = load_splits(spec.cfg.dataset)
     result = heldout_accuracy(
         trainer.model,
@@ -150,7 +151,7 @@ def run_trl(seed: int, overrides: list[str]) -> dict:
         spec.cfg.eval.batch_size,
         None,
     )
-    return {"train_seconds": seconds, "accuracy_after": result.accuracy}
+    return {"train_seconds": seconds, "accuracy_after": result.accuracy, "steps": steps}
 
 
 def run_grpo_exp(
@@ -192,8 +193,21 @@ def run_grpo_exp(
         "accuracy_before": summary.get("heldout_accuracy_before_warmup", summary["heldout_accuracy_before"]),
         "accuracy_after": summary["heldout_accuracy_after"],
         "correct_after": [None if (c := json.loads(line)["correct"]) is None else int(c) for line in answers],
+        "steps": step_records(metrics),
     }
     return result | ({"every": every, "validations": validations(metrics, warmed)} if every else {})
+
+
+def step_records(metrics: list[dict]) -> list[list[float]]:
+    """[step, its seconds, its share of groups without a reward spread] of each logged training step: where a run's
+    time went step by step (with grpo_exp's default `skip`, a step whose groups all tie has no loss to compute)."""
+    from grpo_exp.run_files import step_seconds
+
+    return [
+        [record["step"], step_seconds(record), record.get("frac_reward_zero_std")]
+        for record in metrics
+        if step_seconds(record) is not None
+    ]
 
 
 def validations(metrics: list[dict], start: float = 0.0) -> list[list[float]]:
