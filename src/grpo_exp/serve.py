@@ -72,13 +72,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)  # --help and bad arguments: answered before torch loads
+    if not 0 < args.port < 65536:
+        raise UserError(f"--port={args.port} is not a port (1 to 65535)")
     import torch
 
     from grpo_exp.models import check_reachable, load_tokenizer, model_option_config, model_source, torch_dtype
     from grpo_exp.trainer.vllm_engine import check_cpu_head_size, check_vllm_installed
 
-    if not 0 < args.port < 65536:
-        raise UserError(f"--port={args.port} is not a port (1 to 65535)")
     model_cfg = model_option_config(args.model, key="--model")
     try:
         check_reachable(model_cfg)
