@@ -2,7 +2,9 @@
 variable set at runtime by a library the tests import (deepspeed's) must not send every later command cold."""
 
 import os
+import signal
 import sys
+import time
 
 import pytest
 
@@ -59,3 +61,41 @@ def test_the_server_starts_and_a_command_is_forked_from_it(tmp_path):
     result = warm.run([sys.executable, "-m", "parent_of_me"], tmp_path, dict(os.environ), timeout=60)
     assert result.returncode == 0, result.stderr
     assert int(result.stdout) == server.process.pid
+
+
+WAITS = "import pathlib, time\npathlib.Path('started').touch()\ntime.sleep(120)\n"
+
+
+def signal_once_started(directory):
+    def on_start(pid: int) -> None:
+        deadline = time.monotonic() + 60
+        while not (directory / "started").exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        os.kill(pid, signal.SIGTERM)
+
+    return on_start
+
+
+@pytest.mark.parametrize("cold", [False, True])
+def test_a_command_is_given_by_its_pid_while_it_runs_to_be_signalled(tmp_path, cold):
+    """tests.helpers.cli.interrupted_when's SIGTERM (Slurm's at its time limit): warm or cold, `on_start` gets the
+    running command's pid, and the result is the command's own."""
+    (tmp_path / "waits.py").write_text(WAITS)
+    env = {**os.environ, "READ_AT_IMPORT_BY_SOME_LIBRARY": "1"} if cold else dict(os.environ)
+    began = time.monotonic()
+    result = warm.run([sys.executable, "-m", "waits"], tmp_path, env, 300, signal_once_started(tmp_path))
+    assert result.returncode == -signal.SIGTERM and time.monotonic() - began < 100
+
+
+def test_when_on_start_fails_the_command_is_killed_and_the_next_one_runs(tmp_path):
+    (tmp_path / "waits.py").write_text(WAITS)
+    (tmp_path / "says.py").write_text("print('next')\n")
+
+    def fails(pid: int) -> None:
+        raise RuntimeError("the test gave up")
+
+    with pytest.raises(RuntimeError, match="gave up"):
+        warm.run([sys.executable, "-m", "waits"], tmp_path, dict(os.environ), 300, fails)
+    result = warm.run([sys.executable, "-m", "says"], tmp_path, dict(os.environ), 60)
+    assert (result.returncode, result.stdout) == (0, "next\n")

@@ -106,22 +106,20 @@ def run_cli(
 
 def interrupted_when(args: list[str], done: Callable[[], bool]) -> subprocess.CompletedProcess:
     """`python -m grpo_exp.train <args>` sent SIGTERM (what Slurm sends at its time limit) as soon as `done()`; it
-    must not have ended before."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "grpo_exp.train", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=os.environ.copy(),
-    )
-    deadline = time.monotonic() + 300
-    while not done():
-        assert process.poll() is None, process.communicate()[1][-3000:]
-        assert time.monotonic() < deadline, "the point to stop at was never reached"
-        time.sleep(0.05)
-    process.send_signal(signal.SIGTERM)
-    stdout, stderr = process.communicate(timeout=300)
-    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+    must not have ended before. Started warm where it can (tests/helpers/warm.py), as run_cli is."""
+
+    def interrupt(pid: int) -> None:
+        deadline = time.monotonic() + 300
+        while not done():
+            if not warm.alive(pid):
+                return  # ended before the point to stop at: said below, with its output
+            assert time.monotonic() < deadline, "the point to stop at was never reached"
+            time.sleep(0.05)
+        os.kill(pid, signal.SIGTERM)
+
+    result = warm.run([sys.executable, "-m", "grpo_exp.train", *args], None, dict(os.environ), 600, interrupt)
+    assert done(), f"the run ended before the point to stop at: {result.stderr[-3000:]}"
+    return result
 
 
 def run_command(

@@ -20,6 +20,7 @@ without it).
 """
 
 import atexit
+import contextlib
 import gc
 import json
 import os
@@ -32,6 +33,7 @@ import tempfile
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 
 # Variables that nothing reads at import: they may differ between the server and a command, which gets its own.
@@ -72,14 +74,42 @@ OPTIONAL_IMPORTS = ("deepspeed",)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def run(argv: list[str], cwd: Path | None, env: dict, timeout: float) -> subprocess.CompletedProcess:
+def run(
+    argv: list[str], cwd: Path | None, env: dict, timeout: float, on_start: Callable[[int], None] | None = None
+) -> subprocess.CompletedProcess:
     """`argv` (`python -m <module> ...` or a console script of this environment) as subprocess.run(capture_output,
-    text) would run it: warm when it can, else cold."""
+    text) would run it: warm when it can, else cold. `on_start`: called with the command's pid once it runs (to
+    signal it), in the tests' process while the command runs; should it raise, the command is killed."""
     request = _request(argv, cwd, env)
     server = _server() if request is not None else None
     if server is None or not same_imports(env, server.env):
-        return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
-    return server.run(request, argv, timeout)
+        if on_start is None:
+            return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+        return _cold_started(argv, cwd, env, timeout, on_start)
+    return server.run(request, argv, timeout, on_start)
+
+
+def _cold_started(
+    argv: list[str], cwd: Path | None, env: dict, timeout: float, on_start: Callable[[int], None]
+) -> subprocess.CompletedProcess:
+    process = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        on_start(process.pid)
+    except BaseException:
+        process.kill()
+        process.communicate()
+        raise
+    stdout, stderr = process.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
+
+
+def alive(pid: int) -> bool:
+    """Whether the process `pid` has not ended (a command's, until its parent has reaped it)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def launch_module(module: str) -> list[str]:
@@ -168,17 +198,33 @@ class Server:
                 return line.strip() == "ready"
         return False
 
-    def run(self, request: dict, argv: list[str], timeout: float) -> subprocess.CompletedProcess:
+    def run(
+        self, request: dict, argv: list[str], timeout: float, on_start: Callable[[int], None] | None = None
+    ) -> subprocess.CompletedProcess:
         with self.lock, tempfile.TemporaryDirectory(prefix="warm-") as directory:
             out, err = Path(directory) / "stdout", Path(directory) / "stderr"
             request = {**request, "stdout": str(out), "stderr": str(err), "timeout": timeout}
+            request["announce"] = on_start is not None  # the server says the command's pid as it starts it
             self.process.stdin.write(json.dumps(request) + "\n")
             self.process.stdin.flush()
+            if on_start is not None:
+                self._started_command(on_start)
             reply = json.loads(self.process.stdout.readline())
             stdout, stderr = (p.read_text(errors="replace") if p.exists() else "" for p in (out, err))
         if reply["timed_out"]:
             raise subprocess.TimeoutExpired(argv, timeout, stdout, stderr)
         return subprocess.CompletedProcess(argv, reply["returncode"], stdout, stderr)
+
+    def _started_command(self, on_start: Callable[[int], None]) -> None:
+        pid = json.loads(self.process.stdout.readline())["pid"]
+        try:
+            on_start(pid)
+        except BaseException:
+            Loop.kill(pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)  # not yet the leader of its own group
+            self.process.stdout.readline()  # its reply, once reaped: the next command reads its own
+            raise
 
     def close(self):
         if self.process.poll() is None:
@@ -243,6 +289,8 @@ class Loop:
         stdin = os.open(os.devnull, os.O_RDONLY)
         pid = self.fork(request, [stdin, *files])
         self.command, self.timed_out = (pid, time.monotonic() + request["timeout"]), False
+        if request.get("announce"):
+            print(json.dumps({"pid": pid}), flush=True)
 
     def start_rank(self, conn: socket.socket) -> None:
         message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
