@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from grpo_exp.errors import UserError, run_command
+from grpo_exp.import_collection import without_collection
 from grpo_exp.run.config_store import register_schemas
 from grpo_exp.run.sources import command_args, composed, resolve_source
 from grpo_exp.run_files import check_command_outputs, new_evaluation_files
@@ -63,13 +64,14 @@ def main(argv: list[str] | None = None) -> dict:
     register_schemas()
     source = resolve_source(*parse_args(sys.argv[1:] if argv is None else argv))
     # torch, the model libraries and the run's modules: after the arguments (--help, a bad one: answered without them)
-    import torch
+    with without_collection():  # grpo_exp.import_collection
+        import torch
 
-    from grpo_exp.run.evaluation import HeldoutEval
-    from grpo_exp.run.resolve import resolve
-    from grpo_exp.run.setup import HELDOUT, load_policy, set_up
-    from grpo_exp.run.tracking import Tracker, masked_override
-    from grpo_exp.run.vllm_evaluation import answered_through_vllm
+        from grpo_exp.run.evaluation import HeldoutEval
+        from grpo_exp.run.resolve import resolve
+        from grpo_exp.run.setup import HELDOUT, load_policy, set_up
+        from grpo_exp.run.tracking import Tracker, masked_override
+        from grpo_exp.run.vllm_evaluation import answered_through_vllm
 
     overrides, out_dir = source.overrides, source.out_dir
     cfg = composed(source)

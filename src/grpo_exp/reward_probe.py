@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from grpo_exp.errors import UserError, run_command
+from grpo_exp.import_collection import without_collection
 from grpo_exp.probe.attacks import RIGHT, WRONG
 from grpo_exp.probe.battery import MIX, ProbeResult, finding_lines, probe_heldout
 from grpo_exp.run.config_store import register_schemas
@@ -88,9 +89,10 @@ def main(argv: list[str] | None = None) -> ProbeResult:
     register_schemas()
     source = resolve_source(*parse_args(sys.argv[1:] if argv is None else argv))
     # torch, the model libraries and the run's modules: after the arguments (--help, a bad one: answered without them)
-    from grpo_exp.models import load_tokenizer
-    from grpo_exp.run.resolve import resolve
-    from grpo_exp.run.setup import set_up
+    with without_collection():  # grpo_exp.import_collection
+        from grpo_exp.models import load_tokenizer
+        from grpo_exp.run.resolve import resolve
+        from grpo_exp.run.setup import set_up
 
     cfg = composed(source)  # the user's modules importable: their reward components and attacks
     spec = resolve(cfg, processes=1, evaluating=source.out_dir is not None, probing=True)

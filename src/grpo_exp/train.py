@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 
 from grpo_exp.deprecated import translate_argv, with_old_names
 from grpo_exp.errors import UserError
+from grpo_exp.import_collection import without_collection
 from grpo_exp.paths import CONF_DIR
 from grpo_exp.run.config_store import register_schemas
 
@@ -25,8 +26,13 @@ def main(cfg: DictConfig) -> float | None:
 
     # The tasks of a Slurm job (hydra/launcher=slurm_multigpu) form one process group; set before anything reads them.
     export_torch_distributed_env()
-    from grpo_exp.run.distributed import destroy_process_group_at_exit, no_deepspeed_shm_op_on_cpu, wait_for_everyone
-    from grpo_exp.run.experiment import run_experiment
+    with without_collection():  # torch, transformers, TRL...: about a million objects (grpo_exp.import_collection)
+        from grpo_exp.run.distributed import (
+            destroy_process_group_at_exit,
+            no_deepspeed_shm_op_on_cpu,
+            wait_for_everyone,
+        )
+        from grpo_exp.run.experiment import run_experiment
 
     destroy_process_group_at_exit()
     no_deepspeed_shm_op_on_cpu()  # before accelerate starts DeepSpeed's process group
