@@ -27,15 +27,21 @@ def pytest_configure(config):
     hub_offline()
     without_wandb_key()
     register_schemas()
+    gc.disable()  # until the collection ends: its imports (torch, transformers, TRL) walked again and again otherwise
 
 
 def pytest_collection_finish(session):
     """What the imports and the collection made (torch, transformers, TRL, every test module) lives as long as the
-    session: frozen out of the collector's sight, as the warm server does for commands (tests/helpers/warm.py), so
-    that the full collection accelerate makes at every trainer's start (free_memory) and Python's own walk only
-    what the tests made since."""
+    session: frozen out of the collector's sight, as the warm server does for commands (tests/helpers/warm.py) and
+    a command for its imports (grpo_exp.import_collection), so that the full collection accelerate makes at every
+    trainer's start (free_memory) and Python's own walk only what the tests made since."""
     gc.collect()
     gc.freeze()
+    gc.enable()
+
+
+def pytest_unconfigure(config):
+    gc.unfreeze()  # for the interpreter's last collection: extensions (nanobind's) report what it missed as leaked
 
 
 @pytest.fixture(autouse=True)

@@ -21,7 +21,6 @@ without it).
 
 import atexit
 import contextlib
-import gc
 import json
 import os
 import select
@@ -351,15 +350,18 @@ def serve() -> None:
     import importlib
     import importlib.util
 
+    from grpo_exp.import_collection import without_collection
+
     imported_with = dict(os.environ)
-    for module in (*IMPORTS, *RUN_IMPORTS):
-        importlib.import_module(module)
-    for module in OPTIONAL_IMPORTS:
-        if importlib.util.find_spec(module) is not None:
+    # What the imports made lives as long as the server: imported without the collector, then frozen out of its
+    # sight, so that a collection in a child (one at every training's start: accelerate's free_memory) walks only the
+    # child's own objects, 0.5 s -> 1 ms.
+    with without_collection():
+        for module in (*IMPORTS, *RUN_IMPORTS):
             importlib.import_module(module)
-    # What the imports made lives as long as the server: out of the collector's sight, a collection in a child (one
-    # at every training's start: accelerate's free_memory) walks only the child's own objects, 0.5 s -> 1 ms.
-    gc.freeze()
+        for module in OPTIONAL_IMPORTS:
+            if importlib.util.find_spec(module) is not None:
+                importlib.import_module(module)
     if threading.active_count() != 1:  # a fork would copy a thread's locks, not the thread: go cold
         print(f"not ready: {threading.active_count()} threads after the imports", flush=True)
         return
