@@ -1,8 +1,10 @@
-"""`grpo-exp serve` on CPU with the model in the engine's process (the `uni` executor, its default there) against
-vLLM's own worker process (`mp`), alternating, each server alone: `python -m benchmarks.serve_executor`.
+"""`grpo-exp serve` on CPU with the model in vLLM's engine process (the `uni` executor, with
+VLLM_ENABLE_V1_MULTIPROCESSING=0) against vLLM's own worker process (`mp`, what `grpo-exp serve` starts), alternating,
+each server alone: `python -m benchmarks.serve_executor`.
 
 For each: seconds until the server lists its model, then sampled requests of exactly 64 new tokens, 8 at once
-(what a step of 2 prompts x G=4 sends) and 4 one after the other.
+(what a step of 2 prompts x G=4 sends) and 4 one after the other. Alone, `uni` was faster; under `make test`'s load
+it was not (BENCHMARKS.md), so `mp` stays the default.
 
     python -m benchmarks.serve_executor [--model smollm2_135m] [--repeats 2]
 """
@@ -20,8 +22,11 @@ from benchmarks.heldout_eval import cpu_name
 from support.servers import free_port, started
 
 NEW_TOKENS = 64
-# vLLM's own worker process: its CPU build turns `uni` into `mp` whenever V1 multiprocessing is on
-EXECUTORS = {"uni": {}, "mp": {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}}
+# (environment, vLLM options) of each; vLLM's CPU build turns `uni` into `mp` whenever V1 multiprocessing is on
+EXECUTORS = {
+    "uni": ({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}, ["--", "--distributed-executor-backend", "uni"]),
+    "mp": ({}, []),
+}
 
 
 def served(port: int, process, timeout: float = 600) -> str:
@@ -46,8 +51,9 @@ def sample(port: int, name: str, seed: int) -> int:
 
 def measure(model: str, executor: str) -> dict[str, float]:
     port, start = free_port(), time.perf_counter()
-    command = [sys.executable, "-m", "grpo_exp.serve", "--model", model, "--port", str(port)]
-    with started(command, env={**os.environ, **EXECUTORS[executor]}) as process:
+    environment, options = EXECUTORS[executor]
+    command = [sys.executable, "-m", "grpo_exp.serve", "--model", model, "--port", str(port), *options]
+    with started(command, env={**os.environ, **environment}) as process:
         name = served(port, process)
         seconds = {"start": time.perf_counter() - start}
         for label, parallel in (("8 at once", 8), ("4 in turn", 1)):

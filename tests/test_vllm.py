@@ -87,19 +87,8 @@ def test_serve_prints_vllms_command_with_what_the_trainer_needs(capsys):
         "--worker-extension-cls grpo_exp.trainer.vllm_worker.PolicyReload",
         f"--served-model-name {EMBEDDED}",
         "--enforce-eager --no-enable-chunked-prefill",  # on CPU (this machine): see the test of seeded requests
-        "--distributed-executor-backend uni",  # on CPU: the model in the engine's process, no worker of its own
     ):
         assert part in command, (part, command)
-
-
-def test_on_cpu_the_server_runs_the_model_in_its_engines_process_unless_the_user_says_otherwise(monkeypatch):
-    from grpo_exp.serve import serve_environment
-
-    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
-    assert serve_environment(cuda=False)["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
-    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in serve_environment(cuda=True)
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")  # the user's own: vLLM then starts its worker process
-    assert serve_environment(cuda=False)["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
 
 
 @pytest.mark.parametrize(("argv", "message"), [(["--port", "0"], "--port=0"), (["--model", "no/such_dir"], "--model")])

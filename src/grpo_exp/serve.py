@@ -35,11 +35,8 @@ def serve_command(model: str, host: str, port: int, dtype: str, cuda: bool, extr
         # torch.compile's warm-up took over 4 minutes on 2 busy cores here, eager starts in under one. And no chunked
         # prefill: where a seeded request's prefill is cut in chunks, vLLM rewinds its generator with set_offset,
         # which a CPU generator lacks, and the engine dies ("CPU Generator does not use offset"; seeded sampling
-        # under load). The model runs in the engine's own process (`uni`, with VLLM_ENABLE_V1_MULTIPROCESSING=0 in
-        # serve_environment), not in a worker process of its own: on 2 cores the embedded model's server answered
-        # after 37 s against 45 s, and generated 8 requests of 64 tokens in 6.6 s against 9.1 s (vLLM's worker gets
-        # one core and one thread there; benchmarks/serve_executor.py). A vLLM option in `extra` comes later and wins.
-        command += ["--enforce-eager", "--no-enable-chunked-prefill", "--distributed-executor-backend", "uni"]
+        # under load). A `--enable-chunked-prefill` in `extra` comes later and wins.
+        command += ["--enforce-eager", "--no-enable-chunked-prefill"]
     return command + extra
 
 
@@ -54,13 +51,10 @@ def server_module() -> list[str]:
 
 
 def serve_environment(cuda: bool) -> dict[str, str]:
-    """The server's environment: vLLM's dev endpoints on; on CPU, unless the user set them, 1 GiB of KV cache and the
-    model in the engine's process (vLLM's CPU build runs the `uni` executor only without V1 multiprocessing; the
-    engine itself still runs in a process of its own behind the API server)."""
+    """The server's environment: vLLM's dev endpoints on; on CPU, 1 GiB of KV cache unless the user set it."""
     environment = dict(os.environ, VLLM_SERVER_DEV_MODE="1")
     if not cuda:
         environment.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        environment.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     return environment
 
 
