@@ -7,8 +7,11 @@ modules live as long as the process, so nothing there is garbage to find. `witho
 collector off, then freezes what exists (gc.freeze: never walked again, as tests/helpers/warm.py does for its
 forks), so that the run's own collections walk only what the run makes. Measured: docs/speed.md.
 
-The frozen objects are handed back to the collector at exit, so that the interpreter's last collection still
-finds them (extensions that count their objects at unload would otherwise report them as leaked).
+Only the first use freezes: a sweep's jobs run one after another in one process (Hydra's basic launcher), and a
+later job's freeze would keep an earlier job's garbage (its trainer, its model, held in reference cycles until the
+next collection) for the rest of the process. The frozen objects are handed back to the collector at exit, so that
+the interpreter's last collection still finds them (extensions that count their objects at unload would otherwise
+report them as leaked).
 """
 
 import atexit
@@ -20,18 +23,19 @@ from contextlib import contextmanager
 
 @contextmanager
 def without_collection() -> Iterator[None]:
-    """Within it, no cyclic collection; after it, everything that exists frozen out of the collector's sight."""
+    """Within it, no cyclic collection; after its first use in the process, everything that exists then frozen out
+    of the collector's sight."""
     enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
-        gc.freeze()
-        _unfreeze_at_exit()
+        _freeze_once()
         if enabled:
             gc.enable()
 
 
 @functools.cache
-def _unfreeze_at_exit() -> None:
+def _freeze_once() -> None:
+    gc.freeze()
     atexit.register(gc.unfreeze)
