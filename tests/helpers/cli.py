@@ -1,5 +1,6 @@
 """The command line in a fresh process, as a user runs it, and what a run wrote."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -115,7 +116,8 @@ def interrupted_when(args: list[str], done: Callable[[], bool]) -> subprocess.Co
                 return  # ended before the point to stop at: said below, with its output
             assert time.monotonic() < deadline, "the point to stop at was never reached"
             time.sleep(0.05)
-        os.kill(pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):  # ended just now: its status says so, as Popen.send_signal's
+            os.kill(pid, signal.SIGTERM)
 
     result = warm.run([sys.executable, "-m", "grpo_exp.train", *args], None, dict(os.environ), 600, interrupt)
     assert done(), f"the run ended before the point to stop at: {result.stderr[-3000:]}"
