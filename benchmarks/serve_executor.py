@@ -56,8 +56,7 @@ def measure(model: str, executor: str) -> dict[str, float]:
     with started(command, env={**os.environ, **environment}) as process:
         name = served(port, process)
         seconds = {"start": time.perf_counter() - start}
-        for label, parallel in (("8 at once", 8), ("4 in turn", 1)):
-            count = 8 if parallel == 8 else 4
+        for label, count, parallel in (("8 at once", 8, 8), ("4 in turn", 4, 1)):
             begin = time.perf_counter()
             with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
                 tokens = sum(pool.map(lambda seed: sample(port, name, seed), range(count)))
