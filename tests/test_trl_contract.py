@@ -11,6 +11,7 @@ import importlib
 import importlib.metadata
 import inspect
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,7 @@ from grpo_exp.trainer.scored_batch import ScoredBatch, aggregated_reward
 from grpo_exp.trainer.seam import HookedGRPOTrainer
 from grpo_exp.trainer.trl_contract import (
     TRL_ATTRIBUTES,
+    TRL_LM_HEAD_COMPACT,
     TRL_LM_HEAD_TILE,
     TRL_METHODS,
     TRL_PUBLIC,
@@ -342,6 +344,18 @@ def test_trls_fused_lm_head_reads_its_token_tile_where_grpo_exp_sets_it():
     assert module == kernel.__name__ and isinstance(getattr(kernel, name), int)
     source = inspect.getsource(kernel.ChunkedLogProbFunction)
     assert source.count(name) >= 2, f"{module}.{name} is no longer read in the forward and the backward"
+
+
+def test_trls_fused_lm_head_asks_where_grpo_exp_answers_whether_to_score_labelled_positions_only():
+    """grpo_exp.trainer.lm_head_positions wraps this module function: it must still be what the fused LM head asks,
+    at each call, whether to score only the labelled positions, and nothing else of that module asks it (a kernel
+    choice asking it would take Triton's kernel on CPU)."""
+    module, name = TRL_LM_HEAD_COMPACT
+    imported = importlib.import_module(module)
+    assert callable(getattr(imported, name)), f"{module}.{name} is gone: update grpo_exp.trainer.lm_head_positions"
+    calls = re.findall(rf"(\w+) = {name}\(", inspect.getsource(imported))
+    uses = inspect.getsource(imported).count(f"{name}(")
+    assert calls == ["compact"] and uses == 1, f"{module}.{name} is now asked elsewhere too: {calls}, {uses} uses"
 
 
 def test_trls_vllm_generation_is_where_grpo_exp_adjusts_it():

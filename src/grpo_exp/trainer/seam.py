@@ -17,6 +17,7 @@ from grpo_exp.trainer.advantages import TRL_ADVANTAGES, estimate
 from grpo_exp.trainer.async_generation import generation_ahead
 from grpo_exp.trainer.hooks import TrainingHooks
 from grpo_exp.trainer.imputation import impute_failures
+from grpo_exp.trainer.lm_head_positions import labelled_positions_only
 from grpo_exp.trainer.lm_head_tile import set_lm_head_tile
 from grpo_exp.trainer.losses import policy_loss
 from grpo_exp.trainer.mismatch import MismatchWatch
@@ -133,16 +134,17 @@ class HookedGRPOTrainer(TrainingHooks, TRLSurface, GRPOTrainer):
         """TRL's per-token log-probabilities (and entropies) of the completions; with shared_prompt_forward, from
         one packed forward in which each group's prompt is read once (text models with a maskable attention)."""
         text_only = not compute_aux_loss and all(value is None for value in extra.values())  # multimodal
-        if self.args.shared_prompt_forward and text_only:
-            unwrapped = self.accelerator.unwrap_model(model)
-            forward = functools.partial(self._fused_forward, model, compute_entropy)
-            pad = self.processing_class.pad_token_id
-            packed = shared_prompt_forward(unwrapped, input_ids, attention_mask, logits_to_keep, pad, forward)
-            if packed is not None:
-                return *packed, None
-        return super()._get_per_token_logps_and_entropies(
-            model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss, **extra
-        )
+        with labelled_positions_only():  # on CPU too, not the prompt's positions (grpo_exp.trainer.lm_head_positions)
+            if self.args.shared_prompt_forward and text_only:
+                unwrapped = self.accelerator.unwrap_model(model)
+                forward = functools.partial(self._fused_forward, model, compute_entropy)
+                pad = self.processing_class.pad_token_id
+                packed = shared_prompt_forward(unwrapped, input_ids, attention_mask, logits_to_keep, pad, forward)
+                if packed is not None:
+                    return *packed, None
+            return super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss, **extra
+            )
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """TRL's loss; with rows of no-spread groups marked, over the other rows only (grpo_exp.trainer.zero_variance):

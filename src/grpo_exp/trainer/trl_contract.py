@@ -35,6 +35,9 @@ TRL_ATTRIBUTES = tuple(
 TRL_VLLM_ATTRIBUTES = ("vllm_generation", "_last_loaded_step")
 # The module constant TRL's fused LM head reads its token tile from, at every call (grpo_exp.trainer.lm_head_tile).
 TRL_LM_HEAD_TILE = ("trl.kernels.chunked_logprob", "TOKEN_CHUNK_SIZE")
+# The function TRL's fused LM head asks, at each call, whether to score only the labelled positions ("compact"): its
+# one use in that module (grpo_exp.trainer.lm_head_positions answers yes on CPU too).
+TRL_LM_HEAD_COMPACT = ("trl.trainer.utils", "_use_triton")
 # TRL's vLLM generation, which grpo_exp.trainer.vllm_reload subclasses and builds by these module names.
 TRL_VLLM_GENERATION = {
     "trl.trainer.grpo_trainer": ("VLLMGeneration",),
