@@ -70,9 +70,10 @@ def run_experiment(cfg: DictConfig, hydra_cfg: DictConfig) -> dict:
     if attempt and attempt.finished:
         return report_finished(attempt, run_dir)
 
-    run_memory = check_run_memory(spec, list(train_set["prompt"]), load_tokenizer(cfg.model, cfg.cache_dir))
+    tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
+    run_memory = check_run_memory(spec, list(train_set["prompt"]), tokenizer)  # before the model loads
     hand_back_freed_memory(cfg.trainer.return_freed_memory, run_memory)
-    tokenizer, model = load_policy(spec, spec.policy_dtype)
+    tokenizer, model = load_policy(spec, spec.policy_dtype, tokenizer)
     probed = probe_first(spec, parts, tokenizer, heldout, run_dir)
     tracked = open_tracker(spec, hydra_cfg, run_dir)
     levels = task_levels(spec, train_set, heldout)

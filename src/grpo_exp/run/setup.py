@@ -34,8 +34,9 @@ def set_up(spec: RunSpec, checked: tuple[str, ...] = ()) -> Inputs:
     return Inputs(train, heldout, parts)
 
 
-def load_policy(spec: RunSpec, dtype: torch.dtype | None = None) -> tuple:
-    """(the tokenizer, the policy model in `dtype`, None: model.dtype's)."""
+def load_policy(spec: RunSpec, dtype: torch.dtype | None = None, tokenizer=None) -> tuple:
+    """(the tokenizer, the policy model in `dtype`, None: model.dtype's); `tokenizer`: the one the caller loaded
+    already (a quarter of a second a load), else loaded here."""
     cfg = spec.cfg
-    tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
+    tokenizer = load_tokenizer(cfg.model, cfg.cache_dir) if tokenizer is None else tokenizer
     return tokenizer, load_model(cfg.model, tokenizer, cfg.cache_dir, cfg.trainer.seed, dtype)
