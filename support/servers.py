@@ -126,6 +126,22 @@ def vllm_servers(
     one core importing and loading) overlap. Yields their processes once every one answers. `model`: what
     `grpo-exp serve --model` takes (a model option, a directory), for every server or one per port; `vllm_args`:
     vLLM's own options."""
+    with vllm_servers_starting(ports, timeout, prefix, env, model, vllm_args) as ready:
+        yield ready()
+
+
+@contextlib.contextmanager
+def vllm_servers_starting(
+    ports: list[int],
+    timeout: float = 420,
+    prefix: tuple[str, ...] = (),
+    env: dict | None = None,
+    model: str | list[str] = "smollm2_135m",
+    vllm_args: tuple[str, ...] = (),
+):
+    """vllm_servers' processes, started and not waited for: yields `ready()`, which waits until every one answers
+    (within `timeout` of their start) and returns them, so that their start-ups overlap what the caller does
+    meanwhile. Stopped, with whatever they started, when the block ends."""
     models = [model] * len(ports) if isinstance(model, str) else model
     with contextlib.ExitStack() as stack:
         serve = [sys.executable, "-m", "grpo_exp.serve"]
@@ -136,9 +152,13 @@ def vllm_servers(
         ]
         processes = [stack.enter_context(started(command, env)) for command in commands]
         deadline = time.monotonic() + timeout
-        for port, process in zip(ports, processes, strict=True):
-            _wait_until_served(port, process, deadline, timeout)
-        yield processes
+
+        def ready() -> list[subprocess.Popen]:
+            for port, process in zip(ports, processes, strict=True):
+                _wait_until_served(port, process, deadline, timeout)
+            return processes
+
+        yield ready
 
 
 def _wait_until_served(port: int, process: subprocess.Popen, deadline: float, timeout: float) -> None:

@@ -8,6 +8,7 @@ import pytest
 from grpo_exp.run.config_store import register_schemas
 from support.config import TINY_RUN, compose_config
 from support.environment import hub_offline, without_wandb_key
+from tests.helpers import vllm_test_servers
 from tests.helpers.cli import (
     CONFIDENCE_RUN,
     DDP,
@@ -38,6 +39,11 @@ def pytest_collection_finish(session):
     gc.collect()
     gc.freeze()
     gc.enable()
+    vllm_test_servers.start_early(session)  # tests/test_vllm.py's servers start now, overlapping the tests before it
+
+
+def pytest_sessionfinish(session):
+    vllm_test_servers.stop_early()
 
 
 def pytest_unconfigure(config):

@@ -21,12 +21,13 @@ import torch
 
 from grpo_exp.errors import UserError
 from support.config import TINY_RUN, compose_config
+from tests.helpers import vllm_test_servers
+from tests.helpers.vllm_test_servers import EMBEDDED, SERVABLE_TINY
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (pip install 'grpo-exp[vllm]')"
 )
 
-EMBEDDED = "smollm2_135m"
 QUIET_RUN = ["save_model=false", "trainer.save_steps=0", "logger=none", "dataset.eval_size=6"]
 MISMATCH = "sampling/sampling_logp_difference/mean"  # TRL's: the sampler's log-probabilities against the trainer's
 
@@ -162,13 +163,11 @@ def test_evaluate_answers_through_vllm_as_generate_does(tmp_path):
 
 @pytest.fixture(scope="module")
 def servers(servable_tiny) -> tuple[int, int]:
-    """`grpo-exp serve` on the embedded model and on SERVABLE_TINY's model, started together for this module (their
-    start-ups, about 45 s each on 2 cores and much of it one core importing and loading, overlap): their ports."""
-    from support.servers import free_ports, vllm_servers
-
-    ports = free_ports(2)
-    with vllm_servers(ports, model=["smollm2_135m", servable_tiny]):
-        yield tuple(ports)
+    """`grpo-exp serve` on the embedded model and on SERVABLE_TINY's model, started together (their start-ups, about
+    45 s each on 2 cores and much of it one core importing and loading, overlap), as the session's tests began
+    (tests/helpers/vllm_test_servers.py), and stopped when this module ends: their ports."""
+    with vllm_test_servers.servers(servable_tiny) as ports:
+        yield ports
 
 
 @pytest.fixture(scope="module")
@@ -186,20 +185,11 @@ def embedded():
     return load_model(cfg.model, tokenizer, cfg.cache_dir, seed=0).eval(), tokenizer
 
 
-# The tiny model with heads vLLM's CPU attention serves (32 dimensions; the tiny model's own are 16): where what a test
-# checks holds for any weights, its runs take a fraction of the embedded model's steps.
-SERVABLE_TINY = [*TINY_RUN, "model.architecture.num_attention_heads=2", "model.architecture.num_key_value_heads=1"]
-
-
 @pytest.fixture(scope="module")
 def servable_tiny(tmp_path_factory) -> str:
     """SERVABLE_TINY's model saved with its tokenizer, for `grpo-exp serve --model <dir>` (its weights are the
     trainer's after the first sync: TRL syncs the server before the first batch) and for a model taught from it."""
-    from grpo_exp.models import load_tokenizer, materialise_tiny
-
-    cfg = compose_config(SERVABLE_TINY)
-    cache_dir = str(tmp_path_factory.mktemp("servable_tiny"))
-    return str(materialise_tiny(cfg.model, load_tokenizer(cfg.model, cfg.cache_dir), cache_dir, seed=0))
+    return vllm_test_servers.servable_tiny(lambda: tmp_path_factory.mktemp("servable_tiny"))
 
 
 @pytest.fixture(scope="module")
@@ -416,7 +406,6 @@ def test_a_judge_writing_its_rubric_through_vllms_structured_output_never_fails(
 
 @pytest.mark.e2e
 def test_generation_ahead_without_a_server_names_the_setting_the_user_chose(tmp_path):
-    from support.config import TINY_RUN
     from support.servers import free_port
     from tests.helpers.cli import run_cli
 
