@@ -7,11 +7,7 @@ import torch
 
 from grpo_exp.trainer.lm_head_positions import labelled_positions_only
 from grpo_exp.trainer.trl_contract import TRL_LM_HEAD_COMPACT
-from tests.helpers.tiny_trainer import G, generation_batch, make_trainer
-
-
-def distinct(completions, **kwargs):
-    return [float(i % G) for i in range(len(completions))]
+from tests.helpers.tiny_trainer import distinct, generation_batch, make_trainer
 
 
 @pytest.fixture

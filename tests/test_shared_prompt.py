@@ -6,11 +6,7 @@ import torch
 from transformers import LlamaConfig
 
 from grpo_exp.trainer.shared_prompt import IGNORE, pack_groups, packable, unpack
-from tests.helpers.tiny_trainer import G, generation_batch, make_trainer
-
-
-def distinct(completions, **kwargs):
-    return [float(i % G) for i in range(len(completions))]
+from tests.helpers.tiny_trainer import distinct, generation_batch, make_trainer
 
 
 def test_a_group_is_packed_as_its_prompt_once_then_a_branch_per_completion():

@@ -353,8 +353,8 @@ def test_trls_fused_lm_head_asks_where_grpo_exp_answers_whether_to_score_labelle
     module, name = TRL_LM_HEAD_COMPACT
     imported = importlib.import_module(module)
     assert callable(getattr(imported, name)), f"{module}.{name} is gone: update grpo_exp.trainer.lm_head_positions"
-    calls = re.findall(rf"(\w+) = {name}\(", inspect.getsource(imported))
-    uses = inspect.getsource(imported).count(f"{name}(")
+    source = inspect.getsource(imported)
+    calls, uses = re.findall(rf"(\w+) = {name}\(", source), source.count(f"{name}(")
     assert calls == ["compact"] and uses == 1, f"{module}.{name} is now asked elsewhere too: {calls}, {uses} uses"
 
 

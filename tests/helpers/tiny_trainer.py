@@ -24,6 +24,11 @@ PLAIN_TRL = {
 KNOBS = set(GRPOExpConfig.__dataclass_fields__) - set(GRPOConfig.__dataclass_fields__)
 
 
+def distinct(completions, **kwargs) -> list[float]:
+    """A reward of 0 .. G-1 by position in the group: every group has a spread, whatever the model says."""
+    return [float(i % G) for i in range(len(completions))]
+
+
 def knob_overrides(knobs: dict) -> list[str]:
     """`trainer.<knob>=<value>` overrides, as on the command line."""
     return [f"trainer.{k}={'null' if v is None else str(v).lower()}" for k, v in knobs.items()]
