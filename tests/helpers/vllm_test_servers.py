@@ -32,11 +32,12 @@ def servable_tiny_model(directory: str) -> str:
 
 class _Early:
     def __init__(self) -> None:
-        self._stack = contextlib.ExitStack()
-        directory = self._stack.enter_context(tempfile.TemporaryDirectory(prefix="servable_tiny_"))
-        self.servable_tiny = servable_tiny_model(directory)
-        self.ports = free_ports(2)
-        self._ready = self._stack.enter_context(vllm_servers_starting(self.ports, model=[EMBEDDED, self.servable_tiny]))
+        with contextlib.ExitStack() as stack:  # a start that fails midway leaves no directory or server behind
+            directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="servable_tiny_"))
+            self.servable_tiny = servable_tiny_model(directory)
+            self.ports = free_ports(2)
+            self._ready = stack.enter_context(vllm_servers_starting(self.ports, model=[EMBEDDED, self.servable_tiny]))
+            self._stack = stack.pop_all()
 
     def ready(self) -> tuple[int, int]:
         self._ready()
