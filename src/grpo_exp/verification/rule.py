@@ -9,11 +9,11 @@ content, else what is written last); an answer that restates the arithmetic ('\\
 import functools
 import logging
 import re
-import threading
 from collections.abc import Callable
 
 from grpo_exp.answers import AnswerExtractor
 from grpo_exp.text import BOXED, stated_answer
+from grpo_exp.verification.cpu_time_limit import call_within_cpu_time
 
 # (texts, references, entries=None: each reasoning-gym entry, for task_score) -> True / False / None each
 Verifier = Callable[..., list[bool | None]]
@@ -22,18 +22,14 @@ Verifier = Callable[..., list[bool | None]]
 UNEVALUATED = re.compile(r"\d\s*(?:[-+*×·÷]|\\times|\\cdot|\\div)\s*\(?\s*-?\s*\d")
 # The final answer lives at the end; a bounded tail keeps parsing time bounded on huge completions.
 TAIL_CHARS = 4000
-# Per parse and per comparison. A real answer takes milliseconds; a power tower or (10^10)! hits the limit
+# CPU seconds of this thread per parse and per verification (cpu_time_limit: not the wall clock, so a busy machine
+# does not turn a right answer into 0). A real answer takes milliseconds; a power tower or (10^10)! hits the limit
 # and scores 0 (see `make bench` for the worst case).
 TIMEOUT_SECONDS = 2
-# A timeout is an expected outcome here (the answer scores 0), not a warning for every such completion.
+# A timeout is an expected outcome here (the answer scores 0), not a warning for every such completion; math-verify
+# also warns, once, that its own (wall-clock) timeouts are off, which they are in favour of ours.
 for _name in ("math_verify.parser", "math_verify.grader"):
     logging.getLogger(_name).setLevel(logging.ERROR)
-
-
-def _timeout() -> int | None:
-    # math-verify's timeouts use signal.alarm, which only works in the main thread (where TRL calls
-    # synchronous reward functions); elsewhere only the tail limit bounds the work.
-    return TIMEOUT_SECONDS if threading.current_thread() is threading.main_thread() else None
 
 
 @functools.cache
@@ -57,7 +53,7 @@ def parse_reference(reference: str) -> list:
     """Cached: the G completions of a group share one reference."""
     from math_verify import parse
 
-    return parse(str(reference), parsing_timeout=_timeout())
+    return call_within_cpu_time(lambda: parse(str(reference), parsing_timeout=None), TIMEOUT_SECONDS, timed_out=[])
 
 
 def answer_score(text: str, reference: str, extract: AnswerExtractor = stated_answer) -> float | None:
@@ -71,5 +67,9 @@ def answer_score(text: str, reference: str, extract: AnswerExtractor = stated_an
         return 0.0
     from math_verify import parse, verify
 
-    parsed = parse(BOXED + answer + "}", extraction_config=_boxed_only(), parsing_timeout=_timeout())
-    return float(verify(gold, parsed, timeout_seconds=_timeout()))
+    parsed = call_within_cpu_time(
+        lambda: parse(BOXED + answer + "}", extraction_config=_boxed_only(), parsing_timeout=None),
+        TIMEOUT_SECONDS,
+        timed_out=[],
+    )
+    return float(call_within_cpu_time(lambda: verify(gold, parsed, timeout_seconds=None), TIMEOUT_SECONDS, False))
