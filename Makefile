@@ -113,6 +113,7 @@ bench: install-dev  ## benchmarks (ratios side by side in one run; ~4 h: time to
 	$(PY) -m benchmarks.vllm
 	$(PY) -m benchmarks.serve_executor
 	$(PY) -m benchmarks.cold_start --repeats 6
+	$(PY) -m benchmarks.cold_start --repeats 6 --undo exit
 	$(PY) -m benchmarks.async_generation
 	$(PY) -m benchmarks.step_parts
 	$(PY) -m benchmarks.sampling_law

@@ -76,14 +76,12 @@ def test_a_multirun_flag_and_a_config_dir_reach_hydra(tmp_path):
 # tasks, math-verify (sympy). Every reward module is imported to find the components, so none may import them at its
 # top; each command imports them after its arguments are parsed.
 MODEL_LIBRARIES = ("torch", "transformers", "trl", "datasets", "reasoning_gym", "math_verify", "sympy", "vllm")
+# Printed at exit: a command's __main__ ends the process itself after the atexit handlers (grpo_exp.process_exit).
 LOADED_AFTER = (
-    "import runpy, sys\n"
+    "import atexit, runpy, sys\n"
+    f"atexit.register(lambda: print('loaded:', sorted(m for m in {MODEL_LIBRARIES!r} if m in sys.modules)))\n"
     "module, sys.argv = sys.argv[1], sys.argv[1:]\n"
-    "try:\n"
-    "    runpy.run_module(module, run_name='__main__', alter_sys=True)\n"
-    "except SystemExit:\n"
-    "    pass\n"
-    f"print('loaded:', sorted(m for m in {MODEL_LIBRARIES!r} if m in sys.modules))\n"
+    "runpy.run_module(module, run_name='__main__', alter_sys=True)\n"
 )
 
 

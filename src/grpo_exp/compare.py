@@ -27,6 +27,7 @@ from grpo_exp.analysis.comparison import (
     wandb_group,
 )
 from grpo_exp.errors import run_command
+from grpo_exp.process_exit import run_then_exit
 from grpo_exp.run_files import METRICS_FILE, not_directories, output_directory_problem
 
 
@@ -83,4 +84,4 @@ def print_comparison(result: Comparison, console: Console | None = None) -> None
 
 
 if __name__ == "__main__":
-    run_command(main)
+    run_then_exit(run_command, main)

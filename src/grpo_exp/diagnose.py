@@ -13,6 +13,7 @@ from pathlib import Path
 
 from grpo_exp.analysis.diagnosis import diagnose, diagnosis_lines, is_run_dir, read_run
 from grpo_exp.errors import run_command
+from grpo_exp.process_exit import run_then_exit
 from grpo_exp.run_files import not_directories
 
 
@@ -58,4 +59,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    run_command(main)
+    run_then_exit(run_command, main)

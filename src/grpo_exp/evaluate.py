@@ -18,6 +18,7 @@ from rich.table import Table
 
 from grpo_exp.errors import UserError, run_command
 from grpo_exp.import_collection import without_collection
+from grpo_exp.process_exit import run_then_exit
 from grpo_exp.run.config_store import register_schemas
 from grpo_exp.run.sources import command_args, composed, resolve_source
 from grpo_exp.run_files import check_command_outputs, new_evaluation_files
@@ -133,4 +134,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    run_command(main)  # a bad override or input: its message, not a traceback
+    run_then_exit(run_command, main)  # a bad override or input: its message, not a traceback

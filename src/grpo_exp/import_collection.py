@@ -11,7 +11,7 @@ Only the first use freezes: a sweep's jobs run one after another in one process 
 later job's freeze would keep an earlier job's garbage (its trainer, its model, held in reference cycles until the
 next collection) for the rest of the process. The frozen objects are handed back to the collector at exit, so that
 the interpreter's last collection still finds them (extensions that count their objects at unload would otherwise
-report them as leaked).
+report them as leaked). A command's own `__main__` ends without those collections at all (grpo_exp.process_exit).
 """
 
 import atexit

@@ -30,6 +30,7 @@ from grpo_exp.errors import UserError, run_command
 from grpo_exp.import_collection import without_collection
 from grpo_exp.probe.attacks import RIGHT, WRONG
 from grpo_exp.probe.battery import MIX, ProbeResult, finding_lines, probe_heldout
+from grpo_exp.process_exit import run_then_exit
 from grpo_exp.run.config_store import register_schemas
 from grpo_exp.run.sources import command_args, composed, resolve_source
 from grpo_exp.run_files import check_command_outputs
@@ -108,4 +109,4 @@ def main(argv: list[str] | None = None) -> ProbeResult:
 
 
 if __name__ == "__main__":
-    run_command(main)  # a bad override or input: its message, not a traceback
+    run_then_exit(run_command, main)  # a bad override or input: its message, not a traceback

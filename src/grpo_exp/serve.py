@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from grpo_exp.errors import UserError, run_command
+from grpo_exp.process_exit import run_then_exit
 
 WORKER_EXTENSION = "grpo_exp.trainer.vllm_worker.PolicyReload"
 DTYPES = ("float32", "bfloat16", "float16")
@@ -103,4 +104,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    run_command(main)
+    run_then_exit(run_command, main)

@@ -14,6 +14,7 @@ from grpo_exp.deprecated import translate_argv, with_old_names
 from grpo_exp.errors import UserError
 from grpo_exp.import_collection import without_collection
 from grpo_exp.paths import CONF_DIR
+from grpo_exp.process_exit import run_then_exit
 from grpo_exp.run.config_store import register_schemas
 
 register_schemas()
@@ -46,4 +47,4 @@ def main(cfg: DictConfig) -> float | None:
 
 if __name__ == "__main__":
     sys.argv[1:] = translate_argv(sys.argv[1:])  # old names (verifier=genrm...): the new, with a warning
-    main()
+    run_then_exit(main)  # without the interpreter's last collections of a million objects (grpo_exp.process_exit)
