@@ -432,17 +432,13 @@ def _main(module: str) -> int:
     import runpy
     import traceback
 
+    from grpo_exp.process_exit import exit_status
+
     code = 0
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
     except SystemExit as stop:
-        if stop.code is None:
-            code = 0
-        elif isinstance(stop.code, int):
-            code = stop.code
-        else:
-            print(stop.code, file=sys.stderr)
-            code = 1
+        code = exit_status(stop)
     except BaseException:  # as the interpreter: the traceback on stderr, status 1
         traceback.print_exc()
         code = 1
