@@ -38,6 +38,8 @@ for name, overrides in cases.items():
     except UserError as err:
         results[name] = str(err)
 print(json.dumps(results))
+from grpo_exp.process_exit import leave
+leave(0)  # as a command ends: not the interpreter's teardown of the model libraries (seconds)
 """
 
 
