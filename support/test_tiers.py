@@ -36,7 +36,8 @@ DISK_NEEDED_GB = 3.0
 
 def pytest(marks: str, args: list[str], workers: str | None = None) -> list[str]:
     parallel = [] if workers is None else ["-n", workers]
-    return [sys.executable, "-m", "pytest", "-m", marks, *parallel, *args]
+    # support.pytest_then_exit: pytest, without the interpreter's teardown of what the tests imported at the end
+    return [sys.executable, "-m", "support.pytest_then_exit", "-m", marks, *parallel, *args]
 
 
 def follow(log: Path, process: subprocess.Popen) -> None:
