@@ -448,4 +448,6 @@ def _main(module: str) -> int:
 
 
 if __name__ == "__main__":
-    serve()
+    from grpo_exp.process_exit import run_then_exit
+
+    run_then_exit(serve)  # its imports not torn down at the end either: the tests' session waits for it (seconds)
