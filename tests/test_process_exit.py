@@ -36,8 +36,9 @@ run_then_exit(main)
 """
 
 
-def run(end: str) -> subprocess.CompletedProcess:
-    script = textwrap.dedent(COMMAND).replace("{end}", end)
+def run(end: str, ending: str = "run_then_exit(main)") -> subprocess.CompletedProcess:
+    """COMMAND with main ending in `end`, the script itself in `ending`, run in a fresh process."""
+    script = textwrap.dedent(COMMAND).replace("{end}", end).replace("run_then_exit(main)", ending)
     return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=BUFFERED)
 
 
@@ -59,8 +60,7 @@ def test_the_exit_joins_threads_runs_atexit_flushes_and_gives_systemexits_status
 
 def test_without_it_the_same_command_tears_its_modules_down():
     """The control: what run_then_exit leaves out, the interpreter's own exit does."""
-    script = textwrap.dedent(COMMAND).replace("{end}", "return").replace("run_then_exit(main)", "main()")
-    ended = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=BUFFERED)
+    ended = run("return", ending="main()")
     assert ended.returncode == 0
     assert ended.stdout.splitlines() == ["main done", "thread done", "atexit ran", "torn down"]
 

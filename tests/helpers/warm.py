@@ -404,8 +404,10 @@ def _child(request: dict, fds: list[int]) -> None:
         os.chdir(request["cwd"])
         sys.path[:] = _search_path(request["path0"], os.environ.get("PYTHONPATH"), request["server_pythonpath"])
         sys.argv = [request["argv0"], *request["args"]]
-        code = _main(request["module"])
-    finally:
+        from grpo_exp.process_exit import leave
+
+        leave(_main(request["module"]))  # the interpreter's exit: threads joined, atexit handlers, output flushed
+    finally:  # the child never got to run its command
         try:
             sys.stdout.flush()
             sys.stderr.flush()
@@ -442,8 +444,6 @@ def _main(module: str) -> int:
     except BaseException:  # as the interpreter: the traceback on stderr, status 1
         traceback.print_exc()
         code = 1
-    threading._shutdown()  # the interpreter's exit: non-daemon threads joined, then the atexit handlers
-    atexit._run_exitfuncs()
     return code
 
 
