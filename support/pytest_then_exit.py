@@ -1,6 +1,6 @@
 """`python -m support.pytest_then_exit [pytest arguments]`: pytest, then its process ends as a command does
-(grpo_exp.process_exit), without the interpreter's teardown of the model libraries the tests imported: 8 s after a
-single test file's summary, on 2 cores (docs/setup.md)."""
+(grpo_exp.process_exit), without the interpreter's teardown of the model libraries the tests imported: up to 8 s
+after a single test file's summary, on 2 cores (docs/setup.md)."""
 
 import sys
 
