@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from grpo_exp.run import prepacked_eval
-from grpo_exp.run.prepacked_eval import greedy_completions, prepack_refusal
+from grpo_exp.run.prepacked_eval import prepack_refusal, prepacked_completions
 from grpo_exp.trainer.prepacked_linear import can_prepack
 from support.config import resolved_config
 
@@ -24,7 +24,8 @@ def test_the_tiny_model_answers_the_same_from_its_prepacked_copy_and_follows_its
     model, tokenizer = tiny_policy
     prompts = questions(5)
     expected = generate_completions(model, tokenizer, prompts, 12, 2, None)
-    assert greedy_completions(model, tokenizer, prompts, 12, 2, None) == expected, "batches of 2, one of them partial"
+    answered = prepacked_completions(model, tokenizer, prompts, 12, 2, None)
+    assert answered == expected, "batches of 2, one of them partial"
     # between evaluations the copy holds no weights: a run trains then, and it would add the policy's size to the peak
     copy = prepacked_eval._copies[model]
     assert all(p.numel() == 0 for p in copy.copy.parameters()) and all(
@@ -35,7 +36,7 @@ def test_the_tiny_model_answers_the_same_from_its_prepacked_copy_and_follows_its
             parameter.add_(torch.randn_like(parameter) * 0.05)
     moved = generate_completions(model, tokenizer, prompts, 12, 2, None)
     assert moved != expected
-    assert greedy_completions(model, tokenizer, prompts, 12, 2, None) == moved
+    assert prepacked_completions(model, tokenizer, prompts, 12, 2, None) == moved
 
 
 def test_the_copy_serves_only_float32_weights_on_cpu(tiny_policy):

@@ -27,7 +27,7 @@ from grpo_exp.rollout.multiturn import MultiTurnRollout, greedy_generation
 from grpo_exp.rollout.vllm_turns import ANSWERING_ENGINE, engine_completions
 from grpo_exp.run.build import RunParts
 from grpo_exp.run.distributed import is_main_process
-from grpo_exp.run.prepacked_eval import greedy_completions, prepacked_copy, release_prepacked
+from grpo_exp.run.prepacked_eval import prepacked_completions, prepacked_copy, release_prepacked
 from grpo_exp.run.resolve import RunSpec
 from grpo_exp.run_files import BENCHMARK_FILE
 from grpo_exp.stats import (
@@ -110,7 +110,7 @@ def answer(
         if rollout is None:
             texts = None
             if prepacked and temperature == 0:
-                texts = greedy_completions(model, tokenizer, share, max_new_tokens, batch_size, shown)
+                texts = prepacked_completions(model, tokenizer, share, max_new_tokens, batch_size, shown)
             if texts is None:
                 texts = generate_completions(model, tokenizer, share, max_new_tokens, batch_size, shown, temperature)
             return [(text, {}) for text in texts]

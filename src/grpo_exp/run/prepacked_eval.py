@@ -66,7 +66,7 @@ def release_prepacked(model) -> None:
 
 
 @torch.no_grad()
-def greedy_completions(
+def prepacked_completions(
     model, tokenizer, prompts: list, max_new_tokens: int, batch_size: int, desc: str | None
 ) -> list[str] | None:
     """generate_completions' greedy answers (the same batches, padding and generation settings) from the prepacked
