@@ -70,3 +70,21 @@ def test_the_embedded_model_answers_the_default_problems_the_same_from_its_prepa
     differing = [i for i, (a, b) in enumerate(answers) if a["completion"] != b["completion"]]
     assert differing == [], f"problems answered differently: {differing}"
     assert prepacked.accuracy == today.accuracy
+
+
+@needs_onednn
+def test_sampled_answers_are_the_copys_draws_again_alike_under_a_seed(tiny_policy, monkeypatch):
+    """At a temperature (pass@k, the policy's own answers that self-verification judges) the copy draws the answers,
+    not the policy's generate(): the same seed draws the same answers, another seed others."""
+    model, tokenizer = tiny_policy
+    prompts = questions(3) * 2
+
+    def draw(seed: int) -> list[str]:
+        torch.manual_seed(seed)
+        return prepacked_completions(model, tokenizer, prompts, 12, 4, None, temperature=1.0)
+
+    first = draw(0)  # the copy made
+    monkeypatch.setattr(model, "generate", lambda *args, **kwargs: pytest.fail("the policy's generate() answered"))
+    assert draw(0) == first and draw(1) != first
+    assert len(set(first)) > 3  # sampled: a prompt's two answers differ
+    assert prepacked_completions(model, tokenizer, prompts, 12, 4, None) != first  # greedy: not these draws

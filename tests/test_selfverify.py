@@ -440,3 +440,29 @@ def test_supervised_examples_are_dealt_with_weights_that_average_to_the_steps_me
     assert [[c.response for c in t.pending_verdict_examples] for t in tasks] == [chosen[i::3] for i in range(3)]
     # DDP averages the processes' gradients: sum over processes of (weight x loss) / 3 is the mean over 4
     assert [t.pending_verdict_weights for t in tasks] == [[0.75, 0.75], [0.75], [0.75]]
+
+
+def test_the_held_out_measure_asks_the_runs_own_answering_for_answers_then_verdicts(tiny_policy):
+    """heldout_metrics gets the policy's answers as the run gives them (`answers`: its vLLM engine, else the
+    prepacked copy, else generate()): sampled answers to each problem, then greedy verdicts on a balanced set of
+    them; only the P(Yes) is read from the policy's own forward."""
+    from datasets import Dataset
+
+    model, tokenizer = tiny_policy
+    problems = [(f"What is {i} + 1?", str(i + 1)) for i in range(4)]
+    dataset = Dataset.from_list(
+        [{"question": q, "prompt": [{"role": "user", "content": q}], "solution": s} for q, s in problems]
+    )
+    asked = []
+
+    def answers(prompts: list, temperature: float, desc: str | None) -> list[str]:
+        asked.append((len(prompts), temperature, desc))
+        if desc == "own answers":  # each problem's two answers: one right, one wrong
+            return [f"\\boxed{{{int(s) + k}}}" for _, s in problems for k in (0, 1)]
+        return ["\\boxed{Yes}"] * len(prompts)  # the verdicts: every answer called right
+
+    metrics = selfverify_task().heldout_metrics(answers, model, tokenizer, dataset, batch_size=4, samples=2)
+    examples = int(metrics["verify/examples"])
+    assert asked == [(8, 1.0, "own answers"), (examples, 0.0, "verdicts")]
+    assert examples == 4 and metrics["verify/yes_share"] == 0.5  # balanced: as many right answers as wrong
+    assert metrics["verify/accuracy"] == 0.5 and 0.0 <= metrics["verify/p_yes/auroc"] <= 1.0

@@ -2,12 +2,18 @@
 token ids, the name a model takes its KV cache under, and the distinct rows and positions a shared prefill needs."""
 
 import inspect
+from collections.abc import Callable
 from contextlib import contextmanager
 
 import torch
 from tqdm.auto import tqdm
 
 from grpo_exp.data_parallel import map_over_processes
+
+# The policy's answers to chat prompts at a temperature (0: greedy), shown as `desc` (None: no progress bar), every
+# process getting all of them: how a run answers (grpo_exp.run.heldout.policy_answers: its vLLM engine, else the
+# policy's prepacked copy, else generate()), handed to the measures that put the policy's own answers to it.
+PolicyAnswers = Callable[[list, float, str | None], list[str]]
 
 
 @contextmanager

@@ -587,8 +587,10 @@ class EvalSchema:
     after: bool = True  # ...and after
     batch_size: int = knob(16, ge=1)
     max_new_tokens: int | None = knob(None, ge=1)  # null: the trainer's max_completion_length
-    # Greedy held-out answers on CPU from the policy's prepacked float32 copy (the training sampler's): the
-    # same answers, measured, several times faster; where it cannot serve, generate() on the policy (false: always)
+    # Held-out answers on CPU from the policy's prepacked float32 copy (the training sampler's): greedy, the same
+    # answers, measured, several times faster; sampled (pass@k, the policy's own answers that self-verification
+    # and the verification benchmark judge), the sampler's draws; where it cannot serve, generate() on the policy
+    # (false: always)
     prepacked: bool = True
     # `python -m grpo_exp.evaluate` only: k sampled completions per problem for pass@k and maj@k (0: greedy only)...
     samples: int = knob(4, ge=0)

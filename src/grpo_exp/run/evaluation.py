@@ -26,6 +26,7 @@ from grpo_exp.run.heldout import (
     SampledResult,
     benchmark_statistics,
     judge_statistics,
+    policy_answers,
     run_heldout_accuracy,
     sampled_metrics,
     validation_metrics,
@@ -174,8 +175,9 @@ class HeldoutEval:
             log.info("Held-out episodes won %s: %.3f (%d/%d)", shown, result.rollout[EPISODE_SUCCESS], won, played)
         selfverify = parts.tasks.get("selfverify")
         if selfverify is not None:
+            answers = policy_answers(model, self.tokenizer, spec)
             result.verification = selfverify.heldout_metrics(
-                model, self.tokenizer, self.heldout, spec.eval_max_new_tokens, spec.cfg.eval.batch_size
+                answers, model, self.tokenizer, self.heldout, spec.cfg.eval.batch_size
             )
             log.info("Held-out self-verification %s: %s", shown, result.verification)
         if self.benchmark is not None:
@@ -223,6 +225,7 @@ class HeldoutEval:
             spec.eval_max_new_tokens,
             spec.cfg.eval.batch_size,
             self.parts.rollout,
+            prepacked=spec.cfg.eval.prepacked,
         )
 
     def accuracy_before(self) -> float | None:

@@ -18,7 +18,7 @@ from datasets import Dataset
 from grpo_exp.answers import lenient_match
 from grpo_exp.data import unseen_problems
 from grpo_exp.data_parallel import from_main_process, map_over_processes
-from grpo_exp.generation import generate_completions, prompt_ids
+from grpo_exp.generation import PolicyAnswers, generate_completions, prompt_ids
 from grpo_exp.rewards.components import graded_components
 from grpo_exp.rewards.judge import RubricJudge
 from grpo_exp.rollout.environment import environment_statistics
@@ -95,8 +95,9 @@ def answer(
 ) -> tuple[list[str], list[dict]]:
     """The texts that hold each prompt's answer, and per-prompt details: one completion each, or with a
     multi-turn rollout each trajectory's final turn (details: the trajectory, its turns and tool calls).
-    Under several processes, each answers its share of the prompts (grpo_exp.data_parallel). prepacked: greedy
-    answers from the policy's prepacked copy where it can serve (grpo_exp.run.prepacked_eval). rows: the prompts'
+    Under several processes, each answers its share of the prompts (grpo_exp.data_parallel). prepacked: single-turn
+    answers (greedy or sampled) and greedy trajectories from the policy's prepacked copy where it can serve
+    (grpo_exp.run.prepacked_eval). rows: the prompts'
     dataset rows, which a rollout's environments are reset with."""
 
     engine = ANSWERING_ENGINE.get()  # the run generates with vLLM (grpo_exp.rollout.vllm_turns)
@@ -109,8 +110,8 @@ def answer(
             return [(tokenizer.decode(row, skip_special_tokens=True), {}) for row in ids]
         if rollout is None:
             texts = None
-            if prepacked and temperature == 0:
-                texts = prepacked_completions(model, tokenizer, share, max_new_tokens, batch_size, shown)
+            if prepacked:
+                texts = prepacked_completions(model, tokenizer, share, max_new_tokens, batch_size, shown, temperature)
             if texts is None:
                 texts = generate_completions(model, tokenizer, share, max_new_tokens, batch_size, shown, temperature)
             return [(text, {}) for text in texts]
@@ -136,6 +137,20 @@ def answer(
     paired = list(zip(prompts, rows or [{}] * len(prompts), strict=True))
     answered = map_over_processes(paired, batch_size, work)
     return [text for text, _ in answered], [details for _, details in answered]
+
+
+def policy_answers(model, tokenizer, spec: RunSpec) -> PolicyAnswers:
+    """The policy's single-turn answers as the run's held-out evaluation gives them (its vLLM engine, else
+    eval.prepacked's copy, else generate(); eval.batch_size, the held-out answers' length), for the measures that
+    put its own answers to it: self-verification's, the verification benchmark's."""
+
+    def answers(prompts: list, temperature: float, desc: str | None) -> list[str]:
+        eval_cfg = spec.cfg.eval
+        max_new_tokens, batch_size = spec.eval_max_new_tokens, eval_cfg.batch_size
+        prepacked = eval_cfg.prepacked
+        return answer(model, tokenizer, prompts, max_new_tokens, batch_size, desc, temperature, prepacked=prepacked)[0]
+
+    return answers
 
 
 def heldout_accuracy(
@@ -207,13 +222,26 @@ def sampled_metrics(
     max_new_tokens: int,
     batch_size: int,
     rollout: MultiTurnRollout | None = None,
+    prepacked: bool = False,
 ) -> SampledResult:
-    """pass@1..k (unbiased) and maj@k from k sampled completions per problem, and the completions."""
+    """pass@1..k (unbiased) and maj@k from k sampled completions per problem, and the completions (single-turn ones
+    from the policy's prepacked copy where it can serve, `prepacked`)."""
     prompts = [p for p in dataset["prompt"] for _ in range(samples)]
     solutions = [s for s in dataset["solution"] for _ in range(samples)]
     rows = [row for row in dataset.to_list() for _ in range(samples)] if rollout is not None else None
     desc = f"held-out samples (k={samples})"
-    texts, _ = answer(model, tokenizer, prompts, max_new_tokens, batch_size, desc, temperature, rollout, rows=rows)
+    texts, _ = answer(
+        model,
+        tokenizer,
+        prompts,
+        max_new_tokens,
+        batch_size,
+        desc,
+        temperature,
+        rollout,
+        prepacked=prepacked,
+        rows=rows,
+    )
     labels = verifier(texts, solutions, entries_of(dataset, samples))
     correct = torch.tensor(label_values(labels)).view(-1, samples)
     answers = [final_answers(texts[i : i + samples], verifier.answer) for i in range(0, len(texts), samples)]
@@ -310,7 +338,7 @@ def verification_benchmark(
         examples = load_benchmark(cached)
     else:  # every process answers a share of the problems
         problems = unseen_problems(cfg.dataset, bench_cfg.problems, train, heldout)
-        examples = build_benchmark(model, tokenizer, problems, verifier, bench_cfg, max_new_tokens, cfg.eval.batch_size)
+        examples = build_benchmark(policy_answers(model, tokenizer, spec), problems, verifier, bench_cfg)
         if is_main_process():
             save_benchmark(examples, cached)
     if is_main_process():

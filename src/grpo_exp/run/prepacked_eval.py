@@ -1,5 +1,6 @@
-"""Greedy held-out answers from the policy's prepacked float32 copy (eval.prepacked): the training sampler's
-machinery (grpo_exp.trainer.sampling_copy), used for evaluation on CPU.
+"""Held-out answers from the policy's prepacked float32 copy (eval.prepacked): the training sampler's machinery
+(grpo_exp.trainer.sampling_copy), used for evaluation on CPU: greedy answers, and sampled ones (pass@k, the policy's
+own answers that self-verification and the verification benchmark put to it).
 
 The copy multiplies by the policy's own float32 weights, packed for MKL (or oneDNN); it is refreshed from the policy at
 every call. Its logits differ from the policy's only by the rounding of another summation order, so greedy
@@ -67,10 +68,11 @@ def release_prepacked(model) -> None:
 
 @torch.no_grad()
 def prepacked_completions(
-    model, tokenizer, prompts: list, max_new_tokens: int, batch_size: int, desc: str | None
+    model, tokenizer, prompts: list, max_new_tokens: int, batch_size: int, desc: str | None, temperature: float = 0.0
 ) -> list[str] | None:
-    """generate_completions' greedy answers (the same batches, padding and generation settings) from the prepacked
-    copy; None where it cannot serve."""
+    """generate_completions' answers (the same batches, padding and generation settings: greedy at temperature 0,
+    else sampled) from the prepacked copy; None where it cannot serve. Sampled, they are draws from the copy's
+    distribution, which the training sampler draws from too, not generate()'s draws."""
     texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
     ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
     sampling_copy = prepacked_copy(model, ids[0]) if ids else None
@@ -79,9 +81,13 @@ def prepacked_completions(
     # generate()'s own settings: the model's generation config, with generate_completions' arguments over it
     settings = copy.deepcopy(model.generation_config)
     settings.update(
-        do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id, top_p=None, top_k=None
+        do_sample=temperature > 0,
+        max_new_tokens=max_new_tokens,
+        pad_token_id=tokenizer.pad_token_id,
+        top_p=None,
+        top_k=None,
     )
-    settings.temperature = None
+    settings.temperature = temperature or None
     completions: list[str] = []
     try:
         for start in tqdm(range(0, len(ids), batch_size), desc=desc, unit="batch", disable=desc is None):

@@ -19,7 +19,7 @@ from datasets import Dataset
 from omegaconf import DictConfig, OmegaConf
 
 from grpo_exp.config_rules import OnlyWith
-from grpo_exp.generation import generate_completions
+from grpo_exp.generation import PolicyAnswers
 from grpo_exp.measures import auroc, balanced_accuracy, bootstrap_interval
 from grpo_exp.verification.labels import Labels
 from grpo_exp.verification.p_yes import policy_p_yes
@@ -68,28 +68,14 @@ def benchmark_key(
 
 
 def build_benchmark(
-    model,
-    tokenizer,
-    problems: Dataset,
-    verifier: Labels,
-    bench_cfg: DictConfig,
-    max_new_tokens: int,
-    batch_size: int,
+    answers: PolicyAnswers, problems: Dataset, verifier: Labels, bench_cfg: DictConfig
 ) -> list[Candidate]:
-    """Sample the model's answers to the problems, label them, and draw the balanced set."""
+    """Sample the policy's answers to the problems (as the run answers: `answers`), label them, and draw the
+    balanced set."""
     torch.manual_seed(bench_cfg.seed)
     samples = bench_cfg.samples
     prompts = [p for p in problems["prompt"] for _ in range(samples)]
-    texts = generate_completions(
-        model,
-        tokenizer,
-        prompts,
-        max_new_tokens,
-        batch_size,
-        "verification benchmark: answers",
-        bench_cfg.temperature,
-        split=True,
-    )
+    texts = answers(prompts, bench_cfg.temperature, "verification benchmark: answers")
     labels = verifier(texts, [s for s in problems["solution"] for _ in range(samples)], entries_of(problems, samples))
     candidates = candidates_from_groups(problems["question"], texts, labels, samples, verifier.answer)
     kept, _ = filter_candidates(candidates, drop_no_answer=True, drop_all_wrong=False)

@@ -14,7 +14,7 @@ from datasets import Dataset
 from omegaconf import DictConfig
 
 from grpo_exp.errors import UserError
-from grpo_exp.generation import generate_completions
+from grpo_exp.generation import PolicyAnswers
 from grpo_exp.schema import (
     SelfVerifyBalance,
     SelfVerifyObjective,
@@ -217,26 +217,24 @@ class SelfVerificationTask:
 
     def heldout_metrics(
         self,
+        answers: PolicyAnswers,
         model,
         tokenizer,
         dataset: Dataset,
-        max_new_tokens: int,
         batch_size: int,
         samples: int = 2,
         temperature: float = 1.0,
     ) -> dict[str, float]:
         """How well the policy judges its own answers on held-out problems.
 
-        Answers are sampled (`samples` per problem) and labelled by the run's labels; a balanced, diverse set of
-        them (the training task's own selection, all-wrong problems kept) is put to the policy as verification
-        prompts, answered greedily. Reports verdict accuracy (50% is chance on a balanced set), precision /
-        recall / F1 of "Yes", and AUROC / Brier / ECE of the policy's own P(Yes).
+        Answers are sampled (`samples` per problem, as the run answers: `answers`) and labelled by the run's labels;
+        a balanced, diverse set of them (the training task's own selection, all-wrong problems kept) is put to the
+        policy as verification prompts, answered greedily. Reports verdict accuracy (50% is chance on a balanced
+        set), precision / recall / F1 of "Yes", and AUROC / Brier / ECE of the policy's own P(Yes) (`model`'s).
         """
         torch.manual_seed(self.seed)
         prompts = [p for p in dataset["prompt"] for _ in range(samples)]
-        texts = generate_completions(
-            model, tokenizer, prompts, max_new_tokens, batch_size, "own answers", temperature, split=True
-        )
+        texts = answers(prompts, temperature, "own answers")
         solutions = [s for s in dataset["solution"] for _ in range(samples)]
         labels = self.verifier(texts, solutions, entries_of(dataset, samples))
         candidates = candidates_from_groups(dataset["question"], texts, labels, samples, self.verifier.answer)
@@ -245,9 +243,7 @@ class SelfVerificationTask:
         if not chosen:
             return {}
         conversations = self.conversations(chosen)
-        verdicts = generate_completions(
-            model, tokenizer, conversations, max_new_tokens, batch_size, "verdicts", split=True
-        )
+        verdicts = answers(conversations, 0.0, "verdicts")
         actual = [c.correct for c in chosen]
         return (
             {"verify/examples": len(chosen), "verify/yes_share": sum(actual) / len(actual)}
