@@ -19,10 +19,6 @@ FIXTURE = "servers"  # the module's fixture every test on either server depends 
 EMBEDDED = "smollm2_135m"
 # The tiny model with heads vLLM's CPU attention serves (32 dimensions; the tiny model's own are 16): where what a test
 # checks holds for any weights, its runs take a fraction of the embedded model's steps.
-# The early servers' priority: below the e2e tests (nice 0), whose chain is the suite's floor and which wait for the
-# servers only from the module on, and above the in-process tier (nice 19, support/test_tiers.py), which has time
-# to spare. Inherited by the engine's processes.
-EARLY_PRIORITY = ("nice", "-n", "10")
 SERVABLE_TINY = [*TINY_RUN, "model.architecture.num_attention_heads=2", "model.architecture.num_key_value_heads=1"]
 
 
@@ -40,8 +36,7 @@ class _Early:
             directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="servable_tiny_"))
             self.servable_tiny = servable_tiny_model(directory)
             self.ports = free_ports(2)
-            starting = vllm_servers_starting(self.ports, prefix=EARLY_PRIORITY, model=[EMBEDDED, self.servable_tiny])
-            self._ready = stack.enter_context(starting)
+            self._ready = stack.enter_context(vllm_servers_starting(self.ports, model=[EMBEDDED, self.servable_tiny]))
             self._stack = stack.pop_all()
 
     def ready(self) -> tuple[int, int]:
