@@ -1,4 +1,5 @@
-"""eval.prepacked: greedy held-out answers from the policy's prepacked float32 copy, the same as generate()'s."""
+"""eval.prepacked: held-out answers from the policy's prepacked float32 copy: greedy ones the same as generate()'s,
+sampled ones the copy's own draws."""
 
 import pytest
 import torch

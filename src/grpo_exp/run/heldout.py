@@ -97,8 +97,7 @@ def answer(
     multi-turn rollout each trajectory's final turn (details: the trajectory, its turns and tool calls).
     Under several processes, each answers its share of the prompts (grpo_exp.data_parallel). prepacked: single-turn
     answers (greedy or sampled) and greedy trajectories from the policy's prepacked copy where it can serve
-    (grpo_exp.run.prepacked_eval). rows: the prompts'
-    dataset rows, which a rollout's environments are reset with."""
+    (grpo_exp.run.prepacked_eval). rows: the prompts' dataset rows, which a rollout's environments are reset with."""
 
     engine = ANSWERING_ENGINE.get()  # the run generates with vLLM (grpo_exp.rollout.vllm_turns)
 
