@@ -1,13 +1,20 @@
 """The verification benchmark: its statistics hand-computed, its cache, and a model scored on it."""
 
+import json
 import math
+import threading
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from transformers import AutoModelForCausalLM
 
 from grpo_exp.measures import auroc, balanced_accuracy, bootstrap_interval
 from grpo_exp.models import load_tokenizer
+from grpo_exp.run.heldout import verification_benchmark
+from grpo_exp.run_files import BENCHMARK_FILE
 from grpo_exp.verification.benchmark import (
+    benchmark_key,
     benchmark_metrics,
     load_benchmark,
     save_benchmark,
@@ -64,6 +71,39 @@ def test_a_benchmark_is_saved_whole_and_read_back(tmp_path):
     path = tmp_path / "bench" / "set.json"
     save_benchmark(EXAMPLES, path)
     assert load_benchmark(path) == EXAMPLES and not path.with_suffix(".partial").exists()
+
+
+def test_a_process_finds_the_run_directorys_benchmark_whole_or_not_at_all(tmp_path, cfg_train):
+    """Every process looks for the run directory's own benchmark while the main process may be writing it there
+    from the cache: a 2-process run once read it empty (JSONDecodeError). A reader beside the writes sees no file
+    or the whole set, never a part."""
+    cfg = cfg_train
+    cfg.cache_dir = str(tmp_path / "cache")
+    spec, verifier = SimpleNamespace(cfg=cfg, eval_max_new_tokens=16), SimpleNamespace(answer_rule="stated")
+    key = benchmark_key(cfg.eval.verification_benchmark, cfg.model, cfg.dataset, 16, cfg.verifier.labels, "stated")
+    examples = EXAMPLES * 5_000  # large enough that a write not made whole is caught in the middle
+    save_benchmark(examples, Path(cfg.cache_dir) / "verification_benchmark" / f"{key}.json")
+    own, seen, written = tmp_path / "run" / BENCHMARK_FILE, [], threading.Event()
+    own.parent.mkdir()
+
+    def read_as_another_process_does():
+        while not written.is_set():
+            if own.is_file():
+                try:
+                    seen.append(len(load_benchmark(own)))
+                except json.JSONDecodeError:
+                    seen.append("a part")
+
+    reader = threading.Thread(target=read_as_another_process_does)
+    reader.start()
+    try:
+        for _ in range(3):  # each write a chance to catch a part
+            own.unlink(missing_ok=True)
+            assert verification_benchmark(spec, None, None, None, None, verifier, own.parent) == examples
+    finally:
+        written.set()
+        reader.join()
+    assert seen and set(seen) == {len(examples)}
 
 
 def test_a_model_is_scored_on_the_benchmark_by_its_p_yes(tiny_model_dirs, cfg_train):

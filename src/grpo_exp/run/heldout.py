@@ -8,7 +8,6 @@ With a multi-turn rollout the policy answers with its tools in reach and each tr
 import asyncio
 import logging
 import math
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -340,8 +339,8 @@ def verification_benchmark(
         examples = build_benchmark(policy_answers(model, tokenizer, spec), problems, verifier, bench_cfg)
         if is_main_process():
             save_benchmark(examples, cached)
-    if is_main_process():
-        shutil.copyfile(cached, run_dir / BENCHMARK_FILE)
+    if is_main_process():  # written whole (save_benchmark): another process may be reading it (prepare_benchmark)
+        save_benchmark(examples, run_dir / BENCHMARK_FILE)
     return examples
 
 
