@@ -35,6 +35,8 @@ import weakref
 from collections.abc import Callable
 from pathlib import Path
 
+from support.run_imports import IMPORTS, OPTIONAL_IMPORTS, RUN_IMPORTS
+
 # Variables that nothing reads at import: they may differ between the server and a command, which gets its own.
 RUNTIME_VARIABLES = {
     "PYTEST_CURRENT_TEST", "PWD", "OLDPWD", "COLUMNS", "LINES", "_",
@@ -52,24 +54,6 @@ RUNTIME_VARIABLES = {
 # FSDP_: what accelerate launch gives each rank of an FSDP config, read when accelerate makes its FSDP plugin
 RUNTIME_PREFIXES = ("ACCELERATE_", "TORCHELASTIC_", "GRPO_EXP_TEST_", "FSDP_")
 SOCKET_VARIABLE = "GRPO_EXP_TEST_WARM_SOCKET"
-# Not grpo_exp.cli (nor any module a command runs): runpy warns when the module it runs is already imported.
-IMPORTS = ("torch", "transformers", "trl", "datasets", "hydra", "grpo_exp.run.experiment")
-# What a tiny training imports only when it runs, ~0.75 s a command (a rank of a launcher too) on 2 cores: scipy's
-# statistics (the health alarms' intervals), W&B's run API (logger=wandb), the Llama modelling code (the tiny model
-# and SmolLM2), Hydra's launcher and sweeper plug-ins (every run's plug-in scan), the sweep callback.
-RUN_IMPORTS = (
-    "scipy.stats",
-    "wandb.apis.public",
-    "wandb.sdk.launch",
-    "transformers.models.llama.modeling_llama",
-    "hydra_plugins.hydra_joblib_launcher.joblib_launcher",
-    "hydra_plugins.hydra_submitit_launcher.submitit_launcher",
-    "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper",
-    "grpo_exp.run.sweep",
-    "grpo_exp.run.trackers.wandb_run",
-)
-# Where installed (the dev extra): accelerate imports it in every training (extract_model_from_parallel), ~2 s each.
-OPTIONAL_IMPORTS = ("deepspeed",)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
