@@ -15,7 +15,10 @@ install-dev: $(VENV)/.installed-dev  # and the tests', the docs' and the benchma
 # without its dependencies, whose llama-cpp-python has no wheel on PyPI and would compile for minutes
 # (support/requirements.py). Nothing here compiles.
 # pip compiles no bytecode (--no-compile): support/compile_imports writes that of what is used, a quarter of the files,
-# after each install (make test's install: 100 s -> ~65 s on one core; docs/setup.md).
+# after each install, and a module first imported later has its own written then, once: this Makefile's commands write
+# bytecode even where PYTHONDONTWRITEBYTECODE is set, where every process would otherwise compile such a module again
+# (make test: 1,585 core-seconds against 1,371; docs/setup.md).
+export PYTHONDONTWRITEBYTECODE :=
 PIP_INSTALL := $(PY) -m pip install --quiet --no-compile
 $(VENV)/.installed: pyproject.toml support/requirements.py
 	$(PYTHON) -m venv $(VENV)
@@ -34,7 +37,7 @@ $(VENV)/.installed-dev: $(VENV)/.installed
 	@# vLLM's CPU build pulls PyPI's torchvision/torchaudio/torchcodec, built for CUDA torch: `import vllm` fails
 	@# beside the CPU build of torch until they go (pyproject.toml, docs/setup.md); grpo_exp uses none of them.
 	$(PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
-	$(PY) -m support.compile_imports run vllm tests
+	$(PY) -m support.compile_imports vllm tests
 	touch $@
 
 # vLLM's CPU build alone, for generation=vllm_colocate / vllm_server after `make train` (make test installs it too).

