@@ -47,10 +47,9 @@ def compile_imports(modules: list[str]) -> list[str]:
     with warnings.catch_warnings():  # what the compiler says of a library's source (SyntaxWarning) is not ours
         warnings.simplefilter("ignore")
         for module in modules:
-            if not installed(module):
-                continue
-            try:
-                importlib.import_module(module)
+            try:  # finding a submodule imports its parents, which may fail too
+                if installed(module):
+                    importlib.import_module(module)
             except Exception as err:  # a library's own import error: named and passed over
                 failed.append(f"{module}: {type(err).__name__}: {err}")
     return failed

@@ -28,7 +28,7 @@ def test_the_bytecode_of_what_is_imported_is_written_even_where_python_is_told_n
     what it imports, PYTHONDONTWRITEBYTECODE set or not, passes over what is not installed, and names what fails."""
     (tmp_path / "used.py").write_text("VALUE = 1\n")
     (tmp_path / "broken.py").write_text("raise RuntimeError('a library that fails to import')\n")
-    listed = ["used", "broken", "not_installed", "not_installed.child"]
+    listed = ["used", "broken", "broken.child", "not_installed", "not_installed.child"]
     code = f"from support.compile_imports import compile_imports; print(compile_imports({listed}))"
     result = subprocess.run(
         [sys.executable, "-c", code],
@@ -39,7 +39,8 @@ def test_the_bytecode_of_what_is_imported_is_written_even_where_python_is_told_n
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == str(["broken: RuntimeError: a library that fails to import"])
+    failure = "RuntimeError: a library that fails to import"
+    assert result.stdout.strip() == str([f"broken: {failure}", f"broken.child: {failure}"])
     assert sorted(path.name.split(".")[0] for path in (tmp_path / "__pycache__").glob("*.pyc")) == ["broken", "used"]
 
 
