@@ -3,6 +3,7 @@
 import json
 import math
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -100,6 +101,10 @@ def test_a_process_finds_the_run_directorys_benchmark_whole_or_not_at_all(tmp_pa
         for _ in range(3):  # each write a chance to catch a part
             own.unlink(missing_ok=True)
             assert verification_benchmark(spec, None, None, None, None, verifier, own.parent) == examples
+        # the last write stays: the reader reads it at least once, however the threads were scheduled
+        deadline = time.monotonic() + 30
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.01)
     finally:
         written.set()
         reader.join()
