@@ -110,14 +110,11 @@ class HookedGRPOTrainer(TrainingHooks, TRLSurface, GRPOTrainer):
             with profiling_context(self, "transformers.generate"):
                 step = self.state.global_step
                 return self.sampler.generate(policy, prompt_ids, self.generation_config, step, with_log_probs)
+        trls = functools.partial(super()._generate_single_turn, prompt_ids, images, multimodal_fields, num_generations)
         if not with_log_probs or self.use_vllm or self.args.use_transformers_paged:  # these return their own
-            return super()._generate_single_turn(
-                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
-            )
+            return trls(has_tool_images)
         with SampledLogProbs(policy, self.temperature) as record:
-            completion_ids, _ = super()._generate_single_turn(
-                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
-            )
+            completion_ids, _ = trls(has_tool_images)
         return completion_ids, record.of_lists(completion_ids)
 
     def _get_per_token_logps_and_entropies(
