@@ -1,4 +1,4 @@
-"""A reward plug-in for multi-process tests: groups with a spread on the first process only."""
+"""Reward plug-ins for tests whose steps must train whatever the model writes: groups with a spread by rule."""
 
 import os
 
@@ -8,3 +8,9 @@ def spread_on_the_first_process(completions, **kwargs):
     has one group with a spread (kept) and one without (left out by zero_variance_groups=skip)."""
     first = int(os.environ.get("RANK", "0")) == 0
     return [float(first and i % 2 == 0) for i in range(len(completions))]
+
+
+def spread_in_every_group(completions, **kwargs):
+    """1 for every other completion, 0 for the rest, on every process: with groups of an even size, every group has a
+    spread whatever its completions say, so that every step trains."""
+    return [float(i % 2 == 0) for i in range(len(completions))]
