@@ -419,10 +419,16 @@ def test_generation_ahead_without_a_server_names_the_setting_the_user_chose(tmp_
     assert "generation=vllm_server" not in result.stderr
 
 
-# A reward spread (`length` scores completions apart), every group trained, a step large enough to move the policy: a
-# stale batch's log-probabilities then differ from the trainer's by more than the numerical mismatch.
-MOVING = ["reward=math+format+length", "trainer.zero_variance_groups=keep", "trainer.learning_rate=1e-4"]
-SPREAD_IN_EVERY_GROUP = "tests.helpers.rank_rewards:spread_in_every_group"  # for trajectories all alike
+# Every group trained, a step large enough to move the policy: a stale batch's log-probabilities then differ from the
+# trainer's by more than the numerical mismatch. With a reward spread: `length` scores completions apart; where the
+# completions are all alike, a rule gives every group its spread (tests/helpers/rank_rewards.py).
+EVERY_GROUP_TRAINED = ["trainer.zero_variance_groups=keep", "trainer.learning_rate=1e-4"]
+MOVING = ["reward=math+format+length", *EVERY_GROUP_TRAINED]
+SPREAD_BY_RULE = [
+    "reward=math",
+    "+reward.components.rigged.function=tests.helpers.rank_rewards:spread_in_every_group",
+    "+reward.components.rigged.weight=1",
+]
 STALENESS = "async/staleness_max"
 SPLIT_STALENESS, SPLIT_NUMERICS = "async/staleness_logp_difference/mean", "async/numerics_logp_difference/mean"
 ESS, CLIPPED = "sampling/importance_sampling_ess_fraction", "sampling/importance_sampling_clipped_fraction"
@@ -444,9 +450,8 @@ def test_multi_turn_rollouts_are_played_ahead_under_two_processes_their_stalenes
 
     overrides = (
         *calculator_caller, "generation=vllm_async", f"trainer.extra.vllm_server_port={tiny_server}",
-        # a spread in every group, whatever the trajectories say: the calculator caller's, all calls, are much alike
-        "reward=math", f"+reward.components.rigged.function={SPREAD_IN_EVERY_GROUP}",
-        "+reward.components.rigged.weight=1", *MOVING[1:], "trainer.max_steps=3", *QUIET_RUN,
+        *SPREAD_BY_RULE, *EVERY_GROUP_TRAINED,  # the calculator caller's trajectories, all calls, are much alike
+        "trainer.max_steps=3", *QUIET_RUN,
         "eval.before=false", "eval.after=false", "probe.labels_check=off",
     )  # fmt: skip
     launched = recorded_launch(tmp_path, *overrides, launch_args=("--num_processes", "2"))
