@@ -23,6 +23,7 @@ import atexit
 import contextlib
 import json
 import os
+import resource
 import select
 import signal
 import socket
@@ -54,6 +55,9 @@ RUNTIME_VARIABLES = {
 # FSDP_: what accelerate launch gives each rank of an FSDP config, read when accelerate makes its FSDP plugin
 RUNTIME_PREFIXES = ("ACCELERATE_", "TORCHELASTIC_", "GRPO_EXP_TEST_", "FSDP_")
 SOCKET_VARIABLE = "GRPO_EXP_TEST_WARM_SOCKET"
+# Where a command's environment names a file here, the server appends its CPU account there when it ends: the CPU
+# of the commands it forks, which no test's process waits for (support/cpu_profile.py reads it).
+CPU_LOG_VARIABLE = "GRPO_EXP_TEST_CPU_LOG"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -243,6 +247,7 @@ class Loop:
         self.command: tuple[int, float] | None = None  # the command's pid and deadline
         self.timed_out = False
         self.ranks: dict[int, socket.socket] = {}  # a rank's pid -> its client's connection
+        self.accounts: dict[int, dict] = {}  # a forked pid -> what its CPU account says, where one is asked for
 
     def serve(self) -> None:
         stdin_open = True
@@ -271,6 +276,7 @@ class Loop:
         files = [os.open(request[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) for name in ("stdout", "stderr")]
         stdin = os.open(os.devnull, os.O_RDONLY)
         pid = self.fork(request, [stdin, *files])
+        self.open_account(pid, request)
         self.command, self.timed_out = (pid, time.monotonic() + request["timeout"]), False
         if request.get("announce"):
             print(json.dumps({"pid": pid}), flush=True)
@@ -285,6 +291,7 @@ class Loop:
             conn.close()
             return
         pid = self.fork(request, fds)
+        self.open_account(pid, request)
         conn.send(json.dumps({"pid": pid}).encode())
         self.ranks[pid] = conn
 
@@ -302,14 +309,33 @@ class Loop:
             os.close(fd)
         return pid
 
+    def open_account(self, pid: int, request: dict) -> None:
+        if request["env"].get(CPU_LOG_VARIABLE):
+            command = [request["module"], *request["args"]]
+            self.accounts[pid] = {
+                "log": request["env"][CPU_LOG_VARIABLE],
+                "started": time.monotonic(),
+                "record": {"test": request["env"].get("PYTEST_CURRENT_TEST", ""), "command": " ".join(command)[:300]},
+            }
+
+    def close_account(self, pid: int, usage: resource.struct_rusage) -> None:
+        """The ended process's CPU (its own and its waited-for children's: a launcher's ranks are the server's)."""
+        account = self.accounts.pop(pid, None)
+        if account is not None:
+            cpu = usage.ru_utime + usage.ru_stime
+            wall = time.monotonic() - account["started"]
+            with open(account["log"], "a") as log:
+                log.write(json.dumps({**account["record"], "cpu_s": round(cpu, 2), "wall_s": round(wall, 2)}) + "\n")
+
     def reap(self) -> None:
         while True:
             try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
+                pid, status, usage = os.wait4(-1, os.WNOHANG)
             except ChildProcessError:
                 return
             if pid == 0:
                 return
+            self.close_account(pid, usage)
             code = os.waitstatus_to_exitcode(status)
             if self.command and pid == self.command[0]:
                 self.command = None
