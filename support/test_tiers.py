@@ -35,7 +35,9 @@ DISK_NEEDED_GB = 3.0
 
 
 def pytest(marks: str, args: list[str], workers: str | None = None) -> list[str]:
-    parallel = [] if workers is None else ["-n", workers]
+    # loadgroup: xdist's `load`, but the tests of one xdist_group go to one worker, so that a module's fixture that
+    # starts a process for several tests starts it once (test_adding_a_builtin.py)
+    parallel = [] if workers is None else ["-n", workers, "--dist", "loadgroup"]
     # support.pytest_then_exit: pytest, without the interpreter's teardown of what the tests imported at the end
     return [sys.executable, "-m", "support.pytest_then_exit", "-m", marks, *parallel, *args]
 
