@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-LOG_VARIABLE = "GRPO_EXP_TEST_CPU_LOG"  # tests/helpers/warm.py's CPU_LOG_VARIABLE
+LOG_VARIABLE = "GRPO_EXP_TEST_CPU_LOG"  # tests/helpers/warm.py's CPU_LOG_VARIABLE: an absolute path (commands move)
 
 
 def _cpu_seconds() -> float:
