@@ -54,7 +54,7 @@ def per_test(records: list[dict]) -> dict[str, dict]:
     """Each test's CPU seconds (its process and its commands), its wall seconds and its number of commands."""
     totals: dict[str, dict] = defaultdict(lambda: {"cpu_s": 0.0, "wall_s": 0.0, "commands": 0})
     for record in records:
-        total = totals[test_of(record) or "(outside any test: a session fixture's server, the collection)"]
+        total = totals[test_of(record) or "(no test: a command run outside pytest's tests)"]
         total["cpu_s"] += record["cpu_s"]
         if record["command"]:
             total["commands"] += 1

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from grpo_exp.paths import REPO_ROOT
 from support import cpu_profile
 from tests.helpers import warm
 
@@ -48,17 +49,23 @@ def test_the_plugin_writes_each_tests_cpu_and_the_summary_reads_it(tmp_path):
     (tmp_path / "test_burns.py").write_text(f"def test_burns():\n    exec({BURNS!r})\n\n\ndef test_idle():\n    pass\n")
     log = tmp_path / "cpu.jsonl"
     pytest_run = [sys.executable, "-m", "pytest", "-q", "-p", "support.cpu_profile", "-p", "no:cacheprovider"]
-    env = {**os.environ, cpu_profile.LOG_VARIABLE: str(log), "PYTHONPATH": os.getcwd()}
+    env = {**os.environ, cpu_profile.LOG_VARIABLE: str(log), "PYTHONPATH": str(REPO_ROOT)}  # support.cpu_profile
     ran = subprocess.run([*pytest_run, "test_burns.py"], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert ran.returncode == 0, ran.stdout + ran.stderr
     records = {r["test"]: r for r in map(json.loads, log.read_text().splitlines())}
     assert records["test_burns.py::test_burns"]["cpu_s"] >= 0.3 and records["test_burns.py::test_idle"]["cpu_s"] < 0.3
     summary = subprocess.run(
-        [sys.executable, "-m", "support.cpu_profile", str(log), "--top", "1"], capture_output=True, text=True
+        [sys.executable, "-m", "support.cpu_profile", str(log), "--top", "1"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
     )
     assert summary.returncode == 0 and "test_burns.py::test_burns" in summary.stdout
     refused = subprocess.run(
-        [sys.executable, "-m", "support.cpu_profile", str(tmp_path / "none.jsonl")], capture_output=True, text=True
+        [sys.executable, "-m", "support.cpu_profile", str(tmp_path / "none.jsonl")],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
     )
     assert refused.returncode == 2 and "none.jsonl: cannot read it as a CPU log" in refused.stderr
     assert "Traceback" not in refused.stderr
