@@ -1,9 +1,12 @@
 """`make test`'s two pytest tiers, side by side: `python -m support.test_tiers [pytest arguments]`.
 
-In front, the e2e and slow tests, one command at a time (each command keeps about 1.4 of 2 cores busy); behind them,
-at the lowest CPU priority (nice 19), the in-process tests in TEST_WORKERS processes, which take only the cycles the
-commands leave, their OpenMP threads waiting asleep (IN_PROCESS_ENVIRONMENT). On 2 cores: 14 min 6 s, against
-17 min 50 s for the two one after the other (docs/setup.md).
+In front, the e2e and slow tests in TEST_WORKERS processes, a file (or the files that read one shared run) to each
+(tests/conftest.py's xdist groups), every command on one thread (E2E_ENVIRONMENT); behind them, at the lowest CPU
+priority (nice 19), the in-process tests in TEST_WORKERS processes, which take only the cycles the commands leave,
+one thread each, waiting asleep (IN_PROCESS_ENVIRONMENT). A user's own OMP_NUM_THREADS or OMP_WAIT_POLICY is kept.
+On 2 cores: 14 min 6 s, against 17 min 50 s for the two one after the other (docs/setup.md); the e2e tier alone in
+two single-threaded workers 20 min 6 s and 34.4 core-minutes, against 26 min 45 s and 38.2 in one process of two
+threads (AVX2-only EPYC).
 
 The in-process tier's report goes to outputs/test-in-process.log: printed from where it stands when the e2e tier
 ends, then followed until it ends too. The status is 0 only when neither tier failed (pytest's 5, no test selected,
@@ -24,11 +27,13 @@ from pathlib import Path
 
 LOG = Path("outputs") / "test-in-process.log"
 NO_TESTS_COLLECTED = 5
-# The in-process tier's OpenMP threads wait asleep at a barrier instead of spinning (a user's own OMP_WAIT_POLICY is
-# kept): its workers' 2-thread torch processes share 2 cores with the e2e commands, and a thread spinning at nice 19
-# burns what the tier could compute (docs/setup.md). The e2e commands keep the spinning: their many small parallel
-# regions each paid a sleeping thread's wake-up when they waited asleep too.
-IN_PROCESS_ENVIRONMENT = {"OMP_WAIT_POLICY": "PASSIVE"}
+# Both tiers' processes compute on one thread each (a user's own OMP_NUM_THREADS is kept): two workers per tier keep
+# both cores busy, and a second thread per process cut its time by a fifth while raising its CPU by a third (the
+# embedded model's self-verification run: 57 s and 80 CPU-s on two threads, 71 s and 51 CPU-s on one). The
+# in-process tier's threads, where a library starts more, wait asleep at a barrier instead of spinning (a user's own
+# OMP_WAIT_POLICY is kept): a thread spinning at nice 19 burns what the tier could compute (docs/setup.md).
+IN_PROCESS_ENVIRONMENT = {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1"}
+E2E_ENVIRONMENT = {"OMP_NUM_THREADS": "1"}
 # The most the suite holds on disk at once, with room: 1.8 GB of temporary files at its peak and the embedded model's
 # cache (0.6 GB) on a first run (sampled every 10 s through a make test; docs/setup.md).
 DISK_NEEDED_GB = 3.0
@@ -40,6 +45,27 @@ def pytest(marks: str, args: list[str], workers: str | None = None) -> list[str]
     parallel = [] if workers is None else ["-n", workers, "--dist", "loadgroup"]
     # support.pytest_then_exit: pytest, without the interpreter's teardown of what the tests imported at the end
     return [sys.executable, "-m", "support.pytest_then_exit", "-m", marks, *parallel, *args]
+
+
+def xdist_groups(tests: list[tuple[str, set[str]]], shared_runs: set[str]) -> list[str]:
+    """The xdist group of each test, given as (its file, the fixtures it uses): its file's, where files that use one of
+    `shared_runs` (session fixtures that train a run) join one group, named after the first of its files. Under
+    --dist loadgroup a group runs in one worker: a module's fixture is made once, and a shared run trained once."""
+    joined: dict[str, str] = {}  # a file or a shared run -> what it joined (union-find)
+
+    def group_of(name: str) -> str:
+        while joined.setdefault(name, name) != name:
+            name = joined[name]
+        return name
+
+    files = {file for file, _ in tests}
+    for file, fixtures in tests:
+        for run in fixtures & shared_runs:
+            ours, theirs = group_of(file), group_of(run)
+            if theirs in files:  # two groups of files: the first file names them
+                ours, theirs = sorted((ours, theirs))
+            joined[theirs] = ours
+    return [group_of(file) for file, _ in tests]
 
 
 def follow(log: Path, process: subprocess.Popen) -> None:
@@ -81,13 +107,13 @@ def passed(status: int) -> bool:
 def main(args: list[str]) -> int:
     workers = os.environ.get("TEST_WORKERS", "2")
     if not workers.isdigit():
-        print(f"TEST_WORKERS={workers}: the in-process tier's number of worker processes, 0 or more", file=sys.stderr)
+        print(f"TEST_WORKERS={workers}: each tier's number of worker processes, 0 or more", file=sys.stderr)
         return 2
     # Stopped (a CI job cancelled, `kill`): as on Ctrl-C, both tiers go with it, none is left running behind.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     LOG.parent.mkdir(exist_ok=True)
     warn_of_disk()
-    print(f"in-process tier: beside the e2e tier at low priority, {workers} workers; its report: {LOG}", flush=True)
+    print(f"e2e tier: {workers} workers; in-process tier beside it at low priority: {workers}, {LOG}", flush=True)
     with LOG.open("w") as log:
         in_process = subprocess.Popen(
             pytest("not slow and not e2e", args, workers),
@@ -97,7 +123,8 @@ def main(args: list[str]) -> int:
             preexec_fn=lambda: os.nice(19),
         )
     try:
-        e2e = subprocess.run(pytest("slow or e2e", args), check=False).returncode
+        e2e_tier = pytest("slow or e2e", args, workers)
+        e2e = subprocess.run(e2e_tier, env={**E2E_ENVIRONMENT, **os.environ}, check=False).returncode
         print(f"\n---- the in-process tier ({LOG}) ----", flush=True)
         follow(LOG, in_process)
     finally:

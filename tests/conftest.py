@@ -8,6 +8,7 @@ import pytest
 from grpo_exp.run.config_store import register_schemas
 from support.config import TINY_RUN, compose_config
 from support.environment import hub_offline, without_wandb_key
+from support.test_tiers import xdist_groups
 from tests.helpers import vllm_test_servers
 from tests.helpers.cli import (
     CONFIDENCE_RUN,
@@ -29,6 +30,27 @@ def pytest_configure(config):
     without_wandb_key()
     register_schemas()
     gc.disable()  # until the collection ends: its imports (torch, transformers, TRL) walked again and again otherwise
+
+
+# The session's runs (below) that e2e tests in several files read.
+SHARED_RUNS = {"tiny_cli_run", "tiny_sweep", "confidence_run", "tiny_ddp_run", "skip_ddp_run"}
+
+
+@pytest.hookimpl(wrapper=True)  # around the plug-ins' own: xdist reads the groups in its (--dist loadgroup)
+def pytest_collection_modifyitems(config, items):
+    """The e2e and slow tests in xdist groups (support/test_tiers.py runs them in workers): one per file, so that a
+    module's fixture (a project, a trained model, test_vllm.py's servers) is made by one worker, and the files that
+    read one of SHARED_RUNS in one group, so that one worker trains it. The in-process tier's tests are distributed
+    one by one, as before."""
+    grouped = [item for item in items if item.get_closest_marker("xdist_group") is None and is_e2e(item)]
+    groups = xdist_groups([(item.path.name, set(item.fixturenames)) for item in grouped], SHARED_RUNS)
+    for item, group in zip(grouped, groups, strict=True):
+        item.add_marker(pytest.mark.xdist_group(group))
+    return (yield)
+
+
+def is_e2e(item) -> bool:
+    return item.get_closest_marker("e2e") is not None or item.get_closest_marker("slow") is not None
 
 
 def pytest_collection_finish(session):

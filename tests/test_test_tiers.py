@@ -18,9 +18,10 @@ E2E_FAILS = "import pytest\n\n\n@pytest.mark.e2e\ndef test_e2e_fails():\n    ass
 def run_tiers(directory, *args: str, workers: str = "0", **variables: str) -> subprocess.CompletedProcess:
     """The runner on the tests in `directory`, run from there (its report goes to the directory's outputs/, never
     the repository's, where a running make test writes its own), with no configuration file but its own, and
-    OpenMP's wait policy only where `variables` set it (the in-process tier's own is PASSIVE). Of the installed
-    pytest plug-ins only xdist (the tiers' -n) is loaded: the others' imports took ~1.1 of each pytest's ~1.3 s."""
-    environment = {key: value for key, value in os.environ.items() if key != "OMP_WAIT_POLICY"}
+    OpenMP's wait policy and thread count only where `variables` set them (the tiers' own: support/test_tiers.py).
+    Of the installed pytest plug-ins only xdist (the tiers' -n) is loaded: the others' imports took ~1.1 of each
+    pytest's ~1.3 s."""
+    environment = {key: value for key, value in os.environ.items() if key not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
     environment.update(PYTHONPATH=str(REPO_ROOT), TEST_WORKERS=workers, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", **variables)
     isolated = ["-c", os.devnull, "--rootdir", ".", "-p", "no:cacheprovider", "-p", "xdist", "-W", "ignore"]
     return subprocess.run(
@@ -61,7 +62,7 @@ def test_the_status_fails_when_either_tier_fails_and_both_reports_are_printed(tm
 def test_a_worker_count_that_is_not_a_number_is_refused_naming_it(tmp_path):
     completed = run_tiers(tmp_path, workers="two")
     assert completed.returncode == 2
-    assert completed.stderr.strip() == "TEST_WORKERS=two: the in-process tier's number of worker processes, 0 or more"
+    assert completed.stderr.strip() == "TEST_WORKERS=two: each tier's number of worker processes, 0 or more"
 
 
 def test_a_disk_with_less_free_than_the_suite_writes_is_named_once():
@@ -73,21 +74,67 @@ def test_a_disk_with_less_free_than_the_suite_writes_is_named_once():
     assert line.startswith("make test: ") and f"the disk of {here};" in line and "No space left on device" in line
 
 
-def sees_wait_policy(expected: str | None, e2e: bool = False) -> str:
-    """A test file whose one test passes where OMP_WAIT_POLICY is `expected` (None: not set)."""
+def sees(variable: str, expected: str | None, e2e: bool = False) -> str:
+    """A test file whose one test passes where the environment's `variable` is `expected` (None: not set)."""
     mark = "@pytest.mark.e2e\n" if e2e else ""
     return (
-        f"import os\n\nimport pytest\n\n\n{mark}def test_wait_policy():\n"
-        f"    assert os.environ.get('OMP_WAIT_POLICY') == {expected!r}\n"
+        f"import os\n\nimport pytest\n\n\n{mark}def test_variable():\n"
+        f"    assert os.environ.get({variable!r}) == {expected!r}\n"
     )
 
 
 @pytest.mark.parametrize(
-    ("given", "in_process", "e2e"), [({}, "PASSIVE", None), ({"OMP_WAIT_POLICY": "ACTIVE"}, "ACTIVE", "ACTIVE")]
+    ("given", "in_process", "e2e"),
+    [
+        ({}, {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1"}, {"OMP_WAIT_POLICY": None, "OMP_NUM_THREADS": "1"}),
+        ({"OMP_WAIT_POLICY": "ACTIVE", "OMP_NUM_THREADS": "2"},)
+        + ({"OMP_WAIT_POLICY": "ACTIVE", "OMP_NUM_THREADS": "2"},) * 2,
+    ],
 )
-def test_the_in_process_tiers_threads_wait_asleep_unless_the_user_says_otherwise(tmp_path, given, in_process, e2e):
-    (tmp_path / "test_a.py").write_text(sees_wait_policy(in_process))
-    (tmp_path / "test_b.py").write_text(sees_wait_policy(e2e, e2e=True))
-    completed = run_tiers(tmp_path, **given)
+def test_each_tier_computes_on_one_thread_the_in_process_ones_waiting_asleep_unless_the_user_says_otherwise(
+    tmp_path, given, in_process, e2e
+):
+    for variable in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS"):
+        (tmp_path / "test_a.py").write_text(sees(variable, in_process[variable]))
+        (tmp_path / "test_b.py").write_text(sees(variable, e2e[variable], e2e=True))
+        completed = run_tiers(tmp_path, **given)
+        assert completed.returncode == 0, completed.stdout + completed.stderr
+        assert "2 passed" not in completed.stdout and completed.stdout.count("1 passed") == 2, completed.stdout
+
+
+def test_each_file_is_a_group_and_files_reading_one_shared_run_are_one():
+    from support.test_tiers import xdist_groups
+
+    tests = [
+        ("test_a.py", {"tmp_path"}),
+        ("test_b.py", {"tiny_run"}),
+        ("test_c.py", {"project"}),
+        ("test_d.py", {"tiny_run", "sweep"}),
+        ("test_e.py", {"sweep"}),
+        ("test_a.py", {"other_run"}),  # its file joined another group through a test of its own
+        ("test_f.py", {"other_run"}),
+    ]
+    groups = xdist_groups(tests, shared_runs={"tiny_run", "sweep", "other_run"})
+    assert groups == ["test_a.py", "test_b.py", "test_c.py", "test_b.py", "test_b.py", "test_a.py", "test_a.py"]
+
+
+def test_the_e2e_tier_runs_a_group_in_one_worker(tmp_path):
+    """Each e2e test writes which worker ran it: two files in one xdist group (as tests/conftest.py groups them) run
+    in one of the tier's two workers, a third file beside them in any."""
+    ran = tmp_path / "ran"
+    body = (
+        "import os\n\nimport pytest\n\n{mark}\n\n@pytest.mark.e2e\n@pytest.mark.parametrize('i', range(3))\n"
+        "def test_records_its_worker(i):\n"
+        f"    with open({str(ran)!r}, 'a') as f:\n"
+        "        f.write(f\"{{__name__}} {{os.environ['PYTEST_XDIST_WORKER']}}\\n\")\n"
+    )
+    (tmp_path / "test_a.py").write_text(body.format(mark="pytestmark = pytest.mark.xdist_group('shared')"))
+    (tmp_path / "test_b.py").write_text(body.format(mark="pytestmark = pytest.mark.xdist_group('shared')"))
+    (tmp_path / "test_c.py").write_text(body.format(mark=""))
+    completed = run_tiers(tmp_path, workers="2")
     assert completed.returncode == 0, completed.stdout + completed.stderr
-    assert "2 passed" not in completed.stdout and completed.stdout.count("1 passed") == 2, completed.stdout
+    workers = {}
+    for line in ran.read_text().splitlines():
+        module, worker = line.split()
+        workers.setdefault(module, set()).add(worker)
+    assert len(workers["test_a"] | workers["test_b"]) == 1, workers  # pytest 9.2 sent them anywhere (pyproject.toml)
