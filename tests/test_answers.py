@@ -20,6 +20,7 @@ from grpo_exp.errors import UserError
 from grpo_exp.schema import VerifierSchema
 from grpo_exp.stats import group_statistics
 from grpo_exp.verification.labels import build_labels
+from tests.helpers.modules import unseen_module_name
 
 
 @pytest.mark.parametrize(
@@ -126,7 +127,7 @@ def test_maj_at_k_and_distinct_answers_follow_word_labels():
 
 def write_module(tmp_path, monkeypatch, source: str) -> str:
     """The user's module, under a name of its own (a module imported by an earlier test stays imported)."""
-    name = f"my_answers_{tmp_path.name}"
+    name = unseen_module_name("my_answers")
     (tmp_path / f"{name}.py").write_text(textwrap.dedent(source), encoding="utf-8")
     monkeypatch.syspath_prepend(str(tmp_path))
     return name

@@ -23,6 +23,7 @@ from grpo_exp.run.setting_paths import saved_path_overrides
 from grpo_exp.run_files import latest_evaluation
 from support.config import TINY_RUN, compose_config
 from tests.helpers.cli import run_cli, run_command
+from tests.helpers.modules import unseen_module_name
 
 GRPO_EXP = Path(sys.executable).with_name("grpo-exp")
 BASE = [*TINY_RUN, "logger=none"]
@@ -138,7 +139,7 @@ def empty_answers():
 
 @pytest.fixture
 def user_module(tmp_path, monkeypatch):
-    name = f"user_code_{tmp_path.name}"
+    name = unseen_module_name("user_code")
     (tmp_path / f"{name}.py").write_text(textwrap.dedent(USER_MODULE))
     (tmp_path / f"{name}_broken.py").write_text("raise RuntimeError('broken at import')\n")
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -4,6 +4,7 @@ answer rules, labels, the probe's attacks, rollout tools, logger backends."""
 import pytest
 
 from grpo_exp.environments.schemes import builtin_schemes, environment_scheme, scheme_of
+from tests.helpers.modules import unseen_module_name
 
 
 def test_builtin_environment_schemes_are_registered_beside_their_code():
@@ -119,7 +120,7 @@ def test_a_users_estimator_declares_what_a_builtin_does_and_the_rules_read_it(tm
         estimator,
     )
 
-    module = f"users_estimators_{tmp_path.name}"
+    module = unseen_module_name("users_estimators")
     (tmp_path / f"{module}.py").write_text(USERS_ESTIMATORS)
     monkeypatch.syspath_prepend(str(tmp_path))
 

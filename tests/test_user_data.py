@@ -8,6 +8,7 @@ import pytest
 from grpo_exp.data import check_data_files, load_splits
 from grpo_exp.errors import UserError
 from support.config import compose_config
+from tests.helpers.modules import unseen_module_name
 
 MODULE = """
 from datasets import Dataset, DatasetDict
@@ -37,7 +38,7 @@ def mixed():
 
 @pytest.fixture
 def user_module(tmp_path, monkeypatch):
-    name = f"user_data_{tmp_path.name}"  # a module of its own per test: no cached import across tests
+    name = unseen_module_name("user_data")  # a module of its own per test: no cached import across tests
     (tmp_path / f"{name}.py").write_text(textwrap.dedent(MODULE))
     monkeypatch.syspath_prepend(str(tmp_path))
     yield name
