@@ -96,14 +96,14 @@ browser:
 train: install  ## the default experiment: GRPO on the embedded SmolLM2-135M, offline arithmetic (~11 min on 2 cores)
 	$(PY) -m grpo_exp.train $(ARGS)
 
-# The in-process tiers run in TEST_WORKERS processes (pytest-xdist): they keep one core busy, not two (fast tier on 2
-# cores: 8 min 41 s alone, 6 min 37 s in two). The e2e and slow tests already keep both busy: they run in one.
-# pytest's status 5 is "no test selected", what a tier gives when ARGS picks tests of the other tier only.
+# Each tier runs in TEST_WORKERS processes (pytest-xdist): one keeps one core busy, not two (fast tier on 2 cores:
+# 8 min 41 s alone, 6 min 37 s in two). pytest's status 5 is "no test selected", what a tier gives when ARGS picks
+# tests of the other tier only.
 TEST_WORKERS ?= 2
 FAST_TIER := $(PY) -m pytest -m "not slow and not e2e" -n $(TEST_WORKERS) $(ARGS) || [ $$? -eq 5 ]
 
 # The two tiers side by side (support/test_tiers.py): the e2e and slow tests in front, the in-process tests behind them
-# at the lowest CPU priority, on the cycles the commands leave (2 cores: 14 min against 17 min 50 s one after the other).
+# at a lower CPU priority, every process on one thread (2 cores, AVX2-only EPYC: 24 min from a new clone, against 30.5).
 test: install-dev browser  ## the whole suite, slow tests included (the CI command)
 	$(PY) -m ruff check src support tests benchmarks
 	$(PY) -m ruff format --check src support tests benchmarks

@@ -1,9 +1,9 @@
 """`make test`'s two pytest tiers, side by side: `python -m support.test_tiers [pytest arguments]`.
 
 In front, the e2e and slow tests in TEST_WORKERS processes, a file (or the files that read one shared run) to each
-(tests/conftest.py's xdist groups), every command on one thread (E2E_ENVIRONMENT); behind them, at the lowest CPU
-priority (nice 19), the in-process tests in TEST_WORKERS processes, which take only the cycles the commands leave,
-one thread each, waiting asleep (IN_PROCESS_ENVIRONMENT). A user's own OMP_NUM_THREADS or OMP_WAIT_POLICY is kept.
+(tests/conftest.py's xdist groups), every command on one thread (E2E_ENVIRONMENT); behind them, at a lower CPU
+priority (IN_PROCESS_NICENESS), the in-process tests in TEST_WORKERS processes, one thread each, waiting asleep
+(IN_PROCESS_ENVIRONMENT). A user's own OMP_NUM_THREADS or OMP_WAIT_POLICY is kept.
 On 2 cores: 14 min 6 s, against 17 min 50 s for the two one after the other (docs/setup.md); the e2e tier alone in
 two single-threaded workers 20 min 6 s and 34.4 core-minutes, against 26 min 45 s and 38.2 in one process of two
 threads (AVX2-only EPYC).
@@ -31,9 +31,13 @@ NO_TESTS_COLLECTED = 5
 # both cores busy, and a second thread per process cut its time by a fifth while raising its CPU by a third (the
 # embedded model's self-verification run: 57 s and 80 CPU-s on two threads, 71 s and 51 CPU-s on one). The
 # in-process tier's threads, where a library starts more, wait asleep at a barrier instead of spinning (a user's own
-# OMP_WAIT_POLICY is kept): a thread spinning at nice 19 burns what the tier could compute (docs/setup.md).
+# OMP_WAIT_POLICY is kept): a thread spinning at a low priority burns what the tier could compute (docs/setup.md).
 IN_PROCESS_ENVIRONMENT = {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1"}
 E2E_ENVIRONMENT = {"OMP_NUM_THREADS": "1"}
+# Behind the e2e tier, but not starved: at nice 19 its processes got 1.5% of a core while the e2e tier's two workers
+# kept both cores busy, and a test that waits for a command of its own (a fresh interpreter's 27 CPU-s) ran out of
+# its 300 s. At 5 they get about a quarter of the cores while the e2e tier runs, and every cycle it leaves.
+IN_PROCESS_NICENESS = 5
 # The most the suite holds on disk at once, with room: 1.8 GB of temporary files at its peak and the embedded model's
 # cache (0.6 GB) on a first run (sampled every 10 s through a make test; docs/setup.md).
 DISK_NEEDED_GB = 3.0
@@ -120,7 +124,7 @@ def main(args: list[str]) -> int:
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**IN_PROCESS_ENVIRONMENT, **os.environ},
-            preexec_fn=lambda: os.nice(19),
+            preexec_fn=lambda: os.nice(IN_PROCESS_NICENESS),
         )
     try:
         e2e_tier = pytest("slow or e2e", args, workers)

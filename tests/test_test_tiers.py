@@ -138,3 +138,18 @@ def test_the_e2e_tier_runs_a_group_in_one_worker(tmp_path):
         module, worker = line.split()
         workers.setdefault(module, set()).add(worker)
     assert len(workers["test_a"] | workers["test_b"]) == 1, workers  # pytest 9.2 sent them anywhere (pyproject.toml)
+
+
+def test_the_in_process_tier_runs_at_a_lower_priority_than_the_e2e_tier(tmp_path):
+    from support.test_tiers import IN_PROCESS_NICENESS
+
+    here = os.getpriority(os.PRIO_PROCESS, 0)  # this test's own (make test's in-process tier runs it niced already)
+    for name, niceness, mark in (("test_a.py", min(here + IN_PROCESS_NICENESS, 19), ""), ("test_b.py", here, "e2e")):
+        decorator = f"@pytest.mark.{mark}\n" if mark else ""
+        (tmp_path / name).write_text(
+            f"import os\n\nimport pytest\n\n\n{decorator}def test_niceness():\n"
+            f"    assert os.getpriority(os.PRIO_PROCESS, 0) == {niceness}\n"
+        )
+    completed = run_tiers(tmp_path)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    assert completed.stdout.count("1 passed") == 2, completed.stdout
