@@ -103,7 +103,7 @@ TEST_WORKERS ?= 2
 FAST_TIER := $(PY) -m pytest -m "not slow and not e2e" -n $(TEST_WORKERS) $(ARGS) || [ $$? -eq 5 ]
 
 # The two tiers side by side (support/test_tiers.py): the e2e and slow tests in front, the in-process tests behind them
-# at a lower CPU priority, every process on one thread (2 cores, AVX2-only EPYC: 24 min from a new clone, against 30.5).
+# at a lower CPU priority, every process on one thread (2 cores, AVX2-only EPYC: 27 min from a new clone, against 31.5).
 test: install-dev browser  ## the whole suite, slow tests included (the CI command)
 	$(PY) -m ruff check src support tests benchmarks
 	$(PY) -m ruff format --check src support tests benchmarks
