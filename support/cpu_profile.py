@@ -39,6 +39,9 @@ def pytest_runtest_protocol(item, nextitem):
             "test": item.nodeid,
             "cpu_s": round(_cpu_seconds() - cpu, 2),
             "wall_s": round(time.monotonic() - wall, 2),
+            # when it ended, and in which process: a timeline of the workers, to find where the cores stood idle
+            "ended": round(time.time(), 1),
+            "pid": os.getpid(),
         }
         with open(log, "a") as file:
             file.write(json.dumps({**record, "command": ""}) + "\n")
