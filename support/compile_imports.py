@@ -7,16 +7,19 @@ the same time (docs/setup.md). A module not listed is compiled when first import
 the Makefile's commands write it even where PYTHONDONTWRITEBYTECODE is set, and so does this step.
 
 Groups: `run` (the default), what a training run imports (support/run_imports.py); `vllm`, vLLM's server and engine;
-`tests`, the tests' own tools. A module that is not installed is passed over; one that fails to import is named, and
-the install goes on: the command that needs it says what is wrong.
+`tests`, the tests' own tools. Several groups are imported side by side, each in a process of its own. A module that
+is not installed is passed over; one that fails to import is named, and the install goes on: the command that needs
+it says what is wrong.
 """
 
 import importlib
 import importlib.util
 import os
+import subprocess
 import sys
 import time
 import warnings
+from collections.abc import Callable
 
 from support.run_imports import IMPORTS, OPTIONAL_IMPORTS, RUN_IMPORTS
 
@@ -60,6 +63,8 @@ def main(groups: list[str]) -> int:
     if unknown:
         print(f"support.compile_imports: no group {', '.join(unknown)}; the groups: {', '.join(GROUPS)}")
         return 2
+    if len(groups) > 1:
+        return side_by_side(groups)
     started = time.monotonic()
     modules = [module for group in groups or ["run"] for module in GROUPS[group]]
     for line in compile_imports(modules):
@@ -67,6 +72,19 @@ def main(groups: list[str]) -> int:
     elapsed = time.monotonic() - started
     print(f"support.compile_imports: {len(sys.modules)} modules imported, their bytecode written, in {elapsed:.0f} s")
     return 0
+
+
+def group_command(group: str) -> list[str]:
+    return [sys.executable, "-m", "support.compile_imports", group]
+
+
+def side_by_side(groups: list[str], command_of: Callable[[str], list[str]] = group_command) -> int:
+    """Each group in a process of its own, all at once: pip installs on one core and leaves the others idle, and the
+    groups' imports are mostly a process's own work (make test's install: 53 s against 82 s one after the other, for
+    25 more CPU-s where two groups compile a module they share, AVX2-only EPYC, 2 cores)."""
+    processes = [subprocess.Popen(command_of(group)) for group in groups]
+    statuses = [process.wait() for process in processes]
+    return next((status for status in statuses if status != 0), 0)  # a group killed (a negative status) fails too
 
 
 if __name__ == "__main__":

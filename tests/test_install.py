@@ -47,3 +47,17 @@ def test_the_bytecode_of_what_is_imported_is_written_even_where_python_is_told_n
 def test_an_unknown_group_of_the_compile_step_is_named_with_the_groups(capsys):
     assert compile_imports.main(["run", "nope"]) == 2
     assert capsys.readouterr().out.strip() == ("support.compile_imports: no group nope; the groups: run, vllm, tests")
+
+
+def test_groups_compiled_side_by_side_all_run_and_any_that_fails_fails_the_step(tmp_path):
+    """support.compile_imports run vllm tests: each group in a process of its own, at once; the step fails where one
+    of them does, killed by a signal (a negative status) too."""
+    statuses = {"ok": "pass", "fails": "raise SystemExit(3)", "killed": "import os, signal; os.kill(os.getpid(), 9)"}
+
+    def command_of(group: str) -> list[str]:  # each leaves a file behind: it ran
+        return [sys.executable, "-c", f"open({str(tmp_path / group)!r}, 'w').close(); {statuses[group]}"]
+
+    assert compile_imports.side_by_side(["ok", "ok"], command_of) == 0
+    assert compile_imports.side_by_side(["ok", "fails", "killed"], command_of) == 3
+    assert compile_imports.side_by_side(["killed", "ok"], command_of) == -9
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["fails", "killed", "ok"]
