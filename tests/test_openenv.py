@@ -2,6 +2,7 @@
 started here in a process of its own with uvicorn), driven as an environment by OpenEnv's own client: its action as
 the `step` tool, its step rewards turn by turn, its return as get_reward(); and a tiny run training against it."""
 
+import importlib.util
 import subprocess
 import sys
 import time
@@ -18,7 +19,10 @@ from support.servers import free_port
 from tests.helpers.cli import run_command
 from tests.helpers.episodes import played, trained_steps
 
-pytest.importorskip("openenv.core", reason="openenv-core is installed by `make install` (the dev extras)")
+# Found, not imported: openenv.core imports gradio (~5 CPU-s), which every pytest worker would pay at collection
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("openenv") is None, reason="openenv-core is installed by `make install` (the dev extras)"
+)
 
 SERVER = '''
 """Guess a number from 1 to 20 in OpenEnv's server API: each wrong guess costs 0.1, the right one earns 1 and ends."""
