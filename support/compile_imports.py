@@ -81,7 +81,7 @@ def group_command(group: str) -> list[str]:
 def side_by_side(groups: list[str], command_of: Callable[[str], list[str]] = group_command) -> int:
     """Each group in a process of its own, all at once: pip installs on one core and leaves the others idle, and the
     groups' imports are mostly a process's own work (make test's install: 53 s against 82 s one after the other, for
-    25 more CPU-s where two groups compile a module they share, AVX2-only EPYC, 2 cores)."""
+    24 more CPU-s where two groups compile a module they share, AVX2-only EPYC, 2 cores)."""
     processes = [subprocess.Popen(command_of(group)) for group in groups]
     statuses = [process.wait() for process in processes]
     return next((status for status in statuses if status != 0), 0)  # a group killed (a negative status) fails too
