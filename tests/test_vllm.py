@@ -92,6 +92,18 @@ def test_serve_prints_vllms_command_with_what_the_trainer_needs(capsys):
         assert part in command, (part, command)
 
 
+def test_on_cpu_the_server_keeps_its_worker_in_the_engines_process_unless_the_user_chose(monkeypatch):
+    """As the colocated engine: one process fewer to start (docs/vllm.md). A user's own setting is kept, and on a GPU
+    vLLM's own default stands."""
+    from grpo_exp.serve import serve_environment
+
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    assert serve_environment(cuda=False)["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in serve_environment(cuda=True)
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    assert serve_environment(cuda=False)["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
+
+
 @pytest.mark.parametrize(("argv", "message"), [(["--port", "0"], "--port=0"), (["--model", "no/such_dir"], "--model")])
 def test_serve_refuses_bad_arguments_naming_them(argv, message):
     from grpo_exp.serve import main
