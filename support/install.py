@@ -2,10 +2,11 @@
 
 The Makefile's installs of the requirements go through here. uv resolves and installs the same requirements as pip,
 downloading and unpacking side by side where pip does one file after another (make test's three installs: 63 s
-against 110 s for pip, uv's cache empty, 2 cores; the same versions; docs/setup.md). uv reads none of pip's configuration, so the package
-sources pip is configured with (its config files and PIP_* variables: index-url, extra-index-url, find-links,
-constraint, cert) are handed over. Where uv is not installed or fails, for any reason, pip installs instead, as it did
-before uv, after a line saying so: an install that pip can do never fails here because of uv.
+against 110 s for pip, uv's cache empty, 2 cores; the same versions; docs/setup.md). uv reads none of pip's
+configuration, so the package sources pip is configured with (its config files and PIP_* variables: index-url,
+extra-index-url, find-links, constraint, cert) are handed over. Where uv is not installed or fails, for any reason,
+pip installs instead, as it did before uv, after a line saying so: an install that pip can do never fails because
+of uv.
 """
 
 import importlib.util
