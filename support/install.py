@@ -9,6 +9,7 @@ pip installs instead, as it did before uv, after a line saying so: an install th
 of uv.
 """
 
+import ast
 import importlib.util
 import os
 import re
@@ -22,12 +23,14 @@ SOURCE_OPTIONS = {
     "find-links": "--find-links",
     "constraint": "--constraints",
 }
-CONFIG_LINE = re.compile(r"^(?P<section>[^.]*)\.(?P<key>[a-z-]+)='(?P<value>.*)'$")
+# `section.key=value`, the value as repr() writes it
+CONFIG_LINE = re.compile(r"^(?P<section>[^.]*)\.(?P<key>[a-z-]+)=(?P<value>'.*'|\".*\")$")
 
 
 def pip_settings(config_list: str) -> dict[str, list[str]]:
     """pip's settings from `pip config list`'s lines (`global.find-links='/opt/wheels'`, `:env:.cert='...'`): each key's
-    values, split where pip splits a list, of the section that wins (the environment over `install` over `global`)."""
+    values, split where pip splits a list (spaces, new lines), of the section that wins (the environment over
+    `install` over `global`; of two files, the one pip reads later, listed later)."""
     rank = {":env:": 0, "install": 1, "global": 2}
     chosen: dict[str, tuple[int, list[str]]] = {}
     for line in config_list.splitlines():
@@ -35,8 +38,8 @@ def pip_settings(config_list: str) -> dict[str, list[str]]:
         if match is None or match["section"] not in rank:
             continue
         key, order = match["key"], rank[match["section"]]
-        if key not in chosen or order < chosen[key][0]:
-            chosen[key] = (order, match["value"].split())
+        if key not in chosen or order <= chosen[key][0]:
+            chosen[key] = (order, ast.literal_eval(match["value"]).split())
     return {key: values for key, (_, values) in chosen.items()}
 
 

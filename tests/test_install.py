@@ -66,10 +66,12 @@ def test_groups_compiled_side_by_side_all_run_and_any_that_fails_fails_the_step(
 
 def test_pips_package_sources_reach_uv_the_environments_over_its_files():
     """uv reads none of pip's configuration: support.install hands it pip's sources, each key's values from the
-    section that wins (pip's environment variables, then [install], then [global]), and pip's certificate bundle."""
+    section that wins (pip's environment variables, then [install], then [global]; of two files the one read later),
+    a list split where pip splits it, and pip's certificate bundle."""
     listed = """
+global.index-url='https://old.example/simple'
 global.index-url='https://mirror.example/simple'
-global.extra-index-url='file:///opt/a file:///opt/b'
+global.extra-index-url='file:///opt/a\\nfile:///opt/b'
 global.find-links='/wheels/global'
 install.find-links='/wheels/install'
 :env:.cert='/etc/ssl/bundle.pem'
