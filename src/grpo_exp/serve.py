@@ -56,10 +56,11 @@ def serve_environment(cuda: bool) -> dict[str, str]:
     model's worker in the engine's process, as the colocated engine runs (vLLM's CPU build otherwise starts it in a
     third process, which imports and initialises torch and vLLM again: the embedded model's server was ready in 57 s
     and 57 CPU-s against 82 and 82 on 2 cores; docs/vllm.md)."""
+    from grpo_exp.trainer.vllm_engine import CPU_ENGINE_ENVIRONMENT
+
     environment = dict(os.environ, VLLM_SERVER_DEV_MODE="1")
     if not cuda:
-        environment.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        environment.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        environment = {**CPU_ENGINE_ENVIRONMENT, **environment}
     return environment
 
 

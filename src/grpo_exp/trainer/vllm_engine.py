@@ -21,8 +21,9 @@ from grpo_exp.errors import UserError
 
 log = logging.getLogger(__name__)
 
-# The engine's settings on CPU, unless the user set them: the engine in this process (a colocated engine takes the
-# weights as tensors, not pickled to a worker), and 1 GiB of KV cache (vLLM's default took 11 of 24 GiB here).
+# The engine's settings on CPU, unless the user set them, a colocated engine's and `grpo-exp serve`'s: the model's
+# worker in the engine's process (a colocated engine takes the weights as tensors, not pickled to a worker; a server
+# starts one process fewer), and 1 GiB of KV cache (vLLM's default took 11 of 24 GiB here).
 CPU_ENGINE_ENVIRONMENT = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
 
 # Sampling settings that truncate the distribution vLLM draws from: its log-probabilities (processed_logprobs) are
