@@ -2,6 +2,7 @@
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -398,3 +399,40 @@ def test_validations_that_measured_nothing_neither_spend_the_patience_nor_crash(
     assert stop_reason([nan, nan, nan], [nan, nan, nan], patience=2, stop_at=None) is None
     assert validations_without_improvement([0.6, nan, nan], [0.05, nan, nan]) == 0
     assert "(best 0.600)" in stop_reason([0.6, nan, 0.55, 0.58], [0.05, nan, 0.05, 0.05], patience=2, stop_at=None)
+
+
+@pytest.mark.parametrize("every_samples", [0, 2])
+def test_the_initial_validation_takes_the_evaluation_befores_greedy_answers(monkeypatch, every_samples):
+    """The initial model answered every held-out problem greedily before training: its validation at step 0 scores
+    those answers instead of answering again, and draws only the sampled answers (eval.every_samples)."""
+    from types import SimpleNamespace
+
+    from datasets import Dataset
+    from omegaconf import OmegaConf
+
+    from grpo_exp.run import evaluation
+    from grpo_exp.run.heldout import EvalResult
+
+    def answered_again(*args, **kwargs):
+        raise AssertionError("the initial model's greedy answers were computed again")
+
+    drawn = []
+    monkeypatch.setattr(evaluation, "run_heldout_accuracy", answered_again)
+    monkeypatch.setattr(
+        evaluation.HeldoutEval,
+        "sampled",
+        lambda self, model, problems, samples: (
+            drawn.append((len(problems), samples)) or SimpleNamespace(metrics={f"pass@{samples}": 0.5})
+        ),
+    )
+    spec = SimpleNamespace(cfg=OmegaConf.create({"eval": {"every_samples": every_samples, "every_problems": 2}}))
+    parts = SimpleNamespace(reward_funcs=[], judge=None, p_yes=None)
+    heldout = Dataset.from_list([{"question": f"{i} + 1?", "answer": str(i + 1)} for i in range(3)])
+    held_out_eval = evaluation.HeldoutEval(spec, parts, None, heldout, Path("."), heldout)
+    held_out_eval.before = EvalResult(
+        accuracy=1 / 3, correct=1, scored=3, samples=[{"correct": c} for c in (False, True, False)]
+    )
+    metrics = held_out_eval.initial(model=None)
+    assert metrics["heldout/accuracy"] == 0.5, "the first eval.every_problems=2 of the answers before training"
+    assert drawn == ([(2, 2)] if every_samples else [])
+    assert metrics.get("heldout/pass@2") == (0.5 if every_samples else None)

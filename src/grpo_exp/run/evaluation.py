@@ -117,17 +117,20 @@ class HeldoutEval:
 
     def validate(self, model, step: int) -> dict[str, float]:
         """A validation's metrics on `problems` (greedy; pass@k / maj@k with eval.every_samples)."""
-        eval_cfg = self.spec.cfg.eval
         problems = self.problems
         result = run_heldout_accuracy(model, self.tokenizer, problems, self.spec, self.parts, None)
         self.validated = (step, result)
         metrics = self._scored(result.samples, step)
         if step > 0:
             self._warn_of_collapse(result.samples, step)
-        if eval_cfg.every_samples:
-            sampled = self.sampled(model, problems, eval_cfg.every_samples)
-            metrics |= {f"heldout/{key}": value for key, value in sampled.metrics.items()}
-        return metrics
+        return metrics | self._sampled_metrics(model, problems)
+
+    def _sampled_metrics(self, model, problems: Dataset) -> dict[str, float]:
+        """pass@k / maj@k from eval.every_samples sampled answers to `problems` (none without it)."""
+        samples = self.spec.cfg.eval.every_samples
+        if not samples:
+            return {}
+        return {f"heldout/{key}": value for key, value in self.sampled(model, problems, samples).metrics.items()}
 
     def _warn_of_collapse(self, samples: list[dict], step: int) -> None:
         """A validation's answers collapsed to one (the diagnosis rule answer_collapse), said when it is seen."""
@@ -137,12 +140,15 @@ class HeldoutEval:
 
     def initial(self, model) -> dict[str, float]:
         """The initial model's validation: the answers of the evaluation before training to these problems, when
-        it ran (greedy: the same answers, up to the padding of a last, partial batch), scored as validations are."""
-        if self.before is None or self.spec.cfg.eval.every_samples:
+        it ran (greedy: the same answers, up to the padding of a last, partial batch), scored as validations are; with
+        eval.every_samples, only the sampled answers are drawn now."""
+        if self.before is None:
             metrics = self.validate(model, 0)
             self._refuse_if_every_answer_is_cut(self.validated[1].samples)
             return metrics
-        return self._scored([self.before.samples[row] for row in self.problem_rows()], 0)
+        problems = self.problems  # before _scored, which may raise the tasks' levels
+        metrics = self._scored([self.before.samples[row] for row in self.problem_rows()], 0)
+        return metrics | self._sampled_metrics(model, problems)
 
     def _scored(self, samples: list[dict], step: int) -> dict[str, float]:
         """A validation's metrics; with dataset.levels, the levels raised where mastered, and each task's level."""
