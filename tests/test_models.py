@@ -138,6 +138,7 @@ def test_a_copy_made_from_the_gguf_is_not_read_again_and_a_copy_of_other_special
     config_file.write_text(json.dumps(json.loads(config_file.read_text()) | {"eos_token": "<|im_start|>"}))
     materialise_embedded(cfg.model, str(tmp_path), with_weights=False)
     assert json.loads(config_file.read_text())["eos_token"] == "<|im_end|>"  # made again, from the GGUF
+    assert len(reads) == 2, "the GGUF's special tokens read once for the check, and taken for the copy made again"
 
 
 def test_the_tiny_models_directory_holds_its_tokenizer_so_a_server_can_load_it(tmp_path):

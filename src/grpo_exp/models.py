@@ -76,6 +76,7 @@ def materialise_embedded(model_cfg: DictConfig, cache_dir: str, with_weights: bo
     kind = "models" if with_weights else "tokenizers"
     target = Path(cache_dir).expanduser() / kind / Path(file).stem
     source = _file_identity(directory / file)
+    special = None  # the GGUF's special tokens, once read (seconds)
     if (target / "tokenizer_config.json").is_file() and (not with_weights or (target / "config.json").is_file()):
         if _read_stamp(target) == source:  # made by this code from this very file: its special tokens are the GGUF's
             return target
@@ -86,9 +87,10 @@ def materialise_embedded(model_cfg: DictConfig, cache_dir: str, with_weights: bo
         log.info("Materialising %s again: its special tokens are not the GGUF's %s", target, special)
         shutil.rmtree(target, ignore_errors=True)
     log.info("Materialising %s from %s into %s (once)", kind[:-1], directory / file, target)
+    if special is None:
+        special = gguf_special_tokens(directory / file)
 
     def build(build_dir: Path) -> None:
-        special = gguf_special_tokens(directory / file)
         tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=file)
         # transformers 5.17 reads SmolLM2's EOS as <|im_start|> and no padding token; the GGUF says <|im_end|>
         tokenizer.add_special_tokens(special)
