@@ -61,9 +61,10 @@ def protocol_model(tmp_path_factory, tiny_model_dir):
     model.train()
     for step in range(80):
         prompt, answer = examples[step % len(examples)]
-        ids = torch.tensor([prompt + answer])
-        labels = torch.tensor([[-100] * len(prompt) + answer])
-        model(input_ids=ids, labels=labels).loss.backward()
+        # the loss on the answer's tokens alone, as labels masking the prompt give it, from the logits of the
+        # positions that predict them only (logits_to_keep): the LM head over every prompt position was most of it
+        logits = model(input_ids=torch.tensor([prompt + answer]), logits_to_keep=len(answer) + 1).logits[0, :-1]
+        torch.nn.functional.cross_entropy(logits, torch.tensor(answer)).backward()
         optimiser.step()
         optimiser.zero_grad()
     directory = tmp_path_factory.mktemp("protocol_model")
