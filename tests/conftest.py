@@ -1,6 +1,8 @@
 import copy
 import gc
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -29,6 +31,7 @@ def pytest_configure(config):
     # Set before any test module is collected, so before transformers and datasets read these at import.
     hub_offline()
     without_wandb_key()
+    a_trackio_store_of_the_sessions(config)
     register_schemas()
     gc.disable()  # until the collection ends: its imports (torch, transformers, TRL) walked again and again otherwise
     # What the collection made is frozen when it ends (pytest_collection_finish), and unfrozen for the interpreter's
@@ -36,6 +39,16 @@ def pytest_configure(config):
     # at the session's end (unraisableexception's, in an unconfigure hook and a cleanup): frozen, those walk what the
     # tests made, not 1.4 s each over the imports (AVX2-only EPYC).
     config.add_cleanup(gc.unfreeze)
+
+
+def a_trackio_store_of_the_sessions(config) -> None:
+    """trackio reads where its store is (TRACKIO_DIR) when imported, and TRL imports it: a store of the session's own,
+    set before the warm server starts (tests/helpers/warm.py), so that a run with logger=trackio starts warm
+    (tests/test_trackers.py; another TRACKIO_DIR sends a command cold, a new interpreter's 27 CPU-s on 2 cores), and
+    no test writes in the user's own store."""
+    store = tempfile.mkdtemp(prefix="trackio_store_")
+    os.environ["TRACKIO_DIR"] = store
+    config.add_cleanup(lambda: shutil.rmtree(store, ignore_errors=True))
 
 
 # The session's runs (below) that e2e tests in several files read.

@@ -53,11 +53,11 @@ def assert_no_secret(directory: Path) -> None:
 
 @pytest.fixture(scope="module")
 def trackio_sweep(tmp_path_factory) -> tuple[Path, Path]:
-    """(sweep dir, trackio store) of a finished 2-run sweep with logger=trackio."""
-    root = tmp_path_factory.mktemp("trackio")
-    store = root / "store"
-    run_sweep(root / "sweep", "trackio", env={"TRACKIO_DIR": str(store)})
-    return root / "sweep", store
+    """(sweep dir, trackio store) of a finished 2-run sweep with logger=trackio, in the session's store
+    (tests/conftest.py: this module's runs alone write there)."""
+    sweep = tmp_path_factory.mktemp("trackio") / "sweep"
+    run_sweep(sweep, "trackio")
+    return sweep, Path(os.environ["TRACKIO_DIR"])
 
 
 def trackio_cli(store: Path, *args: str) -> dict:
