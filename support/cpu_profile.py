@@ -24,21 +24,27 @@ import pytest
 LOG_VARIABLE = "GRPO_EXP_TEST_CPU_LOG"  # tests/helpers/warm.py's CPU_LOG_VARIABLE: an absolute path (commands move)
 
 
-def _cpu_seconds() -> float:
+def _usage() -> tuple[float, float, int]:
+    """CPU seconds, of them the kernel's (page faults, most of it), and minor page faults: this process's and its
+    waited-for children's."""
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    system = own.ru_stime + children.ru_stime
+    return own.ru_utime + children.ru_utime + system, system, own.ru_minflt + children.ru_minflt
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     log = os.environ.get(LOG_VARIABLE)
-    cpu, wall = _cpu_seconds(), time.monotonic()
+    (cpu, system, faults), wall = _usage(), time.monotonic()
     yield
     if log:
+        (cpu_end, system_end, faults_end) = _usage()
         record = {
             "test": item.nodeid,
-            "cpu_s": round(_cpu_seconds() - cpu, 2),
+            "cpu_s": round(cpu_end - cpu, 2),
             "wall_s": round(time.monotonic() - wall, 2),
+            "sys_s": round(system_end - system, 2),
+            "minflt": faults_end - faults,
             # when it ended, and in which process: a timeline of the workers, to find where the cores stood idle
             "ended": round(time.time(), 1),
             "pid": os.getpid(),
@@ -76,6 +82,10 @@ def per_file(tests: dict[str, dict]) -> dict[str, float]:
 def report(records: list[dict], top: int) -> str:
     tests = per_test(records)
     lines = [f"{len(tests)} tests, {sum(t['cpu_s'] for t in tests.values()) / 60:.1f} CPU minutes accounted"]
+    if any("sys_s" in record for record in records):  # logs written before these fields have none
+        system = sum(record.get("sys_s", 0.0) for record in records) / 60
+        faults = sum(record.get("minflt", 0) for record in records) / 1e6
+        lines[0] += f", {system:.1f} of them the kernel's ({faults:.1f} million minor page faults)"
     lines.append("\n  CPU s   wall s  commands  test")
     for test, total in sorted(tests.items(), key=lambda item: -item[1]["cpu_s"])[:top]:
         lines.append(f"{total['cpu_s']:7.1f} {total['wall_s']:8.1f} {total['commands']:9d}  {test}")

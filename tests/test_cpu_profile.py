@@ -32,6 +32,17 @@ def test_a_tests_cpu_is_its_process_and_its_commands():
     assert "test_two" not in "\n".join(lines)
 
 
+def test_the_summary_says_the_kernels_share_where_the_log_has_it():
+    records = [
+        {"test": "tests/test_a.py::test_one", "cpu_s": 60.0, "wall_s": 60.0, "sys_s": 6.0, "minflt": 1_500_000},
+        {"test": "tests/test_a.py::test_one (call)", "cpu_s": 60.0, "wall_s": 1.0, "command": "grpo_exp.train"},
+    ]
+    records[0]["command"] = ""
+    records[1] |= {"sys_s": 12.0, "minflt": 2_500_000}
+    first = cpu_profile.report(records, top=1).splitlines()[0]
+    assert first == "1 tests, 2.0 CPU minutes accounted, 0.3 of them the kernel's (4.0 million minor page faults)"
+
+
 @pytest.mark.skipif(os.environ.get("GRPO_EXP_TEST_COLD") == "1", reason="GRPO_EXP_TEST_COLD=1: every command cold")
 def test_the_warm_server_accounts_a_commands_cpu_under_the_test_that_ran_it(tmp_path):
     (tmp_path / "burns.py").write_text(BURNS)
@@ -43,6 +54,7 @@ def test_the_warm_server_accounts_a_commands_cpu_under_the_test_that_ran_it(tmp_
     (record,) = [json.loads(line) for line in log.read_text().splitlines()]
     assert cpu_profile.test_of(record) == os.environ["PYTEST_CURRENT_TEST"].rsplit(" (", 1)[0]
     assert record["command"] == "burns --flag" and 0.3 <= record["cpu_s"] < 5 and record["wall_s"] >= 0.3
+    assert 0 <= record["sys_s"] <= record["cpu_s"] and record["minflt"] > 0
 
 
 def test_the_plugin_writes_each_tests_cpu_and_the_summary_reads_it(tmp_path):
@@ -54,6 +66,7 @@ def test_the_plugin_writes_each_tests_cpu_and_the_summary_reads_it(tmp_path):
     assert ran.returncode == 0, ran.stdout + ran.stderr
     records = {r["test"]: r for r in map(json.loads, log.read_text().splitlines())}
     assert records["test_burns.py::test_burns"]["cpu_s"] >= 0.3 and records["test_burns.py::test_idle"]["cpu_s"] < 0.3
+    assert all(0 <= r["sys_s"] <= r["cpu_s"] and r["minflt"] >= 0 for r in records.values())
     summary = subprocess.run(
         [sys.executable, "-m", "support.cpu_profile", str(log), "--top", "1"],
         cwd=REPO_ROOT,

@@ -325,7 +325,9 @@ class Loop:
             cpu = usage.ru_utime + usage.ru_stime
             wall = time.monotonic() - account["started"]
             with contextlib.suppress(OSError), open(account["log"], "a") as log:  # an aid: never the tests' failure
-                log.write(json.dumps({**account["record"], "cpu_s": round(cpu, 2), "wall_s": round(wall, 2)}) + "\n")
+                record = {**account["record"], "cpu_s": round(cpu, 2), "wall_s": round(wall, 2)}
+                record |= {"sys_s": round(usage.ru_stime, 2), "minflt": usage.ru_minflt}
+                log.write(json.dumps(record) + "\n")
 
     def reap(self) -> None:
         while True:
