@@ -13,15 +13,17 @@ PASSES = "def test_passes():\n    pass\n"
 FAILS = "def test_fails():\n    assert False\n"
 E2E_PASSES = "import pytest\n\n\n@pytest.mark.e2e\ndef test_e2e_passes():\n    pass\n"
 E2E_FAILS = "import pytest\n\n\n@pytest.mark.e2e\ndef test_e2e_fails():\n    assert False\n"
+TIERS_VARIABLES = ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "GLIBC_TUNABLES")  # what support/test_tiers.py sets
 
 
 def run_tiers(directory, *args: str, workers: str = "0", **variables: str) -> subprocess.CompletedProcess:
     """The runner on the tests in `directory`, run from there (its report goes to the directory's outputs/, never
     the repository's, where a running make test writes its own), with no configuration file but its own, and
-    OpenMP's wait policy and thread count only where `variables` set them (the tiers' own: support/test_tiers.py).
+    OpenMP's wait policy and thread count and glibc's tunables only where `variables` set them (the tiers' own:
+    support/test_tiers.py).
     Of the installed pytest plug-ins only xdist (the tiers' -n) is loaded: the others' imports took ~1.1 of each
     pytest's ~1.3 s."""
-    environment = {key: value for key, value in os.environ.items() if key not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
+    environment = {key: value for key, value in os.environ.items() if key not in TIERS_VARIABLES}
     environment.update(PYTHONPATH=str(REPO_ROOT), TEST_WORKERS=workers, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", **variables)
     isolated = ["-c", os.devnull, "--rootdir", ".", "-p", "no:cacheprovider", "-p", "xdist", "-W", "ignore"]
     return subprocess.run(
@@ -84,17 +86,22 @@ def sees(expected: dict[str, str | None], e2e: bool = False) -> str:
     )
 
 
-USERS_OWN = {"OMP_WAIT_POLICY": "ACTIVE", "OMP_NUM_THREADS": "2"}
+USERS_OWN = {"OMP_WAIT_POLICY": "ACTIVE", "OMP_NUM_THREADS": "2", "GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}
+HUGE_PAGES = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
 
 
 @pytest.mark.parametrize(
     ("given", "in_process", "e2e"),
     [
-        ({}, {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1"}, {"OMP_WAIT_POLICY": None, "OMP_NUM_THREADS": "1"}),
+        (
+            {},
+            {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1", **HUGE_PAGES},
+            {"OMP_WAIT_POLICY": None, "OMP_NUM_THREADS": "1", **HUGE_PAGES},
+        ),
         (USERS_OWN, USERS_OWN, USERS_OWN),
     ],
 )
-def test_each_tier_computes_on_one_thread_the_in_process_ones_waiting_asleep_unless_the_user_says_otherwise(
+def test_each_tier_computes_on_one_thread_and_huge_pages_the_in_process_ones_asleep_unless_the_user_says_otherwise(
     tmp_path, given, in_process, e2e
 ):
     (tmp_path / "test_a.py").write_text(sees(in_process))
