@@ -10,7 +10,14 @@ import pytest
 import yaml
 
 from grpo_exp.errors import UserError
-from grpo_exp.run.resume import carry_history, explicit_attempt, find_attempt, last_checkpoint, load_attempt
+from grpo_exp.run.resume import (
+    carry_history,
+    explicit_attempt,
+    find_attempt,
+    is_complete,
+    last_checkpoint,
+    load_attempt,
+)
 from grpo_exp.run.tracking import read_metrics
 from support.config import TINY_RUN
 from tests.helpers.cli import interrupted_when, run_cli
@@ -99,6 +106,18 @@ CONFIG = {"trainer": {"num_generations": 4, "resume": None}, "dataset": {"name":
 
 def test_a_checkpoint_cut_off_while_saving_is_not_resumed_from(tmp_path):
     run_dir = make_run(tmp_path, CONFIG, [1, 2, 3, 4], {2: True, 4: False})
+    assert last_checkpoint(run_dir / "trainer").name == "checkpoint-2"
+
+
+@pytest.mark.parametrize("state", ["", '{"global_step": 4, "log_history": [', "[]"])
+def test_a_checkpoint_whose_state_was_cut_while_written_is_not_complete(tmp_path, state):
+    """SIGTERM raises mid-write (grpo_exp.run.interruption): an empty or cut trainer_state.json is no checkpoint to
+    resume from, and the interrupted run saves that step again instead of taking it as saved."""
+    run_dir = make_run(tmp_path, CONFIG, [1, 2, 3, 4], {2: True})
+    cut = run_dir / "trainer" / "checkpoint-4"
+    cut.mkdir(parents=True)
+    (cut / "trainer_state.json").write_text(state)
+    assert not is_complete(cut) and is_complete(run_dir / "trainer" / "checkpoint-2")
     assert last_checkpoint(run_dir / "trainer").name == "checkpoint-2"
 
 

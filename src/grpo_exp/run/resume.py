@@ -69,8 +69,12 @@ def without_resume(config: dict) -> dict:
 
 
 def is_complete(checkpoint: Path) -> bool:
-    """The trainer state is written last: a checkpoint interrupted while saving has none."""
-    return (checkpoint / "trainer_state.json").is_file()
+    """The trainer state is written last: a checkpoint interrupted while saving has none, or one cut short (SIGTERM
+    raised mid-write left an empty trainer_state.json, which transformers then failed to load on resume)."""
+    try:
+        return isinstance(json.loads((checkpoint / "trainer_state.json").read_text(encoding="utf-8")), dict)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
 
 
 def last_checkpoint(trainer_dir: Path) -> Path | None:
