@@ -119,6 +119,9 @@ def test_a_checkpoint_whose_state_was_cut_while_written_is_not_complete(tmp_path
     (cut / "trainer_state.json").write_text(state)
     assert not is_complete(cut) and is_complete(run_dir / "trainer" / "checkpoint-2")
     assert last_checkpoint(run_dir / "trainer").name == "checkpoint-2"
+    with pytest.raises(UserError, match=f"trainer.resume={cut}: this checkpoint was cut while it was saved"):
+        explicit_attempt(cut)
+    assert explicit_attempt(run_dir).checkpoint.name == "checkpoint-2"  # its run directory: the last complete one
 
 
 def test_auto_picks_the_latest_attempt_with_the_same_config_only(tmp_path):

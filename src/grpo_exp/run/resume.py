@@ -124,6 +124,11 @@ def explicit_attempt(path: Path) -> Attempt:
     if is_complete(path):
         run_dir = path.parent.parent if path.parent.name == TRAINER_DIR else path.parent
         return Attempt(run_dir, False, path, load_attempt(run_dir).record)
+    if (path / "trainer_state.json").is_file():
+        raise UserError(
+            f"trainer.resume={path}: this checkpoint was cut while it was saved (its trainer_state.json is not whole); "
+            "name its run directory to continue from the last complete checkpoint"
+        )
     attempt = load_attempt(path) if path.is_dir() else None
     if attempt is None or not attempt.continuable:
         raise UserError(
