@@ -36,7 +36,9 @@ NO_TESTS_COLLECTED = 5
 # Both tiers' malloc asks the kernel for transparent huge pages (a user's own GLIBC_TUNABLES is kept): the tests'
 # trainings map and unmap tensors of 1-100 MB every step, each 4 KiB page of them faulted in and zeroed anew. With it
 # a subset's minor page faults fell 13-fold and its kernel time by 40-60%, its CPU by 3-7% (alternated, AVX2-only
-# EPYC; docs/setup.md). Where the kernel's huge pages are off, or the C library is not glibc, it changes nothing.
+# EPYC; docs/setup.md). The whole suite's kernel time did not fall (it zeroes 2 MiB pages instead), so its gain there
+# is those few percent of user time at most. Where the kernel's huge pages are off, or the C library is not glibc, it
+# changes nothing.
 ALLOCATOR_ENVIRONMENT = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
 IN_PROCESS_ENVIRONMENT = {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1", **ALLOCATOR_ENVIRONMENT}
 E2E_ENVIRONMENT = {"OMP_NUM_THREADS": "1", **ALLOCATOR_ENVIRONMENT}

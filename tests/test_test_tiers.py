@@ -8,12 +8,13 @@ import sys
 import pytest
 
 from grpo_exp.paths import REPO_ROOT
+from support.test_tiers import E2E_ENVIRONMENT, IN_PROCESS_ENVIRONMENT
 
 PASSES = "def test_passes():\n    pass\n"
 FAILS = "def test_fails():\n    assert False\n"
 E2E_PASSES = "import pytest\n\n\n@pytest.mark.e2e\ndef test_e2e_passes():\n    pass\n"
 E2E_FAILS = "import pytest\n\n\n@pytest.mark.e2e\ndef test_e2e_fails():\n    assert False\n"
-TIERS_VARIABLES = ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "GLIBC_TUNABLES")  # what support/test_tiers.py sets
+TIERS_VARIABLES = {*IN_PROCESS_ENVIRONMENT, *E2E_ENVIRONMENT}  # what support/test_tiers.py sets
 
 
 def run_tiers(directory, *args: str, workers: str = "0", **variables: str) -> subprocess.CompletedProcess:
