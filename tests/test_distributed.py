@@ -4,6 +4,7 @@ import importlib.util
 import json
 import math
 import re
+import shutil
 from datetime import timedelta
 from pathlib import Path
 
@@ -81,6 +82,39 @@ def test_two_processes_with_the_defaults_train_when_only_one_process_has_a_group
     assert [m["zero_variance/groups_left_out"] for m in steps] == [1.0, 1.0], "one group of two left out"
     assert all(m["grad_norm"] > 0 for m in steps), "the kept group trained"
     assert json.loads((tmp_path / "summary.json").read_text())["processes"] == 2
+
+
+@pytest.mark.e2e
+def test_each_process_makes_the_models_copy_with_its_weights_in_an_empty_cache(tmp_path):
+    """Each process of a run makes the model's copy when its cache has none, and the first to finish publishes it.
+    transformers writes a model's files from rank 0 alone once torch.distributed is up, so the other rank's copy held
+    the tokenizer but no config or weights, and, quicker to make, was often the one published: that run failed, and
+    every later run on the cache with it ('Unrecognized model'). Here each rank has a cache of its own (a node's
+    local disk), so rank 1's copy is its own to make, whatever the timing. The caches start with the tokenizer's copy
+    alone (reading the GGUF again would add seconds and test nothing here)."""
+    from grpo_exp.models import load_model, load_tokenizer
+
+    cfg = compose_config(TINY_RUN)
+    tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)  # the session's copy of the tokenizer, made if missing
+    caches = [tmp_path / f"cache{rank}" for rank in (0, 1)]
+    for cache in caches:
+        shutil.copytree(Path(cfg.cache_dir).expanduser() / "tokenizers", cache / "tokenizers")
+    result = accelerate_launch(
+        *TINY_RUN,
+        f"cache_dir={tmp_path}/cache${{oc.env:RANK}}",
+        "trainer.max_steps=1",
+        "eval.before=false",
+        "eval.after=false",
+        "logger=none",
+        "save_model=false",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        accelerate_config=ACCELERATE_DIR / "ddp.yaml",
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    for cache in caches:
+        (copy,) = (cache / "models").iterdir()  # one copy published, no build left behind
+        assert {"config.json", "model.safetensors", "tokenizer_config.json"} <= {p.name for p in copy.iterdir()}
+        assert load_model(cfg.model, tokenizer, str(cache), seed=cfg.trainer.seed).name_or_path == str(copy)
 
 
 @pytest.mark.e2e

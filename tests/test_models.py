@@ -155,3 +155,20 @@ def test_the_tiny_models_directory_holds_its_tokenizer_so_a_server_can_load_it(t
     assert saved.get_vocab() == tokenizer.get_vocab() and saved.chat_template == tokenizer.chat_template
     assert AutoModelForCausalLM.from_pretrained(directory).config.vocab_size == len(tokenizer)
     assert model_source(cfg.model, tokenizer, str(tmp_path), seed=3) == directory  # built once
+
+
+def test_a_copy_without_its_weights_is_made_again_and_replaced(tmp_path):
+    """A copy holding its tokenizer but no config or weights (what a second process of a run published before
+    2026-12-02: tests/test_distributed.py) was found incomplete, made again, then kept over the new one, so every
+    run on that cache failed. It is replaced now; a complete copy is kept as it is."""
+    from grpo_exp.models import model_source
+
+    cfg = compose_config(["model=tiny"])
+    tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
+    directory = model_source(cfg.model, tokenizer, str(tmp_path), seed=3)
+    weights = (directory / "model.safetensors").read_bytes()
+    for name in ("config.json", "generation_config.json", "model.safetensors"):
+        (directory / name).unlink()
+    assert model_source(cfg.model, tokenizer, str(tmp_path), seed=3) == directory
+    assert (directory / "config.json").is_file() and (directory / "model.safetensors").read_bytes() == weights
+    assert sorted(p.name for p in directory.parent.iterdir()) == [directory.name], "nothing left beside it"

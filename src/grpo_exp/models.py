@@ -1,5 +1,6 @@
 """Config -> tokenizer and trainable policy model (embedded GGUF, tiny random model, or any hub id/path)."""
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -47,23 +48,57 @@ def gguf_location(model_cfg: DictConfig) -> tuple[Path, str]:
     return directory, file
 
 
-def _publish(build_dir: Path, target: Path) -> None:
-    """Move a finished build into place atomically; if a parallel job got there first, keep theirs."""
+def _publish(build_dir: Path, target: Path, complete) -> None:
+    """Move a finished build into place atomically; if a parallel job got there first, keep theirs. A target that is
+    not `complete` (one published without its weights by grpo_exp before 2026-12-02, below) is replaced."""
     target.parent.mkdir(parents=True, exist_ok=True)
     try:
         os.replace(build_dir, target)
-    except OSError:  # target exists and is not empty: another job published first
-        shutil.rmtree(build_dir, ignore_errors=True)
+    except OSError:  # target exists and is not empty: another job published first, or an incomplete copy is there
+        if complete(target):
+            return
+        stale = target.with_name(f"{target.name}.incomplete-{os.getpid()}")
+        with contextlib.suppress(OSError):  # another job may be moving it aside too
+            os.replace(target, stale)
+        shutil.rmtree(stale, ignore_errors=True)
+        with contextlib.suppress(OSError):  # ... and may have published its own since: as good as ours
+            os.replace(build_dir, target)
 
 
-def _build_once(target: Path, build) -> None:
-    """build(directory) into a private directory, then publish it as target (safe for parallel jobs)."""
+def _build_once(target: Path, build, complete) -> None:
+    """build(directory) into a private directory, then publish it as target (safe for parallel jobs and for several
+    processes of one run, each of which builds its own). A build that is not `complete` is never published."""
     build_dir = target.with_name(f"{target.name}.building-{os.getpid()}")
     try:
         build(build_dir)
-        _publish(build_dir, target)
+        if not complete(build_dir):
+            missing = sorted(p.name for p in build_dir.iterdir()) if build_dir.is_dir() else []
+            raise RuntimeError(f"grpo_exp could not make {target}: its build holds only {missing}")
+        _publish(build_dir, target, complete)
     finally:
         shutil.rmtree(build_dir, ignore_errors=True)
+
+
+def _has_weights(directory: Path) -> bool:
+    """A model checkpoint with its config, weights and tokenizer, as save_model_files and a tokenizer write them."""
+    weights = any(directory.glob("*.safetensors")) or (directory / "model.safetensors.index.json").is_file()
+    return weights and (directory / "config.json").is_file() and (directory / "tokenizer_config.json").is_file()
+
+
+def _has_tokenizer(directory: Path) -> bool:
+    return (directory / "tokenizer_config.json").is_file() and (directory / "tokenizer.json").is_file()
+
+
+def save_model_files(model, directory: Path) -> None:
+    """model.save_pretrained(directory), in whichever process calls it. Once torch.distributed is initialised,
+    transformers writes a model's files from rank 0 alone (save_pretrained's should_save_on_this_rank), as for a
+    checkpoint every rank saves together; a cache copy is one process's own file, and the other ranks' copies came out
+    with their tokenizer but no config or weights (published first, being quicker, they broke every later run)."""
+    model.should_save_on_this_rank = lambda is_main_process: is_main_process
+    try:
+        model.save_pretrained(directory)
+    finally:
+        del model.should_save_on_this_rank
 
 
 def materialise_embedded(model_cfg: DictConfig, cache_dir: str, with_weights: bool = True) -> Path:
@@ -77,7 +112,8 @@ def materialise_embedded(model_cfg: DictConfig, cache_dir: str, with_weights: bo
     target = Path(cache_dir).expanduser() / kind / Path(file).stem
     source = _file_identity(directory / file)
     special = None  # the GGUF's special tokens, once read (seconds)
-    if (target / "tokenizer_config.json").is_file() and (not with_weights or (target / "config.json").is_file()):
+    complete = _has_weights if with_weights else _has_tokenizer
+    if complete(target):
         if _read_stamp(target) == source:  # made by this code from this very file: its special tokens are the GGUF's
             return target
         special = gguf_special_tokens(directory / file)  # a copy of another file, or of an older grpo_exp
@@ -102,10 +138,10 @@ def materialise_embedded(model_cfg: DictConfig, cache_dir: str, with_weights: bo
             plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
             plain.load_state_dict(quantized.state_dict())
             plain.generation_config = quantized.generation_config
-            plain.save_pretrained(build_dir)
+            save_model_files(plain, build_dir)
         _write_stamp(build_dir, source)
 
-    _build_once(target, build)
+    _build_once(target, build, complete)
     return target
 
 
@@ -236,11 +272,11 @@ def _random_model_once(name: str, make_model, tokenizer: PreTrainedTokenizerBase
     target = Path(cache_dir).expanduser() / "models" / name
 
     def build(directory: Path) -> None:
-        make_model().save_pretrained(directory)
+        save_model_files(make_model(), directory)
         tokenizer.save_pretrained(directory)
 
-    if not (target / "config.json").is_file():
-        _build_once(target, build)
+    if not _has_weights(target):
+        _build_once(target, build, _has_weights)
     return target
 
 
@@ -249,8 +285,8 @@ def materialise_shape_tokenizer(model_cfg: DictConfig, cache_dir: str) -> Path:
     base = materialise_embedded(model_cfg, cache_dir, with_weights=False)
     size = shape_config(model_cfg.shape, model_cfg.architecture).vocab_size
     target = Path(cache_dir).expanduser() / "tokenizers" / f"{base.name}-padded-{size}"
-    if not (target / "tokenizer.json").is_file():
-        _build_once(target, lambda directory: save_padded_tokenizer(base, size, directory))
+    if not _has_tokenizer(target):
+        _build_once(target, lambda directory: save_padded_tokenizer(base, size, directory), _has_tokenizer)
     return target
 
 
