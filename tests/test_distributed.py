@@ -17,6 +17,7 @@ from grpo_exp.data_parallel import batches_of
 from grpo_exp.errors import UserError
 from grpo_exp.paths import REPO_ROOT
 from grpo_exp.run.tracking import read_metrics
+from grpo_exp.run_files import BENCHMARK_FILE
 from grpo_exp.trainer.config import check_trainer, ddp_timeout, grpo_exp_config
 from support.config import TINY_RUN, compose_config
 from tests.helpers.cli import EVAL_SHARES, accelerate_launch, run_cli
@@ -115,6 +116,36 @@ def test_each_process_makes_the_models_copy_with_its_weights_in_an_empty_cache(t
         (copy,) = (cache / "models").iterdir()  # one copy published, no build left behind
         assert {"config.json", "model.safetensors", "tokenizer_config.json"} <= {p.name for p in copy.iterdir()}
         assert load_model(cfg.model, tokenizer, str(cache), seed=cfg.trainer.seed).name_or_path == str(copy)
+
+
+@pytest.mark.e2e
+def test_every_process_takes_the_verification_benchmark_the_main_process_finds_in_its_cache(tmp_path):
+    """Whether the cache holds the run's verification benchmark is the main process's answer, for every process:
+    each deciding for itself, a process whose cache lacked it (a node's own disk; a file another job wrote between
+    two processes' looks) built it alone, its collectives without a partner. Here rank 0's cache holds it (a run of
+    one process made it) and rank 1's does not."""
+    benchmark = ["eval.verification_benchmark.enabled=true", "eval.verification_benchmark.problems=4"]
+    quiet = ["trainer.max_steps=1", "eval.after=false", "logger=none", "save_model=false"]
+    made = run_cli(
+        *TINY_RUN, *benchmark, *quiet, f"cache_dir={tmp_path / 'cache0'}", f"hydra.run.dir={tmp_path / 'one'}"
+    )
+    assert made.returncode == 0, made.stderr[-4000:]
+    shutil.copytree(tmp_path / "cache0", tmp_path / "cache1", ignore=shutil.ignore_patterns("verification_benchmark"))
+    result = accelerate_launch(
+        *TINY_RUN,
+        *benchmark,
+        *quiet,
+        "+trainer.extra.ddp_timeout=60",  # a process left without its partner fails in a minute, not half an hour
+        f"cache_dir={tmp_path}/cache${{oc.env:RANK}}",
+        f"hydra.run.dir={tmp_path / 'two'}",
+        accelerate_config=ACCELERATE_DIR / "ddp.yaml",
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "Verification benchmark from the cache" in (tmp_path / "two" / "train.log").read_text()
+    assert not (tmp_path / "cache1" / "verification_benchmark").exists(), "rank 1 built nothing, wrote nothing"
+    one, two = (json.loads((tmp_path / run / BENCHMARK_FILE).read_text()) for run in ("one", "two"))
+    assert two == one
 
 
 @pytest.mark.e2e

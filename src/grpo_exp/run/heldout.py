@@ -326,14 +326,16 @@ def verification_benchmark(
 ) -> list[Candidate]:
     """The run's verification benchmark (eval.verification_benchmark), from the cache or built now from `model`,
     which must be the initial policy; a copy goes to the run directory (python -m grpo_exp.evaluate reuses it).
-    Every process calls it, and the main process writes."""
+    Every process calls it, and the main process writes. Whether the cache holds it is the main process's answer,
+    its copy read there and sent to every process: a process deciding for itself (a node's own cache without it, or
+    a file another job wrote in between) built the benchmark alone, its collectives without a partner."""
     cfg, max_new_tokens = spec.cfg, spec.eval_max_new_tokens
     bench_cfg = cfg.eval.verification_benchmark
     key = benchmark_key(bench_cfg, cfg.model, cfg.dataset, max_new_tokens, cfg.verifier.labels, verifier.answer_rule)
     cached = Path(cfg.cache_dir) / "verification_benchmark" / f"{key}.json"
-    if cached.is_file():
+    examples = from_main_process(lambda: load_benchmark(cached) if cached.is_file() else None)
+    if examples is not None:
         log.info("Verification benchmark from the cache: %s", cached)
-        examples = load_benchmark(cached)
     else:  # every process answers a share of the problems
         problems = unseen_problems(cfg.dataset, bench_cfg.problems, train, heldout)
         examples = build_benchmark(policy_answers(model, tokenizer, spec), problems, verifier, bench_cfg)
