@@ -72,16 +72,24 @@ def _build_once(target: Path, build, complete) -> None:
     try:
         build(build_dir)
         if not complete(build_dir):
-            missing = sorted(p.name for p in build_dir.iterdir()) if build_dir.is_dir() else []
-            raise RuntimeError(f"grpo_exp could not make {target}: its build holds only {missing}")
+            held = sorted(p.name for p in build_dir.iterdir()) if build_dir.is_dir() else []
+            raise RuntimeError(f"grpo_exp could not make {target}: its build holds only {held}")
         _publish(build_dir, target, complete)
     finally:
         shutil.rmtree(build_dir, ignore_errors=True)
 
 
+def saved_weight_files(directory: Path) -> list[Path]:
+    """The files save_pretrained writes a model's weights to in `directory`: its index's shards, else
+    model.safetensors (whether they are there or not)."""
+    index = directory / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else []
+    return [directory / name for name in files] or [directory / "model.safetensors"]
+
+
 def _has_weights(directory: Path) -> bool:
     """A model checkpoint with its config, weights and tokenizer, as save_model_files and a tokenizer write them."""
-    weights = any(directory.glob("*.safetensors")) or (directory / "model.safetensors.index.json").is_file()
+    weights = all(path.is_file() for path in saved_weight_files(directory))
     return weights and (directory / "config.json").is_file() and (directory / "tokenizer_config.json").is_file()
 
 

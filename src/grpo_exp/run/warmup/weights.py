@@ -1,18 +1,16 @@
 """A saved model's weights loaded into the policy already built (the warmed model of an earlier attempt)."""
 
-import json
 from pathlib import Path
 
 from safetensors.torch import load_file
 
 from grpo_exp.errors import UserError
+from grpo_exp.models import saved_weight_files
 
 
 def load_weights(model, directory: Path) -> None:
     """save_pretrained's safetensors (one file or shards) into `model`; tied weights, saved once, are tied again."""
-    index = directory / "model.safetensors.index.json"
-    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else []
-    paths = [directory / name for name in files] or [directory / "model.safetensors"]
+    paths = saved_weight_files(directory)
     if not all(path.is_file() for path in paths):
         raise UserError(f"trainer.resume: the warmed model in {directory} is incomplete; start the run afresh")
     state = {}
