@@ -9,6 +9,8 @@ a sharded model (FSDP, DeepSpeed ZeRO-3) gathers its weights in every forward, f
 import math
 from collections.abc import Callable
 
+from grpo_exp.errors import UserError
+
 
 def process_layout() -> tuple[int, int]:
     """(this process's rank, the number of processes); (0, 1) outside a process group."""
@@ -56,10 +58,23 @@ def sum_over_processes(values: list[float]) -> list[float]:
 
 
 def from_main_process(compute: Callable[[], object]) -> object:
-    """`compute()` on the main process alone (a judge's requests: once), its result on every process."""
+    """`compute()` on the main process alone (a judge's requests: once), its result on every process. Where it
+    refuses the user's input (UserError), every process raises the refusal, each naming what to change, instead of
+    the others failing in the collective they wait in."""
     rank, processes = process_layout()
     if processes == 1:
         return compute()
     from accelerate.utils import broadcast_object_list
 
-    return broadcast_object_list([compute() if rank == 0 else None])[0]
+    result, refusal = None, None
+    if rank == 0:
+        try:
+            result = compute()
+        except UserError as err:
+            refusal = err
+    result, message = broadcast_object_list([(result, None if refusal is None else str(refusal))])[0]
+    if refusal is not None:
+        raise refusal
+    if message is not None:
+        raise UserError(message)
+    return result

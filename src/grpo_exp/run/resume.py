@@ -12,6 +12,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from grpo_exp.data_parallel import from_main_process
 from grpo_exp.deprecated import renamed_config
 from grpo_exp.errors import UserError
 from grpo_exp.run_files import (
@@ -38,24 +39,21 @@ RUN_FILES = (eval_file("before"), eval_file("after"), ATTEMPT_FILE)
 
 @dataclass
 class Attempt:
+    """An earlier attempt of this run, as its files were when the run started: read once (by the main process, under
+    several: resolve_attempt), not again as the run writes its own."""
+
     run_dir: Path
     finished: bool
     checkpoint: Path | None  # GRPO's last complete checkpoint
     record: dict = field(default_factory=dict)
+    # its warm-up stage (warmup=sft) ended: GRPO continues from the warmed model, or from its own checkpoint
+    warmed_up: bool = False
+    # the warm-up's last complete checkpoint (warmup.save_steps), where it stopped mid-warm-up
+    warmup_checkpoint: Path | None = None
 
     @property
     def step(self) -> int:
         return int(self.checkpoint.name.rsplit("-", 1)[1]) if self.checkpoint else 0
-
-    @property
-    def warmed_up(self) -> bool:
-        """Its warm-up stage (warmup=sft) ended: GRPO continues from the warmed model, or from its own checkpoint."""
-        return (self.run_dir / WARMUP_SUMMARY).is_file()
-
-    @property
-    def warmup_checkpoint(self) -> Path | None:
-        """The warm-up's last complete checkpoint (warmup.save_steps), where it stopped mid-warm-up."""
-        return last_checkpoint(self.run_dir / WARMUP_DIR)
 
     @property
     def continuable(self) -> bool:
@@ -89,7 +87,13 @@ def load_attempt(run_dir: Path) -> Attempt:
     except ValueError as err:
         raise UserError(f"trainer.resume: the earlier attempt in {run_dir} cannot be continued: {err}") from None
     finished = (run_dir / SUMMARY_FILE).is_file()
-    return Attempt(run_dir, finished, last_checkpoint(run_dir / TRAINER_DIR), record)
+    return attempt_in(run_dir, finished, last_checkpoint(run_dir / TRAINER_DIR), record)
+
+
+def attempt_in(run_dir: Path, finished: bool, checkpoint: Path | None, record: dict) -> Attempt:
+    """The attempt in run_dir, with what its warm-up stage left there."""
+    warmup = run_dir / WARMUP_DIR
+    return Attempt(run_dir, finished, checkpoint, record, (run_dir / WARMUP_SUMMARY).is_file(), last_checkpoint(warmup))
 
 
 def find_attempt(outputs_dir: Path, config: dict) -> Attempt | None:
@@ -123,7 +127,7 @@ def explicit_attempt(path: Path) -> Attempt:
     """trainer.resume=<dir>: a checkpoint directory, or a run directory (its last checkpoint)."""
     if is_complete(path):
         run_dir = path.parent.parent if path.parent.name == TRAINER_DIR else path.parent
-        return Attempt(run_dir, False, path, load_attempt(run_dir).record)
+        return attempt_in(run_dir, False, path, load_attempt(run_dir).record)
     if (path / "trainer_state.json").is_file():
         raise UserError(
             f"trainer.resume={path}: this checkpoint was cut while it was saved (its trainer_state.json is not whole); "
@@ -140,8 +144,16 @@ def explicit_attempt(path: Path) -> Attempt:
 
 
 def resolve_attempt(resume: str | None, outputs_dir: Path, config: dict) -> Attempt | None:
+    """The attempt trainer.resume names (`auto`: the last with this config under outputs_dir), or None. Under several
+    processes it is the main process's find, for every process: each looking for itself, a process that saw other
+    files (a node's own disk; an attempt written between two processes' looks) resumed another attempt, or none, its
+    collectives without a partner."""
     if not resume:
         return None
+    return from_main_process(lambda: _resolve_attempt(resume, outputs_dir, config))
+
+
+def _resolve_attempt(resume: str, outputs_dir: Path, config: dict) -> Attempt | None:
     if resume == "auto":
         attempt = find_attempt(outputs_dir, config)
         if attempt is None:
