@@ -1,5 +1,11 @@
 """Model and tokenizer options: chat template, dtype, reachability checks, the embedded checkpoint."""
 
+import os
+import shutil
+import socket
+import subprocess
+import time
+
 import pytest
 import torch
 
@@ -155,6 +161,36 @@ def test_the_tiny_models_directory_holds_its_tokenizer_so_a_server_can_load_it(t
     assert saved.get_vocab() == tokenizer.get_vocab() and saved.chat_template == tokenizer.chat_template
     assert AutoModelForCausalLM.from_pretrained(directory).config.vocab_size == len(tokenizer)
     assert model_source(cfg.model, tokenizer, str(tmp_path), seed=3) == directory  # built once
+
+
+def test_a_build_a_killed_process_left_is_removed_by_the_next_build(tmp_path):
+    """A process killed while it made a copy (SIGKILL, the out-of-memory killer: no cleanup runs) left its build
+    directory behind, the embedded model's 0.5 GB, one more at every such kill. The next build removes those of this
+    host whose process is gone; it leaves a running process's, a recent one's (a process it may not see) and another
+    host's (a shared cache)."""
+    from grpo_exp.models import ABANDONED_AFTER_S, model_source
+
+    cfg = compose_config(["model=tiny"])
+    tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
+    directory = model_source(cfg.model, tokenizer, str(tmp_path), seed=3)
+    shutil.rmtree(directory)
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    host, old = socket.gethostname(), time.time() - 2 * ABANDONED_AFTER_S
+    left = {
+        "abandoned": (f"{host}-{ended.pid}", old),
+        "recent": (f"{host}-{ended.pid}0", time.time()),
+        "running": (f"{host}-{os.getppid()}", old),
+        "another host's": (f"elsewhere-{ended.pid}", old),
+    }
+    for suffix, mtime in left.values():
+        build = directory.with_name(f"{directory.name}.building-{suffix}")
+        build.mkdir()
+        (build / "model.safetensors").write_bytes(b"half")
+        os.utime(build, (mtime, mtime))
+    model_source(cfg.model, tokenizer, str(tmp_path), seed=3)
+    kept = {f"{directory.name}.building-{left[name][0]}" for name in ("recent", "running", "another host's")}
+    assert {p.name for p in directory.parent.iterdir()} == kept | {directory.name}
 
 
 def test_a_copy_without_its_weights_is_made_again_and_replaced(tmp_path):

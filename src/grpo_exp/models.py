@@ -1,12 +1,15 @@
 """Config -> tokenizer and trainable policy model (embedded GGUF, tiny random model, or any hub id/path)."""
 
 import contextlib
+import glob
 import hashlib
 import importlib.util
 import json
 import logging
 import os
 import shutil
+import socket
+import time
 from pathlib import Path
 
 import torch
@@ -65,10 +68,17 @@ def _publish(build_dir: Path, target: Path, complete) -> None:
             os.replace(build_dir, target)
 
 
+# A build directory older than this whose process is gone is another's abandoned build (the embedded model's takes
+# about 30 s on 2 cores); younger, it may be a live build of a process this one cannot see (a container sharing the
+# host's name but not its processes).
+ABANDONED_AFTER_S = 3600
+
+
 def _build_once(target: Path, build, complete) -> None:
     """build(directory) into a private directory, then publish it as target (safe for parallel jobs and for several
     processes of one run, each of which builds its own). A build that is not `complete` is never published."""
-    build_dir = target.with_name(f"{target.name}.building-{os.getpid()}")
+    _remove_abandoned_builds(target)
+    build_dir = target.with_name(f"{_build_prefix(target)}{os.getpid()}")
     try:
         build(build_dir)
         if not complete(build_dir):
@@ -77,6 +87,33 @@ def _build_once(target: Path, build, complete) -> None:
         _publish(build_dir, target, complete)
     finally:
         shutil.rmtree(build_dir, ignore_errors=True)
+
+
+def _build_prefix(target: Path) -> str:
+    """The name of this host's builds of target, less the process id."""
+    return f"{target.name}.building-{socket.gethostname()}-"
+
+
+def _remove_abandoned_builds(target: Path) -> None:
+    """The builds of target that processes of this host left when killed (SIGKILL, the out-of-memory killer: their
+    cleanup never ran; the embedded model's is 0.5 GB), removed. Another host's are left: its processes cannot be
+    asked (a shared cache)."""
+    prefix, now = _build_prefix(target), time.time()
+    for path in target.parent.glob(glob.escape(prefix) + "*"):
+        pid = path.name.removeprefix(prefix)
+        with contextlib.suppress(OSError):  # another process may be removing it too
+            if pid.isdigit() and not _running(int(pid)) and now - path.stat().st_mtime > ABANDONED_AFTER_S:
+                shutil.rmtree(path)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        pass
+    return True
 
 
 def saved_weight_files(directory: Path) -> list[Path]:
