@@ -189,18 +189,20 @@ def test_every_process_resumes_the_attempt_the_main_process_finds(tmp_path):
 
 
 @pytest.mark.e2e
-def test_a_refusal_the_main_process_finds_alone_is_every_processs_own(tmp_path):
-    """What the main process alone reads for every process (grpo_exp.data_parallel.from_main_process), where it
-    refuses the user's input, each process refuses it, naming it, with no traceback: the others used to fail in the
-    collective they waited in. Here the earlier attempt only rank 0 sees cannot be continued."""
-    first_dir, launch = resumed_under_two_processes(tmp_path)
-    (first_dir / "attempt.json").write_text("{not json")
-    result = launch()
-    output = result.stdout + result.stderr
-    assert result.returncode != 0
-    assert output.count(f"the earlier attempt in {first_dir} cannot be continued") == 2, output[-4000:]
-    # the message, not a stack trace of ours or of a collective without a partner (the launcher prints its own)
-    assert f'File "{REPO_ROOT / "src"}' not in output and "Connection closed" not in output, output[-4000:]
+def test_a_refusal_of_what_the_main_process_reads_for_all_is_raised_on_every_process():
+    """What the main process alone reads for every process (grpo_exp.data_parallel.from_main_process: the judge's
+    statistics, the cached verification benchmark, the attempt to resume), where it refuses the user's input, each
+    process raises the refusal. The others used to wait for the main process in a collective it never made, and fail
+    there ('Connection closed by peer'), or, under a launcher that stops no process when another fails, wait until
+    the collectives' timeout."""
+    from tests.helpers.refusing_rank import REFUSAL
+
+    result = accelerate_launch(
+        "60", accelerate_config=ACCELERATE_DIR / "ddp.yaml", module="tests.helpers.refusing_rank", timeout=300
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    for rank in (0, 1):
+        assert f"rank {rank} raised: {REFUSAL}" in result.stdout, result.stdout[-2000:]
 
 
 @pytest.mark.e2e
