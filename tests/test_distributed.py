@@ -5,8 +5,6 @@ import json
 import math
 import re
 import shutil
-import subprocess
-from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -150,37 +148,25 @@ def test_every_process_takes_the_verification_benchmark_the_main_process_finds_i
     assert two == one
 
 
-# A one-step tiny run resumed under two processes, rank 0's outputs holding its earlier attempt, rank 1's none: a
-# process left without its partner fails in a minute, not half an hour.
-RESUMED = [*TINY_RUN, "trainer.max_steps=1", "eval.after=false", "logger=none", "save_model=false"]
-RESUMED += ["+trainer.extra.ddp_timeout=60"]
-
-
-def resumed_under_two_processes(tmp_path: Path) -> tuple[Path, Callable[[], subprocess.CompletedProcess]]:
-    """RESUMED run once in <tmp_path>/outputs0: its run directory, and the launch of it again with trainer.resume=auto
-    under two processes whose outputs_dir is outputs0 for rank 0 and an empty outputs1 for rank 1 (a node's own
-    disk), in <tmp_path>/two."""
+@pytest.mark.e2e
+def test_every_process_resumes_the_attempt_the_main_process_finds(tmp_path):
+    """trainer.resume=auto: the earlier attempt is the main process's find, for every process. Each looking for
+    itself, a process that saw other files (a node's own disk; an attempt written between two processes' looks, the
+    main process's own run directory among them) went its own way: here rank 1, its outputs_dir empty, trained afresh
+    while rank 0, its outputs_dir holding the run finished, reported it, their collectives without a partner."""
+    run = [*TINY_RUN, "trainer.max_steps=1", "eval.after=false", "logger=none", "save_model=false"]
+    run += ["+trainer.extra.ddp_timeout=60"]  # a process left without its partner fails in a minute
     first_dir = tmp_path / "outputs0" / "first"
-    first = run_cli(*RESUMED, f"outputs_dir={tmp_path / 'outputs0'}", f"hydra.run.dir={first_dir}")
+    first = run_cli(*run, f"outputs_dir={tmp_path / 'outputs0'}", f"hydra.run.dir={first_dir}")
     assert first.returncode == 0, first.stderr[-4000:]
-    return first_dir, lambda: accelerate_launch(
-        *RESUMED,
+    result = accelerate_launch(
+        *run,
         "trainer.resume=auto",
         f"outputs_dir={tmp_path}/outputs${{oc.env:RANK}}",
         f"hydra.run.dir={tmp_path / 'two'}",
         accelerate_config=ACCELERATE_DIR / "ddp.yaml",
         timeout=300,
     )
-
-
-@pytest.mark.e2e
-def test_every_process_resumes_the_attempt_the_main_process_finds(tmp_path):
-    """trainer.resume=auto: the earlier attempt is the main process's find, for every process. Each looking for
-    itself, a process that saw other files (a node's own disk; an attempt written between two processes' looks, the
-    main process's own run directory among them) went its own way: here rank 1 trained afresh while rank 0 reported
-    the run finished, its collectives without a partner."""
-    first_dir, launch = resumed_under_two_processes(tmp_path)
-    result = launch()
     assert result.returncode == 0, result.stderr[-4000:]
     assert "already finished" in result.stdout + result.stderr
     summary = json.loads((tmp_path / "two" / "summary.json").read_text())

@@ -9,7 +9,7 @@ and samples logged up to that checkpoint, so that the new directory holds the wh
 import json
 import logging
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from grpo_exp.data_parallel import from_main_process
@@ -86,14 +86,9 @@ def load_attempt(run_dir: Path) -> Attempt:
         record = read_json(run_dir / ATTEMPT_FILE)
     except ValueError as err:
         raise UserError(f"trainer.resume: the earlier attempt in {run_dir} cannot be continued: {err}") from None
-    finished = (run_dir / SUMMARY_FILE).is_file()
-    return attempt_in(run_dir, finished, last_checkpoint(run_dir / TRAINER_DIR), record)
-
-
-def attempt_in(run_dir: Path, finished: bool, checkpoint: Path | None, record: dict) -> Attempt:
-    """The attempt in run_dir, with what its warm-up stage left there."""
-    warmup = run_dir / WARMUP_DIR
-    return Attempt(run_dir, finished, checkpoint, record, (run_dir / WARMUP_SUMMARY).is_file(), last_checkpoint(warmup))
+    finished, checkpoint = (run_dir / SUMMARY_FILE).is_file(), last_checkpoint(run_dir / TRAINER_DIR)
+    warmed_up, warmup_checkpoint = (run_dir / WARMUP_SUMMARY).is_file(), last_checkpoint(run_dir / WARMUP_DIR)
+    return Attempt(run_dir, finished, checkpoint, record, warmed_up, warmup_checkpoint)
 
 
 def find_attempt(outputs_dir: Path, config: dict) -> Attempt | None:
@@ -127,7 +122,7 @@ def explicit_attempt(path: Path) -> Attempt:
     """trainer.resume=<dir>: a checkpoint directory, or a run directory (its last checkpoint)."""
     if is_complete(path):
         run_dir = path.parent.parent if path.parent.name == TRAINER_DIR else path.parent
-        return attempt_in(run_dir, False, path, load_attempt(run_dir).record)
+        return replace(load_attempt(run_dir), finished=False, checkpoint=path)  # asked to continue from it
     if (path / "trainer_state.json").is_file():
         raise UserError(
             f"trainer.resume={path}: this checkpoint was cut while it was saved (its trainer_state.json is not whole); "
